@@ -1,0 +1,35 @@
+# Every target does its own set-up: `make setup` is idempotent and re-runs only when pyproject.toml changes.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint lab bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip >/dev/null
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/workbench run --world-size 4 --steps 300 --strategy shrink --fault kill:rank=2,step=120 --out runs/demo
+
+test: setup
+	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --nbval-lax notebooks
+
+lint: setup
+	$(VENV)/bin/ruff check workbench tests benchmarks
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks
+
+bench: setup
+	$(PY) benchmarks/bench_overhead.py
+
+clean:
+	rm -rf runs .pytest_cache

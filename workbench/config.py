@@ -1,0 +1,235 @@
+"""Run configuration and fault plan: dataclasses, validation, and the ways to build them.
+
+A :class:`RunConfig` is built from keyword arguments, from a dict (papermill parameters) or from a YAML file.
+Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.errors.ConfigError` naming the
+field and what is allowed before any rank process starts.
+
+Rank numbers in fault plans are the ranks of the initial world. They are stable identities: after a shrink the
+survivors keep their numbers, and a replacement rank takes the number of the rank it replaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.errors import ConfigError
+
+MODELS = ("mlp", "cnn")
+DATASETS = ("digits", "synthetic")
+OPTIMIZERS = ("sgd", "adam")
+STRATEGIES = ("none", "shrink")
+FAULT_KINDS = ("kill", "hang")
+MAX_WORLD_SIZE = 64
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One planned fault: ``kind`` hits ``rank`` at training ``step`` or ``time`` seconds after the first step.
+
+    ``kill`` sends SIGKILL, ``hang`` sends SIGSTOP (the rank freezes; only heartbeats can tell). A step fault
+    fires inside the rank, in the middle of that step's gradient exchange (just before the rank hands its last
+    gradient bucket to the allreduce), so it is exactly reproducible. A time fault is sent by the supervisor.
+    """
+
+    kind: str
+    rank: int
+    step: int | None = None
+    time: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}")
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
+            raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
+        if (self.step is None) == (self.time is None):
+            raise ConfigError("fault", f"{self.kind}:rank={self.rank} needs exactly one of step=N or time=SECONDS")
+        if self.step is not None and (not isinstance(self.step, int) or self.step < 0):
+            raise ConfigError("fault", f"step={self.step!r} must be an integer >= 0")
+        if self.time is not None and not (isinstance(self.time, (int, float)) and self.time >= 0):
+            raise ConfigError("fault", f"time={self.time!r} must be a number of seconds >= 0")
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """Parse the CLI form ``kind:key=value,...``, e.g. ``kill:rank=2,step=50`` or ``hang:rank=1,time=3.5``."""
+        kind, sep, rest = text.strip().partition(":")
+        if not sep or not rest:
+            raise ConfigError("fault", f"{text!r} is not of the form kind:rank=R,step=S (or time=T)")
+        values: dict[str, Any] = {}
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or key not in ("rank", "step", "time"):
+                raise ConfigError("fault", f"{item!r} in {text!r} is not one of rank=R, step=S, time=T")
+            try:
+                values[key] = float(value) if key == "time" else int(value)
+            except ValueError:
+                raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a number") from None
+        if "rank" not in values:
+            raise ConfigError("fault", f"{text!r} names no rank (rank=R)")
+        return cls(kind=kind.strip(), **values)
+
+    @classmethod
+    def coerce(cls, value: Any) -> FaultSpec:
+        if isinstance(value, FaultSpec):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        if isinstance(value, dict):
+            try:
+                return cls(**value)
+            except TypeError as exc:
+                raise ConfigError("fault", f"{value!r}: {exc}") from None
+        raise ConfigError("fault", f"{value!r} is neither a 'kind:rank=R,step=S' string nor a dict")
+
+    def __str__(self) -> str:
+        where = f"step={self.step}" if self.step is not None else f"time={self.time:g}"
+        return f"{self.kind}:rank={self.rank},{where}"
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run. ``batch_size`` is the global mini-batch, split over the live ranks."""
+
+    world_size: int = 4
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 0.05
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    model: str = "mlp"
+    dataset: str = "digits"
+    synthetic_size: int = 4096
+    seed: int = 0
+    strategy: str = "none"
+    eval_interval: int = 25
+    faults: list[FaultSpec] = field(default_factory=list)
+    bucket_cap_mb: float = 1.0
+    heartbeat_timeout: float = 2.0
+    startup_timeout: float = 120.0
+    op_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.faults = [FaultSpec.coerce(f) for f in (self.faults or [])]
+        _int_in("world_size", self.world_size, 1, MAX_WORLD_SIZE)
+        _int_in("steps", self.steps, 1, 10_000_000)
+        _int_in("batch_size", self.batch_size, 1, 1_000_000)
+        if self.batch_size < self.world_size:
+            raise ConfigError(
+                "batch_size", f"{self.batch_size} is smaller than world_size={self.world_size}: "
+                "the global batch is split over the ranks and each needs at least one sample")
+        _positive("lr", self.lr)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            raise ConfigError("momentum", f"{self.momentum!r} must be in [0, 1)")
+        _choice_or_import("model", self.model, MODELS)
+        _choice_or_import("dataset", self.dataset, DATASETS)
+        _int_in("synthetic_size", self.synthetic_size, 16, 100_000_000)
+        _int_in("seed", self.seed, 0, 2**31 - 1)
+        _choice("strategy", self.strategy, STRATEGIES)
+        _int_in("eval_interval", self.eval_interval, 1, 10_000_000)
+        _positive("bucket_cap_mb", self.bucket_cap_mb)
+        _positive("heartbeat_timeout", self.heartbeat_timeout)
+        _positive("startup_timeout", self.startup_timeout)
+        _positive("op_timeout", self.op_timeout)
+        for fault in self.faults:
+            if fault.rank >= self.world_size:
+                raise ConfigError(
+                    "fault", f"{fault} targets rank {fault.rank} but world_size={self.world_size} "
+                    f"has ranks 0..{self.world_size - 1}")
+            if fault.step is not None and fault.step >= self.steps:
+                raise ConfigError("fault", f"{fault} is at step {fault.step} but the run has steps 0..{self.steps - 1}")
+
+    # -- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        """Build from a dict (papermill parameters, JSON, YAML); ``fault`` is accepted for ``faults``."""
+        values = dict(values)
+        if "fault" in values:
+            extra = values.pop("fault")
+            values["faults"] = list(values.get("faults") or []) + (extra if isinstance(extra, list) else [extra])
+        if isinstance(values.get("faults"), str):
+            values["faults"] = [values["faults"]] if values["faults"].strip() else []
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(unknown[0], f"is not a run setting; allowed: {', '.join(sorted(names))}")
+        for f in dataclasses.fields(cls):
+            if f.name in values and f.type in ("float", float) and isinstance(values[f.name], int):
+                values[f.name] = float(values[f.name])
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        import yaml
+
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError("config", f"file {str(path)!r} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError("config", f"{str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError("config", f"{str(path)!r} must hold a mapping of run settings")
+        return cls.from_dict(values)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)
+        values["faults"] = [str(f) for f in self.faults]
+        return values
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def resolve_callable(field_name: str, path: str) -> Callable[..., Any]:
+    """Import ``package.module:callable`` (attribute chains allowed) or raise a ConfigError saying why not."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see, in one line
+        raise ConfigError(field_name, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(field_name, f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(field_name, f"{path!r} is not callable")
+    return obj
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(name, f"{value!r} is out of range: allowed integers {low}..{high}")
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(name, f"{value!r} must be a number > 0")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(name, f"{value!r} is not known: allowed {', '.join(allowed)}")
+
+
+def _choice_or_import(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if isinstance(value, str) and value in allowed:
+        return
+    if isinstance(value, str) and _IMPORT_PATH.match(value):
+        resolve_callable(name, value)
+        return
+    raise ConfigError(
+        name, f"{value!r} is not known: allowed {', '.join(allowed)} or an import path 'package.module:callable'")

@@ -1,0 +1,36 @@
+"""Typed errors of the workbench, one clear message each.
+
+Every error a user can cause is raised before any rank process starts and says what was wrong and what is
+allowed; the CLI prints ``str(error)`` as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base class of every error the workbench raises on purpose."""
+
+
+class ConfigError(WorkbenchError, ValueError):
+    """A run configuration (field, fault plan, YAML file) is invalid."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class RunFailed(WorkbenchError):
+    """A run ended without completing (a fault its strategy could not recover, or a rank error)."""
+
+    def __init__(self, reason: str, result: object | None = None) -> None:
+        self.reason = reason
+        self.result = result
+        super().__init__(reason)
+
+
+class RunStartError(WorkbenchError):
+    """The rank processes could not be started or did not report in time."""
+
+
+class ResultsError(WorkbenchError):
+    """A result file or directory cannot be read."""

@@ -1,0 +1,52 @@
+"""Models: a small MLP and CNN sized for 8x8 digits, or the user's own ``nn.Module`` factory."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+from workbench.config import RunConfig, resolve_callable
+from workbench.data import accepts
+from workbench.errors import ConfigError
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (128, 64)) -> nn.Module:
+    # readable parameter names (fc1.weight ...) for fault plans, checkpoints and bit flips
+    layers: dict[str, nn.Module] = {"flatten": nn.Flatten()}
+    width = math.prod(input_shape)
+    for i, h in enumerate(hidden):
+        layers[f"fc{i + 1}"] = nn.Linear(width, h)
+        layers[f"relu{i + 1}"] = nn.ReLU()
+        width = h
+    layers[f"fc{len(hidden) + 1}"] = nn.Linear(width, num_classes)
+    return nn.Sequential(OrderedDict(layers))
+
+
+def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    channels, height, width = input_shape if len(input_shape) == 3 else (1, *input_shape)
+    return nn.Sequential(
+        nn.Unflatten(1, (channels, height, width)) if len(input_shape) != 3 else nn.Identity(),
+        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * (height // 2) * (width // 2), 64), nn.ReLU(), nn.Linear(64, num_classes),
+    )
+
+
+def build_model(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Build the model on this process with the run's seed, so every rank starts from the same weights."""
+    torch.manual_seed(config.seed)
+    if config.model == "mlp":
+        return mlp(input_shape, num_classes)
+    if config.model == "cnn":
+        if len(input_shape) not in (2, 3):
+            raise ConfigError("model", f"'cnn' needs image inputs (C, H, W), the dataset gives {input_shape}")
+        return cnn(input_shape, num_classes)
+    factory = resolve_callable("model", config.model)
+    kwargs = {k: v for k, v in (("input_shape", input_shape), ("num_classes", num_classes)) if accepts(factory, k)}
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model", f"{config.model!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model

@@ -1,0 +1,41 @@
+"""The control channel between the supervisor and its ranks: JSON lines over one TCP connection per rank.
+
+Rank -> supervisor
+    ``hello {id, pid}``            first message after connecting
+    ``hb {}``                      heartbeat, every ``HEARTBEAT_PERIOD`` s from a thread of its own
+    ``joined {gen, step, sync_s}`` the rank is in generation ``gen`` and holds the state of ``step``
+    ``step {step, gen, ...}``      a step was committed (generation rank 0 adds loss, accuracy, eval figures)
+    ``fault {kind, step, t}``      a planned fault is about to fire in this rank (sent just before it does)
+    ``done {step}``                the rank finished all steps
+    ``error {message}``            the rank failed on its own (an exception, not a fault); it exits next
+Supervisor -> rank
+    ``start {config, faults, store}``              once, in answer to ``hello``
+    ``generation {gen, members, rank, size, source}`` join generation ``gen``; ``source`` holds the state
+    ``stop {reason}``                              leave now
+
+The supervisor notices a dead rank by the end of its connection (and by its exit status), a frozen one by
+missing heartbeats. A rank that loses its connection exits at once: ranks never outlive their supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+HEARTBEAT_PERIOD = 0.25
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+class LineDecoder:
+    """Turns the bytes of a stream into messages, whatever the chunking."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]

@@ -1,0 +1,3 @@
+from workbench.rank.main import main
+
+main()

@@ -1,0 +1,67 @@
+"""Rank side of the control channel (protocol in :mod:`workbench.protocol`).
+
+A reader thread receives the supervisor's messages; a ``generation`` message is stored as the latest
+membership and wakes whatever the training loop is waiting on. A heartbeat thread proves the process is not
+frozen. If the connection ends, the supervisor is gone and the rank exits at once (``os._exit``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any
+
+from workbench.protocol import HEARTBEAT_PERIOD, LineDecoder, encode
+
+
+class Channel:
+    def __init__(self, host: str, port: int, worker_id: int, connect_timeout: float = 30.0) -> None:
+        self.worker_id = worker_id
+        self.sock = socket.create_connection((host, port), timeout=connect_timeout)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._send_lock = threading.Lock()
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.wake = threading.Event()  # set on every membership change; waits in comm.py watch it
+        self.latest_generation: dict[str, Any] | None = None
+        self.stop_reason: str | None = None
+        self.send({"type": "hello", "id": worker_id, "pid": os.getpid()})
+        threading.Thread(target=self._read, name="wb-control", daemon=True).start()
+        threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        try:
+            with self._send_lock:
+                self.sock.sendall(data)
+        except OSError:
+            os._exit(3)  # supervisor gone
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        return self.inbox.get(timeout=timeout)
+
+    def _read(self) -> None:
+        decoder = LineDecoder()
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                os._exit(3)  # the supervisor closed the channel or died: never outlive it
+            for message in decoder.feed(data):
+                if message["type"] == "generation":
+                    self.latest_generation = message
+                    self.wake.set()
+                elif message["type"] == "stop":
+                    self.stop_reason = message.get("reason", "stopped")
+                    os._exit(0)
+                self.inbox.put(message)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_PERIOD)
+            self.send({"type": "hb"})

@@ -1,0 +1,174 @@
+"""Results of a run: per-step metrics, events, per-failure figures and a summary; one HDF5 file per run.
+
+Layout of ``result.h5``: root attributes ``config`` and ``summary`` (JSON), ``format`` (int); group ``metrics``
+with one 1-D dataset per column (step, time, loss, train_acc, test_acc, test_loss, world_size, generation,
+step_time; NaN where a step had no evaluation); ``events`` and ``failures``, one JSON string per row.
+Files are written to a temporary name and renamed, so a result is never half-written.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workbench.errors import ResultsError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from workbench.supervisor import Supervisor
+
+FORMAT = 1
+RESULT_FILE = "result.h5"
+METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "test_acc", "test_loss", "world_size", "generation",
+                  "step_time")
+
+
+@dataclass
+class RunResult:
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    failures: list[dict[str, Any]]
+    summary: dict[str, Any]
+    path: Path | None = None
+
+    @classmethod
+    def build(cls, sup: Supervisor, outcome: str, reason: str) -> RunResult:
+        failures = [f.figures(sup.config.strategy) for f in sup.failures]
+        accuracies = [r["test_acc"] for r in sup.metrics if not math.isnan(r["test_acc"])]
+        summary = {
+            "outcome": outcome,
+            "reason": reason,
+            "final_test_accuracy": accuracies[-1] if accuracies else None,
+            "steps_completed": max((r["step"] + 1 for r in sup.metrics), default=0),
+            "world_size_initial": sup.config.world_size,
+            "world_size_final": len(sup.members),
+            "generations": sup.gen + 1,
+            "strategy": sup.config.strategy,
+            "wall_s": round(time.time() - sup.t0, 3),
+            "failures": failures,
+            "result_path": None,
+        }
+        return cls(sup.config.to_dict(), sup.metrics, sup.events, failures, summary)
+
+    @property
+    def outcome(self) -> str:
+        return self.summary["outcome"]
+
+    @property
+    def completed(self) -> bool:
+        return self.outcome == "completed"
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``directory/result.h5`` atomically and return its path."""
+        import h5py
+        import numpy as np
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / RESULT_FILE
+        self.summary["result_path"] = str(path.resolve())
+        tmp = directory / f".{RESULT_FILE}.{os.getpid()}.tmp"
+        text = h5py.string_dtype()
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["config"] = json.dumps(self.config)
+            f.attrs["summary"] = json.dumps(self.summary)
+            group = f.create_group("metrics")
+            for column in METRIC_COLUMNS:
+                group.create_dataset(column, data=np.array([r[column] for r in self.metrics], dtype=np.float64))
+            f.create_dataset("events", data=[json.dumps(e) for e in self.events], dtype=text)
+            f.create_dataset("failures", data=[json.dumps(e) for e in self.failures], dtype=text)
+        os.replace(tmp, path)
+        self.path = path
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RunResult:
+        import h5py
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / RESULT_FILE
+        try:
+            with h5py.File(path, "r") as f:
+                metrics_columns = {c: f["metrics"][c][()] for c in METRIC_COLUMNS}
+                n = len(metrics_columns["step"])
+                metrics = [{c: _plain(metrics_columns[c][i], c) for c in METRIC_COLUMNS} for i in range(n)]
+                return cls(json.loads(f.attrs["config"]), metrics,
+                           [json.loads(e) for e in f["events"].asstr()[()]],
+                           [json.loads(e) for e in f["failures"].asstr()[()]],
+                           json.loads(f.attrs["summary"]), path)
+        except (OSError, KeyError) as exc:
+            raise ResultsError(f"{path} is not a workbench result file: {exc}") from None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Per-step metrics, one row per committed step (a redone step appears again)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metrics, columns=list(METRIC_COLUMNS))
+
+    def events_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.events, columns=["time", "step", "rank", "kind", "detail"])
+
+    def summary_row(self) -> dict[str, Any]:
+        row = {f"config.{k}": (json.dumps(v) if isinstance(v, list) else v) for k, v in self.config.items()}
+        row.update({k: v for k, v in self.summary.items() if k != "failures"})
+        row["n_failures"] = len(self.failures)
+        return row
+
+    def __repr__(self) -> str:
+        s = self.summary
+        acc = s["final_test_accuracy"]
+        return (f"RunResult(outcome={s['outcome']!r}, steps={s['steps_completed']}, "
+                f"test_acc={acc if acc is None else round(acc, 4)}, world={s['world_size_initial']}->"
+                f"{s['world_size_final']}, failures={len(self.failures)}, wall_s={s['wall_s']})")
+
+
+def _plain(value: Any, column: str) -> Any:
+    value = float(value)
+    return int(value) if column in ("step", "world_size", "generation") else value
+
+
+def find_results(where: str | os.PathLike) -> list[Path]:
+    path = Path(where)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(path.rglob(RESULT_FILE))
+    return sorted(Path(p) for p in globlib.glob(str(where), recursive=True)
+                  if Path(p).is_file() or (Path(p) / RESULT_FILE).is_file())
+
+
+def load_results(where: str | os.PathLike, metrics: bool = False) -> pd.DataFrame:
+    """Load every ``result.h5`` under a directory, or matching a glob.
+
+    Default: one row per run (``config.*`` columns, the summary, ``n_failures``, ``path``). With
+    ``metrics=True``: one row per step of every run, with the run's ``path``, ``outcome`` and ``config.*``.
+    """
+    import pandas as pd
+
+    paths = find_results(where)
+    if not paths:
+        raise ResultsError(f"no {RESULT_FILE} found at {str(where)!r}")
+    frames = []
+    for p in paths:
+        result = RunResult.load(p)
+        row = result.summary_row() | {"path": str(result.path)}
+        if metrics:
+            frame = result.to_dataframe()
+            for key in ("path", "outcome", *[k for k in row if k.startswith("config.")]):
+                frame[key] = row[key]
+            frames.append(frame)
+        else:
+            frames.append(pd.DataFrame([row]))
+    return pd.concat(frames, ignore_index=True)

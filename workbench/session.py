@@ -1,0 +1,142 @@
+"""Starting runs: ``start(config) -> Run`` (a live handle) and ``run(config) -> RunResult`` (blocking).
+
+A :class:`Run` owns one monitor thread that runs the :class:`~workbench.supervisor.Supervisor`; the rank
+processes are children of that thread. ``kill``, ``hang`` and ``stop`` may be called from any thread (widgets
+do). Interrupting ``wait()`` (Ctrl-C, a notebook's interrupt button) stops the run before re-raising, and an
+``atexit`` hook stops every run still going when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.config import RunConfig
+from workbench.results import RunResult
+from workbench.supervisor import Supervisor
+
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:
+    if config is None:
+        config = RunConfig()
+    if isinstance(config, dict):
+        config = RunConfig.from_dict(config)
+    if overrides:
+        config = RunConfig.from_dict({**config.to_dict(), **overrides})
+    return config
+
+
+class Run:
+    """A run going on in the background. ``events`` and ``metrics`` fill up live; ``wait()`` gives the result."""
+
+    def __init__(self, config: RunConfig, out: str | Path | None = None,
+                 on_event: Listener | None = None) -> None:
+        self.config = config
+        self.out = Path(out) if out is not None else None
+        self._listeners: list[Listener] = [on_event] if on_event else []
+        self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
+        self._result: RunResult | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._main, name=f"workbench-run-{uuid.uuid4().hex[:6]}", daemon=True)
+        _live_runs.add(self)
+        self._thread.start()
+
+    # -- live view -------------------------------------------------------------------------------------------
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        return self._supervisor.metrics
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self._supervisor.events
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self._supervisor.status)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(kind, payload)`` on the monitor thread for each step row and event from now on."""
+        self._listeners.append(listener)
+
+    # -- control -----------------------------------------------------------------------------------------------
+    def kill(self, rank: int) -> None:
+        """SIGKILL ``rank`` now (a permanent fault)."""
+        self._supervisor.command("kill", int(rank))
+
+    def hang(self, rank: int) -> None:
+        """SIGSTOP ``rank`` now (it freezes; heartbeats find it)."""
+        self._supervisor.command("hang", int(rank))
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        self._supervisor.command("stop", reason)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Block until the run ends and return its result. Ctrl-C stops the run, then re-raises."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.wait(0.1):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run still going after {timeout:g} s")
+        except KeyboardInterrupt:
+            self.stop("interrupted")
+            self._done.wait(30)
+            raise
+        assert self._result is not None
+        return self._result
+
+    @property
+    def result(self) -> RunResult | None:
+        return self._result
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _dispatch(self, kind: str, payload: dict[str, Any]) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, payload)
+            except Exception:  # noqa: BLE001 - a listener's bug must not kill the run
+                pass
+
+    def _main(self) -> None:
+        try:
+            result = self._supervisor.run()
+            if self.out is not None:
+                result.save(self.out)
+            self._result = result
+        finally:
+            self._done.set()
+
+    def __repr__(self) -> str:
+        return f"Run({self.status})"
+
+
+def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
+          on_event: Listener | None = None, **overrides: Any) -> Run:
+    """Validate the configuration (errors before any process starts) and start the run in the background."""
+    return Run(_as_config(config, overrides), out=out, on_event=on_event)
+
+
+def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
+        on_event: Listener | None = None, **overrides: Any) -> RunResult:
+    """Run to the end and return the result (saved to ``out/result.h5`` when ``out`` is given)."""
+    return start(config, out=out, on_event=on_event, **overrides).wait()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for live in list(_live_runs):
+        if not live.done:
+            live.stop("interpreter exiting")
+            live._done.wait(10)
