@@ -49,9 +49,11 @@ class RunResult:
             "final_test_accuracy": accuracies[-1] if accuracies else None,
             "steps_completed": max((r["step"] + 1 for r in sup.metrics), default=0),
             "world_size_initial": sup.config.world_size,
-            "world_size_final": len(sup.members),
+            "world_size_final": sum(1 for m in sup.members if sup.workers[m].alive),
             "generations": sup.gen + 1,
             "strategy": sup.config.strategy,
+            "replicas_identical": (len({sup.workers[m].fingerprint for m in sup.members}) == 1
+                                   if outcome == "completed" else None),
             "wall_s": round(time.time() - sup.t0, 3),
             "failures": failures,
             "result_path": None,

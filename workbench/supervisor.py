@@ -51,6 +51,7 @@ class Worker:
     steps_done: int = 0
     done: bool = False
     alive: bool = True
+    fingerprint: str | None = None  # hash of the final parameters, sent with "done"
     fault: dict[str, Any] | None = None  # the fault that hit this rank: kind, step, wall-clock time
 
 
@@ -272,6 +273,7 @@ class Supervisor:
             self._event(m["kind"], m["step"], "planned fault fired", rank=w.id)
         elif kind == "done":
             w.done = True
+            w.fingerprint = m.get("fingerprint")
         elif kind == "error":
             self._event("error", w.steps_done, m["message"], rank=w.id)
             self._outcome = ("failed", f"rank {w.id} raised an error at step {w.steps_done}: {m['message']}")

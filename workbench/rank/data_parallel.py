@@ -70,7 +70,11 @@ class DataParallel:
                             torch.zeros(numel))
             offset = 0
             for p in params:
-                bucket.views.append(bucket.buffer[offset: offset + p.numel()].view_as(p))
+                # gradients live in the bucket (DDP's gradient_as_bucket_view): autograd accumulates into the
+                # view in place, the allreduce sums the bucket in place, the optimizer reads the result: no copies
+                view = bucket.buffer[offset: offset + p.numel()].view_as(p)
+                bucket.views.append(view)
+                p.grad = view
                 offset += p.numel()
             self.buckets.append(bucket)
             for p in params:
@@ -82,7 +86,7 @@ class DataParallel:
     # -- one step ---------------------------------------------------------------------------------------------
     def begin(self, stats: torch.Tensor) -> None:
         for bucket in self.buckets:
-            bucket.optimizer.zero_grad(set_to_none=True)
+            bucket.buffer.zero_()
             bucket.pending = len(bucket.params)
             bucket.work = None
             bucket.launched = False
@@ -103,10 +107,9 @@ class DataParallel:
             if bucket.index == len(self.buckets) - 1 and self.before_last_launch is not None:
                 self.before_last_launch()
             for p, view in zip(bucket.params, bucket.views):
-                if p.grad is None:  # unused parameter this step
-                    view.zero_()
-                else:
-                    view.copy_(p.grad)
+                if p.grad is not view:  # someone replaced the gradient tensor: bring it back into the bucket
+                    view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
+                    p.grad = view
             bucket.work = self.comm.allreduce(bucket.buffer)
             bucket.launched = True
             self._next_launch += 1
@@ -122,11 +125,6 @@ class DataParallel:
         self._launch_ready(force=True)
         for bucket in self.buckets:
             self.comm.wait(bucket.work)
-            for p, view in zip(bucket.params, bucket.views):
-                if p.grad is None:
-                    p.grad = view.clone()
-                else:
-                    p.grad.copy_(view)
             bucket.optimizer.step()
         return self.buckets[0].buffer[-STATS_SLOTS:].clone()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import io
 import os
 import signal
@@ -38,6 +39,15 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the control channel's end still stops the rank
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """Hash of every parameter's bytes: data-parallel replicas must agree bit for bit."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 class Trainer:
@@ -128,7 +138,7 @@ class Trainer:
                 break
             except GenerationChanged:
                 assignment = self.channel.latest_generation
-        self.channel.send({"type": "done", "step": self.step})
+        self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model)})
 
     def _wait_assignment(self) -> dict[str, Any]:
         deadline = time.monotonic() + self.config.startup_timeout

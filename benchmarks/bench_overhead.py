@@ -1,0 +1,99 @@
+"""No-fault step time of the workbench vs plain torch DDP (gloo, default group), same model, data and world.
+
+Both sides time the same thing on rank 0: from taking the step's shard to the end of the optimizer step
+(forward, backward, gradient allreduce, update). Rounds alternate DDP and workbench so machine noise hits both.
+Prints one JSON line. Usage: python benchmarks/bench_overhead.py [--world-size 2] [--steps 400] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import workbench
+from workbench.config import RunConfig
+from workbench.data import BatchSequence, load_dataset, shard
+from workbench.models import build_model
+
+WARMUP = 50
+
+
+def ddp_rank(rank: int, world: int, port: int, config: RunConfig, queue: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    data = load_dataset(config)
+    batches = BatchSequence(len(data.y_train), config.batch_size, config.seed)
+    model = torch.nn.parallel.DistributedDataParallel(build_model(config, data.input_shape, data.num_classes))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    times = []
+    for step in range(config.steps):
+        started = time.perf_counter()
+        idx = torch.from_numpy(shard(batches(step), rank, world))
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    if rank == 0:
+        queue.put(times[WARMUP:])
+    dist.destroy_process_group()
+
+
+def ddp_step_times(config: RunConfig) -> list[float]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=ddp_rank, args=(r, config.world_size, port, config, queue))
+             for r in range(config.world_size)]
+    for p in procs:
+        p.start()
+    times = queue.get(timeout=600)
+    for p in procs:
+        p.join(60)
+    return times
+
+
+def workbench_step_times(config: RunConfig) -> list[float]:
+    result = workbench.run(config)
+    if not result.completed:
+        sys.exit(f"workbench run failed: {result.summary['reason']}")
+    return [row["step_time"] for row in result.metrics][WARMUP:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default="mlp")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    config = RunConfig(world_size=args.world_size, steps=args.steps, model=args.model, eval_interval=args.steps)
+    ddp, ours = [], []
+    for _ in range(args.rounds):
+        ddp += ddp_step_times(config)
+        ours += workbench_step_times(config)
+    ddp_median, ours_median = statistics.median(ddp), statistics.median(ours)
+    print(json.dumps({
+        "benchmark": "overhead", "model": args.model, "world_size": args.world_size, "steps": args.steps,
+        "rounds": args.rounds, "ddp_median_step_ms": round(ddp_median * 1e3, 3),
+        "workbench_median_step_ms": round(ours_median * 1e3, 3), "ratio": round(ours_median / ddp_median, 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+import json
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+import workbench
+from conftest import rank_processes
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--world-size", "0"], "world_size: 0 is out of range: allowed integers 1..64"),
+    (["--model", "resnet999"], "model: 'resnet999' is not known"),
+    (["--world-size", "4", "--fault", "kill:rank=9,step=1"], "targets rank 9 but world_size=4"),
+    (["--strategy", "hope"], "strategy: 'hope' is not known"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_usage_and_config_errors_exit_2_with_one_line(args, needle, tmp_path):
+    proc = cli("run", *args, "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "result.h5").exists()
+
+
+def test_run_json_summary_and_result_file(tmp_path):
+    proc = cli("run", "--world-size", "4", "--steps", "300", "--out", str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("outcome", "reason", "final_test_accuracy", "steps_completed", "world_size_final", "wall_s",
+                "failures", "result_path"):
+        assert key in summary
+    assert summary["outcome"] == "completed" and summary["steps_completed"] == 300
+    assert summary["final_test_accuracy"] >= 0.90
+    with h5py.File(summary["result_path"]) as f:
+        assert len(f["metrics/step"]) == 300
+    assert workbench.load_results(tmp_path).final_test_accuracy.item() == summary["final_test_accuracy"]
+
+
+def test_failed_run_exits_1_and_leaves_nothing(tmp_path):
+    proc = cli("run", "--world-size", "3", "--steps", "300", "--fault", "kill:rank=2,step=30", "--json",
+               "--out", str(tmp_path))
+    assert proc.returncode == 1
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["outcome"] == "failed" and "rank 2" in summary["reason"]
+    assert summary["failures"][0]["rank"] == 2
+    assert rank_processes() == []
+
+
+def test_config_file_with_flag_override(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text('world_size: 2\nsteps: 5\nfaults: ["kill:rank=1,step=3"]\n')
+    proc = cli("run", "--config", str(config), "--fault", "kill:rank=5,step=1", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "targets rank 5 but world_size=2" in proc.stderr

@@ -1,0 +1,78 @@
+"""The gradient exchange, in one process: ranks as threads over a HashStore (gloo works across threads)."""
+
+import copy
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workbench.models import mlp
+from workbench.rank.comm import Comm
+from workbench.rank.data_parallel import DataParallel
+
+
+class FakeChannel:
+    latest_generation = None
+
+    def __init__(self):
+        self.wake = threading.Event()
+
+
+def run_ranks(size, body):
+    store = dist.HashStore()
+    results, errors = [None] * size, []
+
+    def worker(rank):
+        try:
+            comm = Comm(store, FakeChannel(), op_timeout=20)
+            comm.join({"gen": 0, "rank": rank, "size": size})
+            results[rank] = body(comm)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return results
+
+
+def step_once(comm, x, y, batch, cap_mb, launches, initial):
+    model = copy.deepcopy(initial)  # the global RNG is shared by the threads: build models before they start
+    dp = DataParallel(model, comm, "sgd", lr=0.1, momentum=0.0, bucket_cap_mb=cap_mb)
+    dp.before_last_launch = lambda: launches.append(comm.rank)
+    part = torch.tensor_split(torch.arange(batch), comm.size)[comm.rank]
+    out = model(x[part])
+    loss = F.cross_entropy(out, y[part], reduction="sum")
+    dp.begin(torch.stack([loss.detach(), torch.tensor(0.0), torch.tensor(float(len(part)))]))
+    (loss / batch).backward()
+    stats = dp.finish()
+    return len(dp.buckets), stats, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("size,cap_mb", [(1, 1.0), (2, 1.0), (3, 0.01)])
+def test_update_equals_single_process_full_batch(size, cap_mb):
+    torch.manual_seed(1)
+    x, y = torch.rand(24, 1, 8, 8), torch.randint(0, 10, (24,))
+    torch.manual_seed(0)
+    reference = mlp((1, 8, 8), 10)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    full_loss = F.cross_entropy(reference(x), y)
+    full_loss.backward()
+    optimizer.step()
+    launches = []
+    torch.manual_seed(0)
+    initial = mlp((1, 8, 8), 10)
+    results = run_ranks(size, lambda comm: step_once(comm, x, y, 24, cap_mb, launches, initial))
+    for n_buckets, stats, params in results:
+        assert (n_buckets > 1) == (cap_mb < 1)
+        assert stats[2].item() == 24  # samples summed over ranks
+        assert stats[0].item() / 24 == pytest.approx(full_loss.item(), rel=1e-5)
+        for name, value in reference.named_parameters():
+            torch.testing.assert_close(params[name], value.detach(), rtol=1e-5, atol=1e-6)
+    assert sorted(launches) == list(range(size))  # the fault point is passed once per rank per step

@@ -1,0 +1,122 @@
+"""Multi-process runs: few, small, seeded, each asserting what the runtime promises."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import workbench
+from conftest import rank_processes
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def test_kill_with_strategy_none_fails_fast_naming_rank_and_step():
+    started = time.monotonic()
+    result = workbench.run(world_size=4, steps=200, faults=["kill:rank=2,step=40"])
+    assert result.outcome == "failed"
+    assert "rank 2" in result.summary["reason"] and "step 40" in result.summary["reason"]
+    (failure,) = result.failures
+    assert failure["rank"] == 2 and failure["step"] == 40 and "SIGKILL" in failure["cause"]
+    assert failure["detection_s"] < 1.0
+    assert result.summary["steps_completed"] == 40
+    assert time.monotonic() - started < 60
+
+
+def test_hang_is_found_by_heartbeats_and_ends_the_run():
+    result = workbench.run(world_size=3, steps=200, faults=["hang:rank=1,step=20"], heartbeat_timeout=1.5)
+    assert result.outcome == "failed" and "rank 1 froze" in result.summary["reason"]
+    (failure,) = result.failures
+    assert 1.5 <= failure["detection_s"] < 5.0
+
+
+def test_shrink_continues_with_survivors_and_identical_replicas():
+    result = workbench.run(world_size=4, steps=150, strategy="shrink", faults=["kill:rank=3,step=60"])
+    assert result.outcome == "completed", result.summary["reason"]
+    assert result.summary["world_size_final"] == 3 and result.summary["replicas_identical"]
+    (failure,) = result.failures
+    assert failure["world_size_after"] == 3 and failure["resume_s"] is not None and failure["resume_s"] < 5
+    frame = result.to_dataframe()
+    assert list(frame.step) == list(range(150))  # every step committed once, none lost
+    assert set(frame[frame.step > 60].world_size) == {3}
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_live_kill_time_fault_and_stop_from_the_handle(tmp_path):
+    seen = []
+    run = workbench.start(world_size=3, steps=100_000, strategy="shrink", faults=["kill:rank=2,time=0.5"],
+                          out=tmp_path, on_event=lambda kind, payload: seen.append(kind))
+    try:
+        wait_for(lambda: run.status.get("members") == [0, 1])  # the time fault hit rank 2
+        run.kill(1)
+        wait_for(lambda: run.status.get("members") == [0])
+        step = run.status["step"]
+        wait_for(lambda: run.status["step"] > step + 5)  # one rank alone still trains
+    finally:
+        run.stop()
+    result = run.wait(timeout=60)
+    assert result.outcome == "stopped"
+    assert [f["rank"] for f in result.failures] == [2, 1]
+    assert "step" in seen and "event" in seen
+    assert workbench.load_results(tmp_path).outcome.item() == "stopped"
+
+
+def test_user_model_and_dataset_by_import_path():
+    result = workbench.run(world_size=2, steps=60, model="user_code:tiny_model", dataset="user_code:blobs",
+                           batch_size=32, lr=0.1, eval_interval=30)
+    assert result.completed and result.summary["final_test_accuracy"] > 0.8
+
+
+def test_error_inside_a_rank_ends_the_run_with_its_message():
+    result = workbench.run(world_size=2, steps=10, model="user_code:Broken")
+    assert result.outcome == "failed"
+    assert "ValueError: this model is broken on purpose" in result.summary["reason"]
+
+
+def test_same_seed_same_run():
+    a = workbench.run(world_size=2, steps=30, eval_interval=30)
+    b = workbench.run(world_size=2, steps=30, eval_interval=30)
+    assert [r["loss"] for r in a.metrics] == [r["loss"] for r in b.metrics]
+
+
+@pytest.mark.parametrize("how", ["sigkill-parent", "keyboard-interrupt"])
+def test_no_orphans_when_the_parent_goes(how, tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, threading, time, workbench
+        run = workbench.start(world_size=2, steps=1_000_000)
+        while run.status.get("step", 0) < 5:
+            time.sleep(0.05)
+        print("training", flush=True)
+        if {how!r} == "keyboard-interrupt":
+            threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            try:
+                run.wait()
+            except KeyboardInterrupt:
+                print("interrupted", run.result.outcome, flush=True)
+        else:
+            time.sleep(60)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(__file__))
+    assert parent.stdout.readline().strip() == "training"
+    assert len(rank_processes()) >= 2
+    if how == "sigkill-parent":
+        parent.send_signal(signal.SIGKILL)
+    else:
+        assert parent.stdout.readline().strip() == "interrupted stopped"
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 5
+    while rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rank_processes() == []

@@ -1,0 +1,114 @@
+"""Command line: ``workbench run``. Exit codes: 0 completed, 1 failed or stopped, 2 usage or configuration error
+(one line on stderr, no traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.config import RunConfig
+from workbench.errors import WorkbenchError
+
+# flag -> RunConfig field; every flag defaults to "not given" so a --config file fills the rest
+_RUN_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--world-size", "world_size", int, "number of ranks (1..64)"),
+    ("--steps", "steps", int, "training steps"),
+    ("--batch-size", "batch_size", int, "global mini-batch, split over the live ranks"),
+    ("--lr", "lr", float, "learning rate"),
+    ("--optimizer", "optimizer", str, "sgd or adam"),
+    ("--model", "model", str, "mlp, cnn, or package.module:callable returning an nn.Module"),
+    ("--dataset", "dataset", str, "digits, synthetic, or package.module:callable"),
+    ("--synthetic-size", "synthetic_size", int, "training samples of the synthetic dataset"),
+    ("--seed", "seed", int, "seed of model initialisation and data order"),
+    ("--strategy", "strategy", str, "recovery strategy: none, shrink"),
+    ("--eval-interval", "eval_interval", int, "steps between test-set evaluations"),
+    ("--bucket-cap-mb", "bucket_cap_mb", float, "gradient bucket size in MB"),
+    ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="workbench", description="Fault-tolerance workbench for distributed training")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run one training run", description="Run one multi-process training run.")
+    for flag, dest, kind, help_text in _RUN_FLAGS:
+        run.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text)
+    run.add_argument("--fault", dest="faults", action="append", default=argparse.SUPPRESS,
+                     help="kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S (repeatable)")
+    run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
+    run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
+    run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> RunConfig:
+    values: dict[str, Any] = RunConfig.from_yaml(args.config).to_dict() if args.config else {}
+    for _, dest, _, _ in _RUN_FLAGS:
+        if hasattr(args, dest):
+            values[dest] = getattr(args, dest)
+    if hasattr(args, "faults"):
+        values["faults"] = args.faults
+    return RunConfig.from_dict(values)
+
+
+def _progress(kind: str, payload: dict[str, Any]) -> None:
+    if kind == "step" and payload["test_acc"] == payload["test_acc"]:  # not NaN: an evaluation step
+        print(f"step {payload['step'] + 1:>6}  loss {payload['loss']:.4f}  test_acc {payload['test_acc']:.4f}  "
+              f"world {payload['world_size']}  gen {payload['generation']}", file=sys.stderr, flush=True)
+    elif kind == "event" and payload["kind"] not in ("joined", "end"):
+        print(f"[{payload['time']:7.2f}s] {payload['kind']}: {payload['detail']}", file=sys.stderr, flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from workbench.session import start
+
+    config = _config_from_args(args)
+    out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+    handle = start(config, out=out, on_event=None if args.json else _progress)
+    result = handle.wait()
+    summary = result.summary
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        acc = summary["final_test_accuracy"]
+        print(f"outcome: {summary['outcome']} ({summary['reason']})")
+        print(f"steps: {summary['steps_completed']}  test accuracy: {'-' if acc is None else f'{acc:.4f}'}  "
+              f"world size: {summary['world_size_initial']} -> {summary['world_size_final']}  "
+              f"wall: {summary['wall_s']:.1f} s")
+        for f in summary["failures"]:
+            print(f"failure: rank {f['rank']} at step {f['step']} {f['cause']}; detected in {f['detection_s']:.3f} s"
+                  + (f", resumed in {f['resume_s']:.3f} s" if f["resume_s"] is not None else ""))
+        print(f"result: {summary['result_path']}")
+    return 0 if result.completed else 1
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # run.wait() stops the run and kills every rank on the way out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return {"run": cmd_run}[args.command](args)
+    except WorkbenchError as exc:
+        print(f"workbench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("workbench: interrupted; all ranks stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
