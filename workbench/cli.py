@@ -25,7 +25,10 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--dataset", "dataset", str, "digits, synthetic, or package.module:callable"),
     ("--synthetic-size", "synthetic_size", int, "training samples of the synthetic dataset"),
     ("--seed", "seed", int, "seed of model initialisation and data order"),
-    ("--strategy", "strategy", str, "recovery strategy: none, shrink"),
+    ("--strategy", "strategy", str, "recovery: none, checkpoint_restart, shrink, rollback, forward, reinit"),
+    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (checkpoint_restart: HDF5; reinit: memory)"),
+    ("--warm-spares", "warm_spares", int, "pre-started ranks that replace dead ones without start-up cost"),
+    ("--resume", "resume", str, "HDF5 checkpoint to start from"),
     ("--eval-interval", "eval_interval", int, "steps between test-set evaluations"),
     ("--bucket-cap-mb", "bucket_cap_mb", float, "gradient bucket size in MB"),
     ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
@@ -44,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, dest, kind, help_text in _RUN_FLAGS:
         run.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text)
     run.add_argument("--fault", dest="faults", action="append", default=argparse.SUPPRESS,
-                     help="kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S (repeatable)")
+                     help="kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | "
+                     "random:mtbf_steps=M,dist=exponential|weibull,shape=K,seed=S,max=F (repeatable)")
+    run.add_argument("--regrow", action="store_true", default=argparse.SUPPRESS,
+                     help="replace dead ranks (with shrink, rollback, forward)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -56,6 +62,8 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
     for _, dest, _, _ in _RUN_FLAGS:
         if hasattr(args, dest):
             values[dest] = getattr(args, dest)
+    if hasattr(args, "regrow"):
+        values["regrow"] = True
     if hasattr(args, "faults"):
         values["faults"] = args.faults
     return RunConfig.from_dict(values)
@@ -87,7 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"wall: {summary['wall_s']:.1f} s")
         for f in summary["failures"]:
             print(f"failure: rank {f['rank']} at step {f['step']} {f['cause']}; detected in {f['detection_s']:.3f} s"
-                  + (f", resumed in {f['resume_s']:.3f} s" if f["resume_s"] is not None else ""))
+                  + (f", resumed in {f['resume_s']:.3f} s" if f["resume_s"] is not None else "")
+                  + f"; steps redone {f['steps_redone']}, samples lost {f['samples_lost']}, "
+                    f"world size after {f['world_size_after']}")
         print(f"result: {summary['result_path']}")
     return 0 if result.completed else 1
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,9 @@ from workbench.errors import ConfigError
 MODELS = ("mlp", "cnn")
 DATASETS = ("digits", "synthetic")
 OPTIMIZERS = ("sgd", "adam")
-STRATEGIES = ("none", "shrink")
+STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit")
+REGROW_STRATEGIES = ("shrink", "rollback", "forward")
+DISTRIBUTIONS = ("exponential", "weibull")
 FAULT_KINDS = ("kill", "hang")
 MAX_WORLD_SIZE = 64
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -93,6 +96,78 @@ class FaultSpec:
         return f"{self.kind}:rank={self.rank},{where}"
 
 
+@dataclass(frozen=True)
+class RandomFailures:
+    """A failure process (the ANL failure-simulation framework): up to ``max`` kills of random ranks, with gaps
+    in steps drawn from an exponential or Weibull distribution of mean ``mtbf_steps``. Everything is drawn from
+    ``seed`` up front, so the same seed gives the same failures; a drawn failure names a position in the
+    generation it lands in (``k``-th live rank), so it always hits a live rank."""
+
+    mtbf_steps: float
+    dist: str = "exponential"
+    shape: float = 1.5
+    seed: int = 0
+    max: int = 3
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.mtbf_steps, (int, float)) and self.mtbf_steps >= 1):
+            raise ConfigError("fault", f"random: mtbf_steps={self.mtbf_steps!r} must be a number >= 1")
+        if self.dist not in DISTRIBUTIONS:
+            raise ConfigError("fault", f"random: dist={self.dist!r} is not known: allowed {', '.join(DISTRIBUTIONS)}")
+        if not (isinstance(self.shape, (int, float)) and self.shape > 0):
+            raise ConfigError("fault", f"random: shape={self.shape!r} must be > 0")
+        if not isinstance(self.max, int) or not 0 <= self.max <= 1000:
+            raise ConfigError("fault", f"random: max={self.max!r} must be an integer 0..1000")
+
+    @classmethod
+    def parse(cls, text: str) -> RandomFailures:
+        _, _, rest = text.partition(":")
+        values: dict[str, Any] = {}
+        types = {"mtbf_steps": float, "dist": str, "shape": float, "seed": int, "max": int}
+        for item in filter(None, rest.split(",")):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or key not in types:
+                raise ConfigError("fault", f"{item!r} in {text!r} is not one of {', '.join(f'{k}=' for k in types)}")
+            try:
+                values[key] = types[key](value.strip())
+            except ValueError:
+                raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a {types[key].__name__}") from None
+        if "mtbf_steps" not in values:
+            raise ConfigError("fault", f"{text!r} needs mtbf_steps=M")
+        return cls(**values)
+
+    def draw(self, steps: int, world_size: int) -> list[tuple[int, int]]:
+        """(step, position among the live ranks) of each failure, in step order, within ``1..steps-1``."""
+        import numpy as np
+
+        rng = np.random.default_rng(self.seed)
+        failures, at = [], 0.0
+        for _ in range(self.max):
+            if self.dist == "exponential":
+                gap = rng.exponential(self.mtbf_steps)
+            else:  # Weibull with the given shape, scaled to the requested mean
+                gap = self.mtbf_steps / math.gamma(1 + 1 / self.shape) * rng.weibull(self.shape)
+            at += max(gap, 1.0)
+            if at >= steps:
+                break
+            failures.append((int(at), int(rng.integers(world_size))))
+        return failures
+
+    def __str__(self) -> str:
+        return f"random:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},max={self.max}"
+
+
+def parse_fault(value: Any) -> FaultSpec | RandomFailures:
+    if isinstance(value, (FaultSpec, RandomFailures)):
+        return value
+    if isinstance(value, str) and value.strip().startswith("random:"):
+        return RandomFailures.parse(value.strip())
+    if isinstance(value, dict) and value.get("kind") == "random":
+        return RandomFailures(**{k: v for k, v in value.items() if k != "kind"})
+    return FaultSpec.coerce(value)
+
+
 @dataclass
 class RunConfig:
     """Everything that defines a run. ``batch_size`` is the global mini-batch, split over the live ranks."""
@@ -108,15 +183,19 @@ class RunConfig:
     synthetic_size: int = 4096
     seed: int = 0
     strategy: str = "none"
+    regrow: bool = False
+    warm_spares: int = 0
+    checkpoint_every: int | None = None
+    resume: str | None = None
     eval_interval: int = 25
-    faults: list[FaultSpec] = field(default_factory=list)
+    faults: list[FaultSpec | RandomFailures] = field(default_factory=list)
     bucket_cap_mb: float = 1.0
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
     op_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        self.faults = [FaultSpec.coerce(f) for f in (self.faults or [])]
+        self.faults = [parse_fault(f) for f in (self.faults or [])]
         _int_in("world_size", self.world_size, 1, MAX_WORLD_SIZE)
         _int_in("steps", self.steps, 1, 10_000_000)
         _int_in("batch_size", self.batch_size, 1, 1_000_000)
@@ -134,11 +213,27 @@ class RunConfig:
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
         _int_in("eval_interval", self.eval_interval, 1, 10_000_000)
+        if not isinstance(self.regrow, bool):
+            raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
+        if self.regrow and self.strategy not in REGROW_STRATEGIES:
+            raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
+                              f"{self.strategy!r} ({'it restarts ranks itself' if self.strategy in ('reinit', 'checkpoint_restart') else 'it does not recover'})")
+        _int_in("warm_spares", self.warm_spares, 0, 16)
+        if self.warm_spares and not (self.regrow or self.strategy == "reinit"):
+            raise ConfigError("warm_spares", "spares replace dead ranks: use them with regrow or strategy 'reinit'")
+        if self.checkpoint_every is None and self.strategy in ("checkpoint_restart", "reinit"):
+            self.checkpoint_every = 25
+        if self.checkpoint_every is not None:
+            _int_in("checkpoint_every", self.checkpoint_every, 1, 10_000_000)
+        if self.resume is not None and not Path(self.resume).is_file():
+            raise ConfigError("resume", f"checkpoint {self.resume!r} does not exist")
         _positive("bucket_cap_mb", self.bucket_cap_mb)
         _positive("heartbeat_timeout", self.heartbeat_timeout)
         _positive("startup_timeout", self.startup_timeout)
         _positive("op_timeout", self.op_timeout)
         for fault in self.faults:
+            if isinstance(fault, RandomFailures):
+                continue
             if fault.rank >= self.world_size:
                 raise ConfigError(
                     "fault", f"{fault} targets rank {fault.rank} but world_size={self.world_size} "
@@ -184,6 +279,20 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def step_faults(self) -> list[FaultSpec]:
+        return [f for f in self.faults if isinstance(f, FaultSpec) and f.step is not None]
+
+    @property
+    def time_faults(self) -> list[FaultSpec]:
+        return [f for f in self.faults if isinstance(f, FaultSpec) and f.time is not None]
+
+    @property
+    def random_failures(self) -> list[tuple[int, int]]:
+        """Every drawn random failure as (step, position among the live ranks), in step order."""
+        drawn = [d for f in self.faults if isinstance(f, RandomFailures) for d in f.draw(self.steps, self.world_size)]
+        return sorted(drawn)
 
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)

@@ -42,6 +42,7 @@ class RunResult:
     @classmethod
     def build(cls, sup: Supervisor, outcome: str, reason: str) -> RunResult:
         failures = [f.figures(sup.config.strategy) for f in sup.failures]
+        checkpoints = [e for e in sup.events if e["kind"] == "checkpoint"]
         accuracies = [r["test_acc"] for r in sup.metrics if not math.isnan(r["test_acc"])]
         summary = {
             "outcome": outcome,
@@ -49,12 +50,15 @@ class RunResult:
             "final_test_accuracy": accuracies[-1] if accuracies else None,
             "steps_completed": max((r["step"] + 1 for r in sup.metrics), default=0),
             "world_size_initial": sup.config.world_size,
-            "world_size_final": sum(1 for m in sup.members if sup.workers[m].alive),
+            "world_size_final": sum(1 for w in sup.member_workers if w is not None),
             "generations": sup.gen + 1,
             "strategy": sup.config.strategy,
-            "replicas_identical": (len({sup.workers[m].fingerprint for m in sup.members}) == 1
+            "replicas_identical": (len({w.fingerprint for w in sup.member_workers if w is not None}) == 1
                                    if outcome == "completed" else None),
             "wall_s": round(time.time() - sup.t0, 3),
+            "steps_redone_total": sum(f["steps_redone"] for f in failures),
+            "samples_lost_total": sum(f["samples_lost"] for f in failures),
+            "checkpoints": len(checkpoints),
             "failures": failures,
             "result_path": None,
         }

@@ -8,9 +8,18 @@ under the store prefix ``gen{g}`` and take the source's state by broadcast.
 
 Failure handling. A dead rank is seen by the end of its control connection (the kernel closes it the instant
 the process dies) and by ``Popen.poll``; a frozen rank by heartbeats missing for ``heartbeat_timeout`` seconds,
-after which it is SIGKILLed before anything else happens. Then the strategy decides: ``none`` ends the run with
-outcome ``failed`` and a one-line reason; ``shrink`` announces generation ``g+1`` of the survivors, with the
-survivor that committed the most steps as source (no step is lost).
+after which it is SIGKILLed before anything else happens. Then the strategy decides (DESIGN §4):
+
+* ``none``: the run ends, outcome ``failed``, with a one-line reason naming rank and step.
+* ``shrink`` / ``rollback`` / ``forward``: generation ``g+1`` of the survivors with ``recovery`` set; the ranks
+  settle the step in flight among themselves (``workbench.rank.recovery``). With ``regrow`` a replacement joins:
+  at once if a warm spare is ready, else in a later generation as soon as a fresh process is ready.
+* ``reinit``: survivors stay alive and wait; a replacement (spare or fresh) is made ready, then everyone joins
+  ``g+1`` and takes a survivor's last in-memory snapshot.
+* ``checkpoint_restart``: every rank is stopped, a fresh world is started and resumes from the last HDF5
+  checkpoint (torchrun semantics).
+
+Ranks have stable numbers (labels): a replacement takes the number of the rank it replaces.
 
 No orphans: ranks run in sessions of their own, are started from the monitor thread (their parent-death
 signal fires when it ends), exit when the control channel closes, and every exit path of the monitor thread —
@@ -26,7 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -43,12 +52,14 @@ EventCallback = Callable[[str, dict[str, Any]], None]
 
 @dataclass
 class Worker:
-    id: int
+    spawn_id: int
+    label: int | None  # the rank number users see; None for a warm spare not yet in use
     proc: subprocess.Popen | None = None
     conn: socket.socket | None = None
     decoder: LineDecoder = field(default_factory=LineDecoder)
     last_heard: float = 0.0
     steps_done: int = 0
+    ready: bool = False  # data and model built, waiting for (or in) a generation
     done: bool = False
     alive: bool = True
     fingerprint: str | None = None  # hash of the final parameters, sent with "done"
@@ -60,16 +71,22 @@ class Failure:
     rank: int
     step: int
     cause: str
-    fault_time: float  # wall clock of the fault (announced, sent, or when it was last seen alive)
+    fault_time: float  # wall clock of the fault (announced by the rank, or sent by the supervisor)
     detect_time: float
+    committed: int  # steps committed by the run when the fault hit
+    lost_share: int  # samples of the global batch that were the dead rank's share at that step
+    recovery_gen: int | None = None
     world_size_after: int = 0
     resume_time: float | None = None
+    steps_redone: int = 0
+    samples_lost: int = 0
 
     def figures(self, strategy: str) -> dict[str, Any]:
         return {
             "rank": self.rank, "step": self.step, "cause": self.cause, "strategy": strategy,
             "detection_s": round(self.detect_time - self.fault_time, 4),
             "resume_s": None if self.resume_time is None else round(self.resume_time - self.fault_time, 4),
+            "steps_redone": self.steps_redone, "samples_lost": self.samples_lost,
             "world_size_after": self.world_size_after,
         }
 
@@ -83,19 +100,27 @@ class Supervisor:
         self.out_dir = out_dir
         self.host = host
         self.on_event = on_event
-        self.workers: dict[int, Worker] = {}
+        self.spawned: dict[int, Worker] = {}
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.gen = -1
-        self.members: list[int] = []
+        self.members: list[int] = []  # labels of the current generation, in generation-rank order
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.failures: list[Failure] = []
         self.t0 = time.time()
         self.train_start: float | None = None
-        self.pending_time_faults = sorted((f for f in config.faults if f.time is not None), key=lambda f: f.time)
+        self.committed = 0  # steps committed by the run (rank 0 of the current generation)
+        self.last_checkpoint: dict[str, Any] | None = None
+        self.pending_time_faults = sorted(config.time_faults, key=lambda f: f.time)
+        self.pending_step_faults = [(f.rank, f.step, f.kind) for f in config.step_faults]
+        self.pending_random = list(config.random_failures)  # (step, position among live ranks)
+        self.replacements: list[Worker] = []  # processes starting up to take a dead rank's place
+        self.restarting = False  # checkpoint_restart: a fresh world is starting
+        self._resume_path = config.resume
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
         self._outcome: tuple[str, str] | None = None
+        self._tmpdir: tempfile.TemporaryDirectory | None = None
         self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
 
     # -- commands from other threads ---------------------------------------------------------------------------
@@ -105,6 +130,26 @@ class Supervisor:
             self._wake_w.send(b"x")
         except OSError:
             pass
+
+    # -- views ---------------------------------------------------------------------------------------------------
+    def worker(self, label: int) -> Worker | None:
+        """The live process that currently holds rank number ``label``."""
+        for w in self.spawned.values():
+            if w.label == label and w.alive:
+                return w
+        return None
+
+    @property
+    def member_workers(self) -> list[Worker]:
+        return [self.worker(label) for label in self.members]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        if self.out_dir is not None:
+            return self.out_dir / "checkpoints"
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="workbench-ckpt-")
+        return Path(self._tmpdir.name)
 
     # -- the run ------------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -138,42 +183,49 @@ class Supervisor:
         self.server.setblocking(False)
         self._sel.register(self.server, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        log_dir = (self.out_dir / "logs") if self.out_dir else None
-        if log_dir:
-            log_dir.mkdir(parents=True, exist_ok=True)
-        for rank in range(self.config.world_size):
-            self._spawn(rank, log_dir)
+        self.log_dir = (self.out_dir / "logs") if self.out_dir else None
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        first = [self._spawn(label) for label in range(self.config.world_size)]
+        for _ in range(self.config.warm_spares):
+            self._spawn(None)
+        self._wait_ready(first)
+        self.status.update(state="running")
+        self._new_generation(list(range(self.config.world_size)), source=0, resume=self._resume_path)
+
+    def _wait_ready(self, workers: list[Worker]) -> None:
         deadline = time.monotonic() + self.config.startup_timeout
-        while any(w.conn is None for w in self.workers.values()):
+        while not all(w.ready for w in workers):
             if time.monotonic() > deadline:
-                missing = [w.id for w in self.workers.values() if w.conn is None]
-                raise RunStartError(f"ranks {missing} did not start within {self.config.startup_timeout:g} s")
+                missing = [w.label for w in workers if not w.ready]
+                raise RunStartError(f"ranks {missing} were not ready within {self.config.startup_timeout:g} s")
             self._poll(0.05)
-            for w in self.workers.values():
-                if w.conn is None and w.proc.poll() is not None:
-                    raise RunStartError(f"rank {w.id} exited during start-up with code {w.proc.returncode}"
-                                        + (f" (see {log_dir}/rank{w.id}.log)" if log_dir else ""))
+            for w in workers:
+                if w.proc.poll() is not None and not w.ready:
+                    raise RunStartError(f"rank {w.label} exited during start-up with code {w.proc.returncode}"
+                                        + (f" (see {self.log_dir}/spawn{w.spawn_id}.log)" if self.log_dir else ""))
             if self._outcome:
                 raise RunStartError(self._outcome[1])
-        self.status.update(state="running")
-        self._new_generation(sorted(self.workers), source_rank=0)
 
-    def _spawn(self, rank: int, log_dir: Path | None) -> None:
+    def _spawn(self, label: int | None) -> Worker:
+        spawn_id = len(self.spawned)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # the ranks must import what this process can (a notebook's working directory, the user's package)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-        out = open(log_dir / f"rank{rank}.log", "ab") if log_dir else subprocess.DEVNULL  # noqa: SIM115
+        out = open(self.log_dir / f"spawn{spawn_id}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "workbench.rank", "--control", f"{self.host}:{self.server.getsockname()[1]}",
-                 "--id", str(rank)],
+                 "--id", str(spawn_id)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
-            if log_dir:
+            if self.log_dir:
                 out.close()
-        self.workers[rank] = Worker(rank, proc=proc, last_heard=time.monotonic())
+        worker = Worker(spawn_id, label, proc=proc, last_heard=time.monotonic())
+        self.spawned[spawn_id] = worker
+        return worker
 
     def _loop(self) -> tuple[str, str]:
         while True:
@@ -181,18 +233,22 @@ class Supervisor:
             if self._outcome:
                 return self._outcome
             now = time.monotonic()
-            for w in list(self.workers.values()):
+            for w in list(self.spawned.values()):
                 if not w.alive or w.done:
                     continue
                 if w.proc is not None and w.proc.poll() is not None:
                     self._on_death(w, self._exit_cause(w))
-                elif now - w.last_heard > self.config.heartbeat_timeout:
+                elif w.conn is not None and now - w.last_heard > self.config.heartbeat_timeout:
                     self._kill(w)
-                    self._on_death(w, f"froze (no heartbeat for {self.config.heartbeat_timeout:g} s)", hung=True)
+                    self._on_death(w, f"froze (no heartbeat for {self.config.heartbeat_timeout:g} s)")
+                elif w.conn is None and now - w.last_heard > self.config.startup_timeout:
+                    self._kill(w)  # a process that never said hello (last_heard is its spawn time)
+                    self._on_death(w, f"did not start within {self.config.startup_timeout:g} s")
                 if self._outcome:
                     return self._outcome
             self._fire_time_faults()
-            if self.members and all(self.workers[m].done for m in self.members):
+            self._admit_replacements()
+            if self.members and not self.restarting and all(w is not None and w.done for w in self.member_workers):
                 return "completed", f"all {self.config.steps} steps done with world size {len(self.members)}"
 
     def _poll(self, timeout: float) -> None:
@@ -223,26 +279,7 @@ class Supervisor:
         except OSError:
             data = b""
         if isinstance(who, _Pending):
-            if not data:
-                self._sel.unregister(conn)
-                conn.close()
-                return
-            messages = who.decoder.feed(data)
-            if not messages or messages[0].get("type") != "hello":
-                return
-            worker = self.workers.get(messages[0]["id"])
-            if worker is None or worker.conn is not None:
-                self._sel.unregister(conn)
-                conn.close()
-                return
-            worker.conn, worker.decoder, worker.last_heard = conn, who.decoder, time.monotonic()
-            self._sel.modify(conn, selectors.EVENT_READ, worker)
-            self._send(worker, {"type": "start", "config": self.config.to_dict(),
-                                "faults": [str(f) for f in self.config.faults
-                                           if f.rank == worker.id and f.step is not None],
-                                "store": f"{self.host}:{self._store_socket.getsockname()[1]}"})
-            for message in messages[1:]:
-                self._handle(worker, message)
+            self._hello(who, data)
             return
         worker: Worker = who
         if not data:
@@ -255,34 +292,68 @@ class Supervisor:
         for message in worker.decoder.feed(data):
             self._handle(worker, message)
 
+    def _hello(self, pending: _Pending, data: bytes) -> None:
+        conn = pending.conn
+        messages = pending.decoder.feed(data) if data else []
+        if not data or (messages and messages[0].get("type") != "hello"):
+            self._sel.unregister(conn)
+            conn.close()
+            return
+        if not messages:
+            return
+        worker = self.spawned.get(messages[0]["id"])
+        if worker is None or worker.conn is not None or not worker.alive:
+            self._sel.unregister(conn)
+            conn.close()
+            return
+        worker.conn, worker.decoder, worker.last_heard = conn, pending.decoder, time.monotonic()
+        self._sel.modify(conn, selectors.EVENT_READ, worker)
+        self._send(worker, {"type": "start", "config": self.config.to_dict(),
+                            "store": f"{self.host}:{self._store_socket.getsockname()[1]}",
+                            "checkpoint_dir": str(self.checkpoint_dir)})
+        for message in messages[1:]:
+            self._handle(worker, message)
+
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
         kind = m["type"]
         if kind == "hb":
             return
         if kind == "step":
-            w.steps_done = max(w.steps_done, m["step"] + 1) if m["gen"] == self.gen else w.steps_done
-            if "loss" in m and m["gen"] == self.gen:
-                self._record_step(m)
+            if m["gen"] == self.gen:
+                w.steps_done = max(w.steps_done, m["step"] + 1)
+                if "loss" in m:
+                    self._record_step(m)
+        elif kind == "ready":
+            w.ready = True
         elif kind == "joined":
             w.steps_done = m["step"]
+            if m["gen"] == self.gen and "recovery" in m:
+                self._record_recovery(m)
             if m["gen"] == self.gen:
                 self._event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s",
-                            rank=w.id)
+                            rank=w.label if w.label is not None else -1)
+        elif kind == "checkpoint":
+            self.last_checkpoint = m
+            self._event("checkpoint", m["step"], f"{m['path']} (stall {m['stall_s'] * 1e3:.1f} ms, "
+                        f"write {m['write_s'] * 1e3:.1f} ms)")
         elif kind == "fault":
             w.fault = m
-            self._event(m["kind"], m["step"], "planned fault fired", rank=w.id)
+            self.pending_step_faults = [f for f in self.pending_step_faults if (f[0], f[1]) != (w.label, m["step"])]
+            self.pending_random = [f for f in self.pending_random if f[0] != m["step"] or not m.get("random")]
+            self._event(m["kind"], m["step"], "planned fault fired", rank=w.label)
         elif kind == "done":
             w.done = True
             w.fingerprint = m.get("fingerprint")
         elif kind == "error":
-            self._event("error", w.steps_done, m["message"], rank=w.id)
-            self._outcome = ("failed", f"rank {w.id} raised an error at step {w.steps_done}: {m['message']}")
+            self._event("error", w.steps_done, m["message"], rank=w.label if w.label is not None else -1)
+            self._outcome = ("failed", f"rank {w.label} raised an error at step {w.steps_done}: {m['message']}")
 
     def _record_step(self, m: dict[str, Any]) -> None:
         if self.train_start is None:
             self.train_start = time.time() - m["step_time"]
+        self.committed = m["step"] + 1
         for failure in self.failures:
-            if failure.resume_time is None and failure.world_size_after and m["gen"] == self.gen:
+            if failure.resume_time is None and failure.recovery_gen is not None and m["gen"] >= failure.recovery_gen:
                 failure.resume_time = m["t"]
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
                "test_acc": m.get("test_acc", float("nan")), "test_loss": m.get("test_loss", float("nan")),
@@ -291,6 +362,17 @@ class Supervisor:
         self.status.update(step=m["step"] + 1)
         if self.on_event:
             self.on_event("step", row)
+
+    def _record_recovery(self, m: dict[str, Any]) -> None:
+        """Rank 0 of a recovery generation says where the state resumed and whether it finished the failed step."""
+        for failure in self.failures:
+            if failure.recovery_gen == m["gen"] or (failure.recovery_gen is not None and failure.recovery_gen < m["gen"]
+                                                   and failure.resume_time is None):
+                failure.steps_redone = max(0, failure.committed - m["resume_step"])
+                failure.samples_lost = failure.lost_share if m.get("retried") else 0
+        detail = f"resumed at step {m['resume_step']}" + (", failed step finished by the survivors"
+                                                           if m.get("retried") else "")
+        self._event("recovered", m["resume_step"], f"{m['recovery']}: {detail}")
 
     # -- faults and failures -------------------------------------------------------------------------------------
     def _run_commands(self) -> None:
@@ -304,15 +386,14 @@ class Supervisor:
             elif name in ("kill", "hang"):
                 self._inject(name, arg, source="live")
 
-    def _inject(self, kind: str, rank: int, source: str) -> None:
-        w = self.workers.get(rank)
-        if w is None or not w.alive or w.proc is None:
-            self._event("fault_skipped", -1, f"{kind} of rank {rank}: not alive", rank=rank)
+    def _inject(self, kind: str, label: int, source: str) -> None:
+        w = self.worker(label)
+        if w is None or w.proc is None or label not in self.members:
+            self._event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
             return
-        now = time.time()
-        w.fault = {"kind": kind, "step": w.steps_done, "t": now}
+        w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
         os.kill(w.proc.pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
-        self._event(kind, w.steps_done, f"{source} fault", rank=rank)
+        self._event(kind, w.steps_done, f"{source} fault", rank=label)
 
     def _fire_time_faults(self) -> None:
         if self.train_start is None:
@@ -321,7 +402,7 @@ class Supervisor:
             fault = self.pending_time_faults.pop(0)
             self._inject(fault.kind, fault.rank, source=f"planned ({fault})")
 
-    def _on_death(self, w: Worker, cause: str, hung: bool = False) -> None:
+    def _on_death(self, w: Worker, cause: str) -> None:
         w.alive = False
         if w.conn is not None:
             try:
@@ -329,32 +410,118 @@ class Supervisor:
             except (KeyError, ValueError):
                 pass
             w.conn.close()
+        if w in self.replacements:
+            self.replacements.remove(w)
+        if w.label is None or w.label not in self.members or self.restarting:
+            self._event("spare_lost", -1, f"a starting or spare rank {cause}")
+            return
         now = time.time()
         fault_time = (w.fault or {}).get("t", now)
         step = (w.fault or {}).get("step", w.steps_done)
-        failure = Failure(w.id, step, cause, fault_time, now)
+        position, size = self.members.index(w.label), len(self.members)
+        share = self.config.batch_size // size + (1 if position < self.config.batch_size % size else 0)
+        failure = Failure(w.label, step, cause, fault_time, now, committed=self.committed, lost_share=share)
         self.failures.append(failure)
-        self._event("failure", step, f"rank {w.id} {cause}", rank=w.id)
-        if w.id not in self.members:
+        self._event("failure", step, f"rank {w.label} {cause}", rank=w.label)
+        survivors = [label for label in self.members if label != w.label and self.worker(label) is not None]
+        strategy = self.config.strategy
+        if strategy == "none" or not survivors and strategy != "checkpoint_restart":
+            why = "strategy 'none' does not recover" if strategy == "none" else "no rank survived"
+            self._outcome = ("failed", f"rank {w.label} {cause} at step {step}; {why}")
             return
-        survivors = [m for m in self.members if m != w.id and self.workers[m].alive]
-        if self.config.strategy == "none" or not survivors:
-            why = "strategy 'none' does not recover" if self.config.strategy == "none" else "no rank survived"
-            self._outcome = ("failed", f"rank {w.id} {cause} at step {step}; {why}")
-            return
-        failure.world_size_after = len(survivors)
-        source = max(survivors, key=lambda m: (self.workers[m].steps_done, -m))
-        self._new_generation(survivors, source_rank=survivors.index(source))
+        if strategy == "checkpoint_restart":
+            self._restart_world(failure)
+        elif strategy == "reinit":
+            self._replace(w.label)
+            self.members = survivors  # the replacement is admitted with everyone in _admit_replacements
+            failure.world_size_after = self.config.world_size
+        else:
+            spare = self._take_spare(w.label) if self.config.regrow else None
+            members = sorted(survivors + ([spare.label] if spare else []))
+            failure.world_size_after = len(members)
+            failure.recovery_gen = self.gen + 1
+            self._new_generation(members, recovery=strategy)
+            if self.config.regrow and spare is None:
+                self._replace(w.label)
 
-    def _new_generation(self, members: list[int], source_rank: int) -> None:
+    def _take_spare(self, label: int) -> Worker | None:
+        for w in self.spawned.values():
+            if w.label is None and w.alive and w.ready:
+                w.label = label
+                self._spawn(None)  # keep the pool full
+                self._event("spare", -1, f"a warm spare takes the place of rank {label}", rank=label)
+                return w
+        return None
+
+    def _replace(self, label: int) -> None:
+        spare = self._take_spare(label)
+        if spare is not None:
+            self.replacements.append(spare)
+        else:
+            self.replacements.append(self._spawn(label))
+            self._event("respawn", -1, f"starting a fresh process for rank {label}", rank=label)
+
+    def _admit_replacements(self) -> None:
+        """Bring ready replacements into the next generation (regrow, reinit, checkpoint_restart)."""
+        if not self.replacements:
+            return
+        if self.restarting:
+            if all(w.ready for w in self.replacements):
+                self.replacements.clear()
+                self.restarting = False
+                resume = self.last_checkpoint["path"] if self.last_checkpoint else self._resume_path
+                self.failures[-1].recovery_gen = self.gen + 1
+                self._new_generation(list(range(self.config.world_size)), source=0, resume=resume,
+                                     recovery="checkpoint_restart")
+            return
+        ready = [w for w in self.replacements if w.ready]
+        if not ready:
+            return
+        if self.config.strategy == "reinit" and len(ready) < len(self.replacements):
+            return  # everyone restarts together
+        for w in ready:
+            self.replacements.remove(w)
+        members = sorted(self.members + [w.label for w in ready])
+        if self.config.strategy == "reinit":
+            source = members.index(min(self.members))
+            for failure in self.failures:
+                if failure.recovery_gen is None:
+                    failure.recovery_gen = self.gen + 1
+            self._new_generation(members, source=source, recovery="reinit")
+        else:
+            self._new_generation(members)
+            self._event("regrow", -1, f"ranks {[w.label for w in ready]} rejoined: world size {len(members)}")
+
+    def _restart_world(self, failure: Failure) -> None:
+        """checkpoint_restart: stop every rank, start a fresh world, resume from the last checkpoint."""
+        for w in self.member_workers:
+            if w is not None:
+                w.alive = False
+                if w.conn is not None:
+                    self._sel.unregister(w.conn)
+                self._kill(w)
+        self.restarting = True
+        failure.world_size_after = self.config.world_size
+        self.replacements = [self._spawn(label) for label in range(self.config.world_size)]
+        where = f"checkpoint of step {self.last_checkpoint['step']}" if self.last_checkpoint else "step 0"
+        self._event("restart", failure.step, f"world stopped; {self.config.world_size} fresh ranks resume from {where}")
+
+    def _new_generation(self, members: list[int], source: int | None = None, resume: str | None = None,
+                        recovery: str | None = None) -> None:
+        """Announce generation g+1. ``source`` None: the ranks pick the most advanced member themselves."""
         self.gen += 1
         self.members = list(members)
-        for i, m in enumerate(self.members):
-            self._send(self.workers[m], {"type": "generation", "gen": self.gen, "members": self.members, "rank": i,
-                                         "size": len(self.members), "source": source_rank})
+        random_here = [(step, self.members[pos % len(self.members)]) for step, pos in self.pending_random]
+        for i, label in enumerate(self.members):
+            w = self.worker(label)
+            faults = [f"{kind}:rank={r},step={step}" for r, step, kind in self.pending_step_faults if r == label]
+            faults += [f"kill:rank={label},step={step}" for step, r in random_here if r == label]
+            self._send(w, {"type": "generation", "gen": self.gen, "members": self.members, "rank": i,
+                           "size": len(self.members), "source": source, "resume": resume, "recovery": recovery,
+                           "faults": faults, "random_steps": [step for step, r in random_here if r == label]})
         self.status.update(generation=self.gen, world_size=len(self.members), members=list(self.members))
-        self._event("generation", self.workers[self.members[source_rank]].steps_done,
-                    f"generation {self.gen}: ranks {self.members}")
+        self._event("generation", self.committed, f"generation {self.gen}: ranks {self.members}"
+                    + (f" ({recovery})" if recovery else ""))
 
     def _exit_cause(self, w: Worker) -> str:
         code = w.proc.poll() if w.proc is not None else None
@@ -365,7 +532,9 @@ class Supervisor:
         return f"exited with code {code}"
 
     # -- plumbing ------------------------------------------------------------------------------------------------
-    def _send(self, w: Worker, message: dict[str, Any]) -> None:
+    def _send(self, w: Worker | None, message: dict[str, Any]) -> None:
+        if w is None or w.conn is None:
+            return
         try:
             w.conn.sendall(encode(message))
         except OSError:
@@ -395,10 +564,10 @@ class Supervisor:
                 pass
 
     def _cleanup(self) -> None:
-        for w in self.workers.values():
+        for w in self.spawned.values():
             if w.conn is not None and w.alive:
                 self._send(w, {"type": "stop", "reason": "run ended"})
-        for w in self.workers.values():
+        for w in self.spawned.values():
             self._kill(w)
             if w.conn is not None:
                 w.conn.close()
@@ -407,6 +576,8 @@ class Supervisor:
                 sock.close()
         self._sel.close()
         self.store = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
 
 
 @dataclass

@@ -13,7 +13,16 @@ Protocol of one step:
      flattened and its allreduce started. Buckets start in a fixed order on every rank (gloo requires the same
      collective order everywhere), gradients are summed: the loss is ``sum / global_batch`` on each rank, so the
      sum is the exact gradient of the global batch whatever the world size.
-  3. ``finish()``: wait for each bucket in order, copy back, and step that bucket's optimizer at once.
+  3. ``finish()``: wait for each bucket in order and step that bucket's optimizer at once (``update_per_bucket``,
+     the overlap the ANL paper assumes), or after the whole exchange (MaTEx-Caffe/ULFM: one allreduce, then the
+     update).
+
+What the recovery strategies need from it (``workbench.rank.recovery``):
+  * ``snapshot_buckets`` (rollback): each bucket's parameters and optimizer state are copied just before its
+    update, so ``restore_applied()`` undoes a partial step exactly.
+  * ``keep_local`` (forward, shrink): each bucket's local gradient is copied before its allreduce (gloo reduces
+    in place: a failed allreduce leaves partial sums behind), so ``retry()`` can finish the exchange among the
+    survivors with their own shares.
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ class Bucket:
     work: dist.Work | None = None
     launched: bool = False
     views: list[torch.Tensor] = field(default_factory=list)
+    local: torch.Tensor | None = None  # this rank's own gradient of the step, before the allreduce
+    snapshot: tuple[list[torch.Tensor], dict] | None = None  # params and optimizer state before the update
 
 
 def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, momentum: float) -> torch.optim.Optimizer:
@@ -51,9 +62,14 @@ def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, momentum: f
 
 class DataParallel:
     def __init__(self, model: nn.Module, comm: Comm, optimizer: str, lr: float, momentum: float,
-                 bucket_cap_mb: float) -> None:
+                 bucket_cap_mb: float, update_per_bucket: bool = True, keep_local: bool = False,
+                 snapshot_buckets: bool = False) -> None:
         self.model = model
         self.comm = comm
+        self.update_per_bucket = update_per_bucket
+        self.keep_local = keep_local
+        self.snapshot_buckets = snapshot_buckets
+        self.applied = 0  # buckets whose update of the current step is applied
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         cap = max(1, int(bucket_cap_mb * 2**20 / 4))
         groups: list[list[tuple[str, nn.Parameter]]] = [[]]
@@ -90,6 +106,8 @@ class DataParallel:
             bucket.pending = len(bucket.params)
             bucket.work = None
             bucket.launched = False
+            bucket.local = None
+        self.applied = 0
         self.buckets[0].buffer[-STATS_SLOTS:] = stats
         self._next_launch = 0
 
@@ -110,6 +128,8 @@ class DataParallel:
                 if p.grad is not view:  # someone replaced the gradient tensor: bring it back into the bucket
                     view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
                     p.grad = view
+            if self.keep_local:
+                bucket.local = bucket.buffer.clone()
             bucket.work = self.comm.allreduce(bucket.buffer)
             bucket.launched = True
             self._next_launch += 1
@@ -121,11 +141,47 @@ class DataParallel:
                 self.comm.wait(bucket.work)
 
     def finish(self) -> torch.Tensor:
-        """Complete the exchange and apply the update bucket by bucket; returns the global stats."""
+        """Complete the exchange and apply the update; returns the global stats (loss sum, correct, samples)."""
         self._launch_ready(force=True)
         for bucket in self.buckets:
             self.comm.wait(bucket.work)
-            bucket.optimizer.step()
+            if self.update_per_bucket:
+                self._apply(bucket)
+        if not self.update_per_bucket:
+            for bucket in self.buckets:
+                self._apply(bucket)
+        return self.buckets[0].buffer[-STATS_SLOTS:].clone()
+
+    def _apply(self, bucket: Bucket) -> None:
+        if self.snapshot_buckets:
+            bucket.snapshot = ([p.detach().clone() for p in bucket.params], _clone_state(bucket.optimizer))
+        bucket.optimizer.step()
+        self.applied += 1
+
+    def restore_applied(self) -> int:
+        """Undo the updates applied so far in this step (rollback); returns how many buckets were undone."""
+        undone = self.applied
+        with torch.no_grad():
+            for bucket in self.buckets[: self.applied]:
+                params, state = bucket.snapshot
+                for p, saved in zip(bucket.params, params):
+                    p.copy_(saved)
+                bucket.optimizer.load_state_dict(state)
+        self.applied = 0
+        return undone
+
+    def retry(self, first: int, have_local: bool) -> torch.Tensor:
+        """Finish a failed step in the current group: allreduce buckets ``first..`` again, each rank contributing
+        its kept local gradient (zeros if it has none, e.g. a replacement rank), and apply them."""
+        for bucket in self.buckets[first:]:
+            if have_local and bucket.local is not None:
+                bucket.buffer.copy_(bucket.local)
+            else:
+                bucket.buffer.zero_()
+            self.comm.wait(self.comm.allreduce(bucket.buffer))
+        self.applied = first
+        for bucket in self.buckets[first:]:
+            self._apply(bucket)
         return self.buckets[0].buffer[-STATS_SLOTS:].clone()
 
     # -- state ------------------------------------------------------------------------------------------------
@@ -135,3 +191,25 @@ class DataParallel:
     def load_optimizer_states(self, states: list[dict]) -> None:
         for bucket, state in zip(self.buckets, states):
             bucket.optimizer.load_state_dict(state)
+
+    def named_optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Optimizer state per parameter name (checkpoint layout ``optimizer/<name>/<key>``), cloned."""
+        named = {}
+        for bucket in self.buckets:
+            for name, param in zip(bucket.names, bucket.params):
+                state = bucket.optimizer.state.get(param, {})
+                named[name] = {k: (v.detach().clone() if torch.is_tensor(v) else torch.tensor(v))
+                               for k, v in state.items() if v is not None}
+        return named
+
+    def load_named_optimizer_state(self, named: dict[str, dict[str, torch.Tensor]]) -> None:
+        for bucket in self.buckets:
+            for name, param in zip(bucket.names, bucket.params):
+                bucket.optimizer.state[param] = {k: v.clone() for k, v in named.get(name, {}).items()}
+
+
+def _clone_state(optimizer: torch.optim.Optimizer) -> dict:
+    state = optimizer.state_dict()
+    return {"state": {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in s.items()}
+                      for k, s in state["state"].items()},
+            "param_groups": [dict(g) for g in state["param_groups"]]}

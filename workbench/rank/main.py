@@ -1,9 +1,10 @@
 """Entry point of a rank process (``python -m workbench.rank --control HOST:PORT --id N``) and its training loop.
 
 Life of a rank: connect to the supervisor's control channel, receive the run configuration, build data and
-model, then train. Whenever the supervisor announces a generation the rank joins its process group and takes
-the state (step, parameters, optimizer state) broadcast by the generation's ``source`` rank, so every replica
-is identical after any change of membership. The process always ends with ``os._exit``.
+model, say ``ready``, then train in whatever generation the supervisor assigns. On every generation the rank
+joins its process group, settles the step in flight as the recovery strategy says (:mod:`.recovery`) and takes
+the source's state (step, parameters, optimizer state) by broadcast, so every replica is identical after any
+change of membership. The process always ends with ``os._exit``.
 """
 
 from __future__ import annotations
@@ -15,21 +16,25 @@ import io
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from workbench import checkpoint as ckpt
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, CommError, GenerationChanged
 from workbench.rank.data_parallel import DataParallel
+from workbench.rank.recovery import InFlight, most_advanced
 
 
 def _die_with_parent() -> None:
@@ -51,55 +56,101 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, faults: list[FaultSpec]) -> None:
+    def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
         self.channel = channel
+        self.checkpoint_dir = checkpoint_dir
         self.data = load_dataset(config)
         self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
         self.model = build_model(config, self.data.input_shape, self.data.num_classes)
         self.comm = Comm(store, channel, config.op_timeout)
+        strategy = config.strategy
         self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
-                               config.bucket_cap_mb)
-        self.step_faults = {f.step: f for f in faults if f.step is not None}
-        self.step = 0
-        self._current_step = -1
+                               config.bucket_cap_mb, update_per_bucket=strategy != "shrink",
+                               keep_local=strategy in ("shrink", "forward"), snapshot_buckets=strategy == "rollback")
         self.dp.before_last_launch = self._fault_point
+        self.step = 0
+        self.trained = False  # holds a real training state (not a fresh replacement)
+        self.inflight: InFlight | None = None
+        self.step_faults: dict[int, FaultSpec] = {}
+        self.random_steps: set[int] = set()
+        self.memory_snapshot: bytes | None = None  # reinit: the last global snapshot, identical on every replica
+        self._writer: threading.Thread | None = None
 
     # -- generations --------------------------------------------------------------------------------------------
-    def join(self, assignment: dict[str, Any]) -> None:
+    def join(self, a: dict[str, Any]) -> None:
         started = time.monotonic()
-        self.comm.join(assignment)
-        source = assignment["source"]
-        payload = self._state_bytes() if self.comm.rank == source else None
-        self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
-        self.channel.send({"type": "joined", "gen": self.comm.gen, "step": self.step,
-                           "sync_s": time.monotonic() - started})
+        recovery = a.get("recovery")
+        self.step_faults = {f.step: f for f in map(FaultSpec.parse, a.get("faults", []))}
+        self.random_steps = set(a.get("random_steps", []))
+        self.comm.join(a)
+        if recovery == "rollback" and self.inflight is not None:
+            self.dp.restore_applied()
+        source = a["source"]
+        if source is None:
+            applied = self.dp.applied if self.inflight is not None and self.inflight.step == self.step else 0
+            score = self.step * (len(self.dp.buckets) + 1) + applied if self.trained else -1.0
+            source = most_advanced(self.comm, score)
+        payload = self._source_state(a) if self.comm.rank == source else None
+        state = self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
+        report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
+                                  "sync_s": time.monotonic() - started}
+        if recovery:
+            report.update(recovery=recovery, resume_step=self.step, retried=False)
+        if recovery in ("shrink", "forward") and state["inflight"] is not None:
+            # the failed step: finish its exchange among the members with the gradients they kept
+            mine = self.inflight is not None and self.inflight.step == self.step
+            stats = self.dp.retry(state["inflight"]["applied"], have_local=mine)
+            report["retried"] = True
+            self.channel.send(report)
+            self._commit(self.step, stats, started=time.perf_counter())
+        else:
+            self.channel.send(report)
+        self.inflight = None
+        self.trained = True
+
+    def _source_state(self, a: dict[str, Any]) -> bytes:
+        if a.get("recovery") == "reinit" and self.memory_snapshot is not None:
+            return self.memory_snapshot
+        if a.get("resume"):
+            restored = ckpt.load(a["resume"])
+            self.model.load_state_dict(restored.model)
+            self.dp.load_named_optimizer_state(restored.optimizer)
+            self.step = restored.step
+            self.inflight = None
+        return self._state_bytes()
 
     def _state_bytes(self) -> bytes:
+        inflight = None
+        if self.inflight is not None and self.inflight.step == self.step:
+            inflight = {"step": self.step, "applied": self.dp.applied}
         buffer = io.BytesIO()
-        torch.save({"step": self.step, "model": self.model.state_dict(), "optim": self.dp.optimizer_states()}, buffer)
+        torch.save({"step": self.step, "model": self.model.state_dict(), "optim": self.dp.optimizer_states(),
+                    "inflight": inflight}, buffer)
         return buffer.getvalue()
 
-    def _load_state_bytes(self, payload: bytes) -> None:
+    def _load_state_bytes(self, payload: bytes) -> dict[str, Any]:
         state = torch.load(io.BytesIO(payload), weights_only=True)
         self.step = int(state["step"])
         self.model.load_state_dict(state["model"])
         self.dp.load_optimizer_states(state["optim"])
+        return state
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _fault_point(self) -> None:
-        fault = self.step_faults.get(self._current_step)
+        fault = self.step_faults.pop(self.inflight.step, None)
         if fault is None:
             return
-        del self.step_faults[self._current_step]
         self.dp.wait_launched()  # let the buckets already started complete everywhere: the fault lands mid-exchange
-        self.channel.send({"type": "fault", "kind": fault.kind, "step": self._current_step, "t": time.time()})
+        self.channel.send({"type": "fault", "kind": fault.kind, "step": self.inflight.step, "t": time.time(),
+                           "random": self.inflight.step in self.random_steps})
         os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
     # -- training -----------------------------------------------------------------------------------------------
-    def train_step(self) -> dict[str, Any]:
-        step = self._current_step = self.step
+    def train_step(self) -> None:
+        step = self.step
         started = time.perf_counter()
+        self.inflight = InFlight(step, self.comm.rank, self.comm.size)
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.x_train[indices], self.data.y_train[indices]
         self.model.train()
@@ -109,14 +160,45 @@ class Trainer:
         self.dp.begin(torch.stack([loss_sum.detach(), correct.float(), torch.tensor(float(len(y)))]))
         (loss_sum / self.config.batch_size).backward()
         stats = self.dp.finish()
+        self.inflight = None
+        self._commit(step, stats, started)
+
+    def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         self.step = step + 1
         report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen}
         if self.comm.rank == 0:
-            report.update(loss=stats[0].item() / stats[2].item(), train_acc=stats[1].item() / stats[2].item(),
+            samples = max(stats[2].item(), 1.0)
+            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples,
                           step_time=time.perf_counter() - started, t=time.time())
             if self.step % self.config.eval_interval == 0 or self.step == self.config.steps:
                 report.update(self.evaluate())
-        return report
+        self.channel.send(report)
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
+            if self.config.strategy == "reinit":
+                self.memory_snapshot = self._state_bytes()
+            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
+                self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor."""
+        started = time.perf_counter()
+        if self._writer is not None:
+            self._writer.join()  # one write at a time; the previous one is normally long done
+        snapshot = ckpt.Checkpoint(
+            self.step, {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            self.dp.named_optimizer_state(), torch.get_rng_state(), self.config.seed, self.config.to_dict())
+        stall = time.perf_counter() - started
+        path = self.checkpoint_dir / ckpt.checkpoint_name(self.step)
+
+        def write() -> None:
+            began = time.perf_counter()
+            ckpt.save(path, snapshot)
+            self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
+                               "write_s": time.perf_counter() - began})
+
+        self._writer = threading.Thread(target=write, name="wb-checkpoint", daemon=True)
+        self._writer.start()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -127,6 +209,7 @@ class Trainer:
         return {"test_loss": loss, "test_acc": accuracy}
 
     def run(self) -> None:
+        self.channel.send({"type": "ready"})
         assignment = self._wait_assignment()
         while True:
             try:
@@ -134,25 +217,24 @@ class Trainer:
                     self.join(assignment)
                 while self.step < self.config.steps:
                     self.comm.check()
-                    self.channel.send(self.train_step())
+                    self.train_step()
                 break
             except GenerationChanged:
                 assignment = self.channel.latest_generation
+        if self._writer is not None:
+            self._writer.join()
         self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model)})
 
     def _wait_assignment(self) -> dict[str, Any]:
-        deadline = time.monotonic() + self.config.startup_timeout
-        while self.channel.latest_generation is None:
-            if time.monotonic() > deadline:
-                raise CommError("no generation was assigned in time")
-            self.channel.wake.wait(0.1)
+        while self.channel.latest_generation is None:  # a warm spare may wait here for the whole run
+            self.channel.wake.wait(0.5)
         return self.channel.latest_generation
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workbench.rank")
     parser.add_argument("--control", required=True, help="HOST:PORT of the supervisor's control channel")
-    parser.add_argument("--id", type=int, required=True, help="stable rank number")
+    parser.add_argument("--id", type=int, required=True, help="spawn id given by the supervisor")
     args = parser.parse_args(argv)
     _die_with_parent()
     torch.set_num_threads(1)
@@ -165,8 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         store_host, _, store_port = start["store"].rpartition(":")
         store = dist.TCPStore(store_host, int(store_port), is_master=False,
                               timeout=timedelta(seconds=config.startup_timeout))
-        faults = [FaultSpec.coerce(f) for f in start["faults"]]
-        Trainer(config, channel, store, faults).run()
+        Trainer(config, channel, store, Path(start["checkpoint_dir"])).run()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported in one line, then the process ends
         code = 1
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -175,4 +256,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
