@@ -184,7 +184,7 @@ class RunConfig:
     seed: int = 0
     strategy: str = "none"
     regrow: bool = False
-    warm_spares: int = 0
+    warm_spares: int | None = None  # default: 1 with regrow or reinit (a replacement then costs no start-up)
     checkpoint_every: int | None = None
     resume: str | None = None
     eval_interval: int = 25
@@ -218,6 +218,8 @@ class RunConfig:
         if self.regrow and self.strategy not in REGROW_STRATEGIES:
             raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
                               f"{self.strategy!r} ({'it restarts ranks itself' if self.strategy in ('reinit', 'checkpoint_restart') else 'it does not recover'})")
+        if self.warm_spares is None:
+            self.warm_spares = 1 if self.regrow or self.strategy == "reinit" else 0
         _int_in("warm_spares", self.warm_spares, 0, 16)
         if self.warm_spares and not (self.regrow or self.strategy == "reinit"):
             raise ConfigError("warm_spares", "spares replace dead ranks: use them with regrow or strategy 'reinit'")

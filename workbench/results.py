@@ -1,8 +1,9 @@
 """Results of a run: per-step metrics, events, per-failure figures and a summary; one HDF5 file per run.
 
 Layout of ``result.h5``: root attributes ``config`` and ``summary`` (JSON), ``format`` (int); group ``metrics``
-with one 1-D dataset per column (step, time, loss, train_acc, test_acc, test_loss, world_size, generation,
-step_time; NaN where a step had no evaluation); ``events`` and ``failures``, one JSON string per row.
+with one 1-D dataset per column (step, time, loss, train_acc, samples — how many samples of the global batch
+entered the update —, test_acc, test_loss, world_size, generation, step_time; NaN where a step had no
+evaluation); ``events`` and ``failures``, one JSON string per row.
 Files are written to a temporary name and renamed, so a result is never half-written.
 """
 
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 RESULT_FILE = "result.h5"
-METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "test_acc", "test_loss", "world_size", "generation",
-                  "step_time")
+METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "world_size",
+                  "generation", "step_time")
 
 
 @dataclass
@@ -59,6 +60,7 @@ class RunResult:
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
             "checkpoints": len(checkpoints),
+            "final_checkpoint": sup.final_checkpoint if sup.out_dir is not None else None,
             "failures": failures,
             "result_path": None,
         }
@@ -142,7 +144,7 @@ class RunResult:
 
 def _plain(value: Any, column: str) -> Any:
     value = float(value)
-    return int(value) if column in ("step", "world_size", "generation") else value
+    return int(value) if column in ("step", "samples", "world_size", "generation") else value
 
 
 def find_results(where: str | os.PathLike) -> list[Path]:

@@ -111,6 +111,7 @@ class Supervisor:
         self.train_start: float | None = None
         self.committed = 0  # steps committed by the run (rank 0 of the current generation)
         self.last_checkpoint: dict[str, Any] | None = None
+        self.final_checkpoint: str | None = None
         self.pending_time_faults = sorted(config.time_faults, key=lambda f: f.time)
         self.pending_step_faults = [(f.rank, f.step, f.kind) for f in config.step_faults]
         self.pending_random = list(config.random_failures)  # (step, position among live ranks)
@@ -333,6 +334,9 @@ class Supervisor:
                 self._event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s",
                             rank=w.label if w.label is not None else -1)
         elif kind == "checkpoint":
+            if Path(m["path"]).name == "final.h5":
+                self.final_checkpoint = m["path"]
+                return
             self.last_checkpoint = m
             self._event("checkpoint", m["step"], f"{m['path']} (stall {m['stall_s'] * 1e3:.1f} ms, "
                         f"write {m['write_s'] * 1e3:.1f} ms)")
@@ -356,6 +360,7 @@ class Supervisor:
             if failure.resume_time is None and failure.recovery_gen is not None and m["gen"] >= failure.recovery_gen:
                 failure.resume_time = m["t"]
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
+               "samples": m["samples"],
                "test_acc": m.get("test_acc", float("nan")), "test_loss": m.get("test_loss", float("nan")),
                "world_size": len(self.members), "generation": self.gen, "step_time": m["step_time"]}
         self.metrics.append(row)

@@ -37,6 +37,9 @@ from workbench.rank.data_parallel import DataParallel
 from workbench.rank.recovery import InFlight, most_advanced
 
 
+FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
+
+
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the thread that started it ends (supervisor gone, kernel restarted)."""
     try:
@@ -95,13 +98,14 @@ class Trainer:
         state = self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
                                   "sync_s": time.monotonic() - started}
-        if recovery:
+        if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=False)
         if recovery in ("shrink", "forward") and state["inflight"] is not None:
             # the failed step: finish its exchange among the members with the gradients they kept
             mine = self.inflight is not None and self.inflight.step == self.step
             stats = self.dp.retry(state["inflight"]["applied"], have_local=mine)
-            report["retried"] = True
+            if recovery and self.comm.rank == 0:
+                report["retried"] = True
             self.channel.send(report)
             self._commit(self.step, stats, started=time.perf_counter())
         else:
@@ -168,7 +172,7 @@ class Trainer:
         report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen}
         if self.comm.rank == 0:
             samples = max(stats[2].item(), 1.0)
-            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples,
+            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
                           step_time=time.perf_counter() - started, t=time.time())
             if self.step % self.config.eval_interval == 0 or self.step == self.config.steps:
                 report.update(self.evaluate())
@@ -180,7 +184,7 @@ class Trainer:
             elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
                 self._write_checkpoint()
 
-    def _write_checkpoint(self) -> None:
+    def _write_checkpoint(self, name: str | None = None) -> None:
         """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor."""
         started = time.perf_counter()
         if self._writer is not None:
@@ -189,7 +193,7 @@ class Trainer:
             self.step, {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             self.dp.named_optimizer_state(), torch.get_rng_state(), self.config.seed, self.config.to_dict())
         stall = time.perf_counter() - started
-        path = self.checkpoint_dir / ckpt.checkpoint_name(self.step)
+        path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
 
         def write() -> None:
             began = time.perf_counter()
@@ -221,6 +225,8 @@ class Trainer:
                 break
             except GenerationChanged:
                 assignment = self.channel.latest_generation
+        if self.comm.rank == 0:
+            self._write_checkpoint(FINAL_CHECKPOINT)
         if self._writer is not None:
             self._writer.join()
         self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model)})

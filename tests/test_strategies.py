@@ -1,0 +1,95 @@
+"""The correctness claims of the recovery strategies (DESIGN §4), each on a small multi-process run."""
+
+import pytest
+import torch
+
+import workbench
+from workbench import checkpoint
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+WORLD, STEPS, KILL = 4, 160, 100
+BATCH = 64
+SHARE = BATCH // WORLD  # rank 2's share of the global batch at world 4
+
+
+def final_weights(result):
+    return checkpoint.load(result.summary["final_checkpoint"]).model
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, out=tmp_path_factory.mktemp("golden"))
+    assert result.completed
+    return result
+
+
+def faulty(strategy, tmp_path, *faults, **extra):
+    result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, strategy=strategy, out=tmp_path,
+                           faults=list(faults) or [f"kill:rank=2,step={KILL}"], **extra)
+    assert result.completed, result.summary["reason"]
+    assert result.summary["replicas_identical"]
+    return result
+
+
+def test_rollback_loses_nothing_and_matches_the_no_fault_run(golden, tmp_path):
+    result = faulty("rollback", tmp_path)
+    (failure,) = result.failures
+    assert failure["samples_lost"] == 0 and failure["steps_redone"] == 0 and failure["world_size_after"] == 3
+    assert all(row["samples"] == BATCH for row in result.metrics)
+    # the survivors redid the whole global batch: same parameters as the run without a fault, up to float order
+    assert max_diff(final_weights(result), final_weights(golden)) < 1e-5
+
+
+@pytest.mark.parametrize("strategy", ["forward", "shrink"])
+def test_forward_and_shrink_lose_exactly_the_dead_ranks_share(strategy, golden, tmp_path):
+    result = faulty(strategy, tmp_path)
+    (failure,) = result.failures
+    assert failure["samples_lost"] == SHARE and failure["steps_redone"] == 0
+    samples = {row["step"]: row["samples"] for row in result.metrics}
+    assert samples[KILL] == BATCH - SHARE and all(n == BATCH for s, n in samples.items() if s != KILL)
+    assert [row["step"] for row in result.metrics] == list(range(STEPS))  # no step redone or skipped
+    assert result.summary["world_size_final"] == 3
+    assert max_diff(final_weights(result), final_weights(golden)) > 1e-3  # the lost share shows
+
+
+def test_checkpoint_restart_redoes_exactly_the_steps_since_the_checkpoint(tmp_path):
+    result = faulty("checkpoint_restart", tmp_path, checkpoint_every=30)
+    (failure,) = result.failures
+    assert failure["steps_redone"] == KILL - 90 and failure["samples_lost"] == 0 and failure["world_size_after"] == 4
+    steps = [row["step"] for row in result.metrics]
+    assert steps == list(range(KILL)) + list(range(90, STEPS))
+    assert result.summary["world_size_final"] == 4
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.h5")) == [
+        "step_000030.h5", "step_000060.h5", "step_000090.h5", "step_000120.h5", "step_000150.h5"]
+    assert checkpoint.verify(tmp_path / "checkpoints" / "step_000090.h5") == []
+
+
+def test_reinit_returns_everyone_to_the_last_snapshot(golden, tmp_path):
+    result = faulty("reinit", tmp_path, checkpoint_every=30)
+    (failure,) = result.failures
+    assert failure["steps_redone"] == KILL - 90
+    assert [row["step"] for row in result.metrics] == list(range(KILL)) + list(range(90, STEPS))
+    assert result.summary["world_size_final"] == 4 and failure["samples_lost"] == 0
+    # same data, same world size after the restart: the run ends where the no-fault run ends
+    assert max_diff(final_weights(result), final_weights(golden)) < 1e-5
+
+
+def test_regrow_any_rank_twice_including_rank_0(tmp_path):
+    result = faulty("shrink", tmp_path, "kill:rank=0,step=40", "kill:rank=0,step=120", regrow=True,
+                    warm_spares=2)
+    assert [f["rank"] for f in result.failures] == [0, 0]
+    assert all(f["world_size_after"] == 4 for f in result.failures)
+    assert result.summary["world_size_final"] == 4
+
+
+def test_random_failures_are_reproducible_and_survived(tmp_path):
+    spec = "random:mtbf_steps=60,dist=weibull,shape=1.5,seed=3,max=2"
+    result = faulty("rollback", tmp_path, spec, regrow=True)
+    drawn = workbench.RunConfig(steps=STEPS, faults=[spec]).random_failures
+    assert [f["step"] for f in result.failures] == [step for step, _ in drawn] and len(drawn) == 2
+    assert result.summary["samples_lost_total"] == 0
