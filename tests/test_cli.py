@@ -4,9 +4,9 @@ import sys
 
 import h5py
 import pytest
+from conftest import rank_processes
 
 import workbench
-from conftest import rank_processes
 
 
 def cli(*args, cwd=None):

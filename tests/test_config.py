@@ -93,3 +93,33 @@ def test_import_paths_checked_up_front():
         RunConfig(model="no_such_module:f")
     with pytest.raises(ConfigError, match="has no attribute 'nothing'"):
         RunConfig(dataset="user_code:nothing")
+
+
+def test_random_failures_parse_and_draw_reproducibly():
+    from workbench.config import RandomFailures
+
+    spec = RandomFailures.parse("random:mtbf_steps=50,dist=weibull,shape=2,seed=4,max=3")
+    assert spec == RandomFailures(50.0, "weibull", 2.0, 4, 3)
+    drawn = spec.draw(1000, world_size=4)
+    assert drawn == spec.draw(1000, world_size=4) and len(drawn) == 3
+    assert [s for s, _ in drawn] == sorted(s for s, _ in drawn) and all(0 <= k < 4 for _, k in drawn)
+    assert RandomFailures(50.0, seed=5).draw(1000, 4) != RandomFailures(50.0, seed=6).draw(1000, 4)
+    assert RandomFailures(1e6).draw(100, 4) == []
+    config = RunConfig(steps=1000, faults=["random:mtbf_steps=50,seed=4,max=3"])
+    assert len(config.random_failures) == 3
+    with pytest.raises(ConfigError, match="dist='gauss' is not known"):
+        RandomFailures.parse("random:mtbf_steps=5,dist=gauss")
+    with pytest.raises(ConfigError, match="needs mtbf_steps"):
+        RandomFailures.parse("random:seed=1")
+
+
+def test_strategy_combinations():
+    assert RunConfig(strategy="shrink", regrow=True).warm_spares == 1
+    assert RunConfig(strategy="shrink", regrow=True, warm_spares=0).warm_spares == 0
+    assert RunConfig(strategy="checkpoint_restart").checkpoint_every == 25
+    with pytest.raises(ConfigError, match="regrow: combines with shrink, rollback, forward"):
+        RunConfig(strategy="reinit", regrow=True)
+    with pytest.raises(ConfigError, match="warm_spares"):
+        RunConfig(strategy="none", warm_spares=2)
+    with pytest.raises(ConfigError, match="resume: checkpoint 'nope.h5' does not exist"):
+        RunConfig(resume="nope.h5")

@@ -2,7 +2,6 @@
 
 import copy
 import threading
-from datetime import timedelta
 
 import pytest
 import torch
@@ -76,3 +75,31 @@ def test_update_equals_single_process_full_batch(size, cap_mb):
         for name, value in reference.named_parameters():
             torch.testing.assert_close(params[name], value.detach(), rtol=1e-5, atol=1e-6)
     assert sorted(launches) == list(range(size))  # the fault point is passed once per rank per step
+
+
+def test_rollback_restores_exactly_and_retry_finishes_a_step():
+    """One rank, several buckets: apply, undo (rollback), then finish from bucket 1 with the kept gradients."""
+    torch.manual_seed(0)
+    initial = mlp((1, 8, 8), 10)
+    x, y = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+
+    def body(comm):
+        model = copy.deepcopy(initial)
+        dp = DataParallel(model, comm, "sgd", lr=0.1, momentum=0.9, bucket_cap_mb=0.01, keep_local=True,
+                          snapshot_buckets=True)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        loss = F.cross_entropy(model(x), y, reduction="sum")
+        dp.begin(torch.tensor([loss.item(), 0.0, 16.0]))
+        (loss / 16).backward()
+        dp.finish()
+        after = {n: p.detach().clone() for n, p in model.named_parameters()}
+        assert dp.applied == len(dp.buckets) > 1
+        assert dp.restore_applied() == len(dp.buckets)
+        for n, p in model.named_parameters():
+            assert torch.equal(p, before[n])
+        dp.retry(0, have_local=True)  # the kept local gradients give the same update again
+        for n, p in model.named_parameters():
+            assert torch.equal(p, after[n])
+        return True
+
+    assert run_ranks(1, body) == [True]

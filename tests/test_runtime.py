@@ -8,9 +8,9 @@ import textwrap
 import time
 
 import pytest
+from conftest import rank_processes
 
 import workbench
-from conftest import rank_processes
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

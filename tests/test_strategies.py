@@ -1,7 +1,6 @@
 """The correctness claims of the recovery strategies (DESIGN §4), each on a small multi-process run."""
 
 import pytest
-import torch
 
 import workbench
 from workbench import checkpoint

@@ -15,9 +15,10 @@ import importlib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from workbench.errors import ConfigError
 
@@ -155,7 +156,8 @@ class RandomFailures:
         return failures
 
     def __str__(self) -> str:
-        return f"random:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},max={self.max}"
+        return (f"random:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},"
+                f"max={self.max}")
 
 
 def parse_fault(value: Any) -> FaultSpec | RandomFailures:
@@ -216,8 +218,9 @@ class RunConfig:
         if not isinstance(self.regrow, bool):
             raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
         if self.regrow and self.strategy not in REGROW_STRATEGIES:
+            why = "it restarts ranks itself" if self.strategy in ("reinit", "checkpoint_restart") else "no recovery"
             raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
-                              f"{self.strategy!r} ({'it restarts ranks itself' if self.strategy in ('reinit', 'checkpoint_restart') else 'it does not recover'})")
+                              f"{self.strategy!r} ({why})")
         if self.warm_spares is None:
             self.warm_spares = 1 if self.regrow or self.strategy == "reinit" else 0
         _int_in("warm_spares", self.warm_spares, 0, 16)

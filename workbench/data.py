@@ -18,8 +18,8 @@ import torch
 from workbench.config import RunConfig, resolve_callable
 from workbench.errors import ConfigError
 
-_SPLIT_SEED = 20240601
-DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"  # fixed: the held-out test split must not move with the run's seed
+_SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
+DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
 
 
 @dataclass

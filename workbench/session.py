@@ -13,8 +13,9 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from workbench.config import RunConfig
 from workbench.results import RunResult

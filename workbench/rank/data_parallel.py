@@ -27,8 +27,8 @@ What the recovery strategies need from it (``workbench.rank.recovery``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -32,10 +32,9 @@ from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
 from workbench.rank.channel import Channel
-from workbench.rank.comm import Comm, CommError, GenerationChanged
+from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.data_parallel import DataParallel
 from workbench.rank.recovery import InFlight, most_advanced
-
 
 FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
 
