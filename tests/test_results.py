@@ -17,8 +17,8 @@ def make_result(outcome="completed", seed=0):
     summary = {"outcome": outcome, "reason": "r", "final_test_accuracy": 0.9, "steps_completed": 3,
                "world_size_initial": 4, "world_size_final": 3, "wall_s": 1.0, "failures": failures,
                "result_path": None}
-    return RunResult({"world_size": 4, "strategy": "shrink", "seed": seed, "faults": ["kill:rank=2,step=1"]}, metrics, events, failures,
-                     summary)
+    config = {"world_size": 4, "strategy": "shrink", "seed": seed, "faults": ["kill:rank=2,step=1"]}
+    return RunResult(config, metrics, events, failures, summary)
 
 
 def test_save_load_round_trip(tmp_path):
