@@ -21,6 +21,7 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--batch-size", "batch_size", int, "global mini-batch, split over the live ranks"),
     ("--lr", "lr", float, "learning rate"),
     ("--optimizer", "optimizer", str, "sgd or adam"),
+    ("--hidden", "hidden", lambda text: [int(w) for w in text.split(",")], "MLP hidden widths, e.g. 128,64"),
     ("--model", "model", str, "mlp, cnn, or package.module:callable returning an nn.Module"),
     ("--dataset", "dataset", str, "digits, synthetic, or package.module:callable"),
     ("--synthetic-size", "synthetic_size", int, "training samples of the synthetic dataset"),
@@ -96,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for f in summary["failures"]:
             print(f"failure: rank {f['rank']} at step {f['step']} {f['cause']}; detected in {f['detection_s']:.3f} s"
                   + (f", resumed in {f['resume_s']:.3f} s" if f["resume_s"] is not None else "")
+                  + (f", world regrown in {f['regrow_s']:.3f} s" if f.get("regrow_s") is not None else "")
                   + f"; steps redone {f['steps_redone']}, samples lost {f['samples_lost']}, "
                     f"world size after {f['world_size_after']}")
         print(f"result: {summary['result_path']}")

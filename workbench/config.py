@@ -181,6 +181,7 @@ class RunConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9
     model: str = "mlp"
+    hidden: list[int] = field(default_factory=lambda: [128, 64])  # widths of the MLP's hidden layers
     dataset: str = "digits"
     synthetic_size: int = 4096
     seed: int = 0
@@ -210,6 +211,10 @@ class RunConfig:
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError("momentum", f"{self.momentum!r} must be in [0, 1)")
         _choice_or_import("model", self.model, MODELS)
+        self.hidden = list(self.hidden) if isinstance(self.hidden, (list, tuple)) else self.hidden
+        if not (isinstance(self.hidden, list) and self.hidden
+                and all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 65536 for h in self.hidden)):
+            raise ConfigError("hidden", f"{self.hidden!r} must be a non-empty list of layer widths 1..65536")
         _choice_or_import("dataset", self.dataset, DATASETS)
         _int_in("synthetic_size", self.synthetic_size, 16, 100_000_000)
         _int_in("seed", self.seed, 0, 2**31 - 1)

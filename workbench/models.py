@@ -39,7 +39,7 @@ def build_model(config: RunConfig, input_shape: tuple[int, ...], num_classes: in
     """Build the model on this process with the run's seed, so every rank starts from the same weights."""
     torch.manual_seed(config.seed)
     if config.model == "mlp":
-        return mlp(input_shape, num_classes)
+        return mlp(input_shape, num_classes, tuple(config.hidden))
     if config.model == "cnn":
         if len(input_shape) not in (2, 3):
             raise ConfigError("model", f"'cnn' needs image inputs (C, H, W), the dataset gives {input_shape}")

@@ -57,6 +57,9 @@ class RunResult:
             "replicas_identical": (len({w.fingerprint for w in sup.member_workers if w is not None}) == 1
                                    if outcome == "completed" else None),
             "wall_s": round(time.time() - sup.t0, 3),
+            "train_s": round(sup.metrics[-1]["time"] - sup.metrics[0]["time"] + sup.metrics[0]["step_time"], 3)
+            if sup.metrics else 0.0,
+            "overhead_s": None,
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
             "checkpoints": len(checkpoints),
@@ -73,6 +76,10 @@ class RunResult:
     @property
     def completed(self) -> bool:
         return self.outcome == "completed"
+
+    def set_baseline(self, baseline: RunResult) -> None:
+        """Record ``overhead_s``: training time beyond a no-fault run of the same configuration."""
+        self.summary["overhead_s"] = round(self.summary["train_s"] - baseline.summary["train_s"], 3)
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``directory/result.h5`` atomically and return its path."""

@@ -79,6 +79,8 @@ class Failure:
     recovery_gen: int | None = None
     world_size_after: int = 0
     resume_time: float | None = None
+    replacement: int | None = None  # spawn id of the process taking the dead rank's place (regrow, reinit)
+    regrow_time: float | None = None  # when that replacement joined: the world is back to its size
     steps_redone: int = 0
     samples_lost: int = 0
 
@@ -87,6 +89,7 @@ class Failure:
             "rank": self.rank, "step": self.step, "cause": self.cause, "strategy": strategy,
             "detection_s": round(self.detect_time - self.fault_time, 4),
             "resume_s": None if self.resume_time is None else round(self.resume_time - self.fault_time, 4),
+            "regrow_s": None if self.regrow_time is None else round(self.regrow_time - self.fault_time, 4),
             "steps_redone": self.steps_redone, "samples_lost": self.samples_lost,
             "world_size_after": self.world_size_after,
         }
@@ -329,6 +332,9 @@ class Supervisor:
             w.ready = True
         elif kind == "joined":
             w.steps_done = m["step"]
+            for failure in self.failures:
+                if failure.replacement == w.spawn_id and failure.regrow_time is None:
+                    failure.regrow_time = time.time()
             if m["gen"] == self.gen and "recovery" in m:
                 self._record_recovery(m)
             if m["gen"] == self.gen:
@@ -438,17 +444,19 @@ class Supervisor:
         if strategy == "checkpoint_restart":
             self._restart_world(failure)
         elif strategy == "reinit":
-            self._replace(w.label)
+            failure.replacement = self._replace(w.label)
             self.members = survivors  # the replacement is admitted with everyone in _admit_replacements
             failure.world_size_after = self.config.world_size
         else:
             spare = self._take_spare(w.label) if self.config.regrow else None
+            if spare is not None:
+                failure.replacement = spare.spawn_id
             members = sorted(survivors + ([spare.label] if spare else []))
             failure.world_size_after = len(members)
             failure.recovery_gen = self.gen + 1
             self._new_generation(members, recovery=strategy)
             if self.config.regrow and spare is None:
-                self._replace(w.label)
+                failure.replacement = self._replace(w.label)
 
     def _take_spare(self, label: int) -> Worker | None:
         for w in self.spawned.values():
@@ -459,13 +467,14 @@ class Supervisor:
                 return w
         return None
 
-    def _replace(self, label: int) -> None:
-        spare = self._take_spare(label)
-        if spare is not None:
-            self.replacements.append(spare)
-        else:
-            self.replacements.append(self._spawn(label))
+    def _replace(self, label: int) -> int:
+        """Start (or take from the spares) the process that will hold rank ``label``; returns its spawn id."""
+        worker = self._take_spare(label)
+        if worker is None:
+            worker = self._spawn(label)
             self._event("respawn", -1, f"starting a fresh process for rank {label}", rank=label)
+        self.replacements.append(worker)
+        return worker.spawn_id
 
     def _admit_replacements(self) -> None:
         """Bring ready replacements into the next generation (regrow, reinit, checkpoint_restart)."""

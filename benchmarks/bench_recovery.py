@@ -1,0 +1,98 @@
+"""Recovery cost of every strategy: detection, resume, steps redone, samples lost, total overhead.
+
+For each model size and world size, one no-fault baseline run and one run per strategy with K kills spaced
+evenly (plain ``shrink`` can lose at most world-1 ranks, so it gets fewer). ``checkpoint_restart`` is the
+torchrun-style baseline: tear the world down, start fresh ranks, reload the last HDF5 checkpoint.
+``overhead_s`` is training time beyond the no-fault run of the same configuration, measured in the same process.
+
+Prints one JSON line: {"benchmark": "recovery", "rows": [...]} with one row per (model, world, strategy).
+Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large] [--kills 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import workbench
+
+MODELS = {
+    "small": {"hidden": [128, 64], "steps_between": 150, "bucket_cap_mb": 1.0, "params_m": 0.02},
+    "large": {"hidden": [4096, 4608], "steps_between": 8, "bucket_cap_mb": 25.0, "params_m": 19.2},
+}
+STRATEGIES = {
+    "checkpoint_restart": {"strategy": "checkpoint_restart"},
+    "reinit": {"strategy": "reinit"},
+    "shrink": {"strategy": "shrink"},
+    "rollback+regrow": {"strategy": "rollback", "regrow": True},
+    "forward+regrow": {"strategy": "forward", "regrow": True},
+    "shrink+regrow (warm spare)": {"strategy": "shrink", "regrow": True},
+    "shrink+regrow (fresh rank)": {"strategy": "shrink", "regrow": True, "warm_spares": 0},
+}
+
+
+def median(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 4) if values else None
+
+
+def measure(model: str, world: int, kills: int) -> list[dict]:
+    spec = MODELS[model]
+    gap = spec["steps_between"]
+    steps = gap * (kills + 1) + gap // 2
+    base = {"world_size": world, "steps": steps, "hidden": spec["hidden"], "eval_interval": steps,
+            "bucket_cap_mb": spec["bucket_cap_mb"], "checkpoint_every": max(gap // 2, 2)}
+    baseline = workbench.run({**base, "checkpoint_every": None})
+    rows = []
+    for name, extra in STRATEGIES.items():
+        shrinking = extra["strategy"] in ("shrink", "rollback", "forward") and not extra.get("regrow")
+        n = min(kills, world - 1) if shrinking else kills
+        # plain shrink loses the highest ranks one by one; the others lose rank 1 again and again (its
+        # replacement, once it has joined: a kill planned before that never fires, and the row says so)
+        labels = [world - 1 - k for k in range(n)] if shrinking else [1] * n
+        faults = [f"kill:rank={label},step={gap * (k + 1) + gap // 4}" for k, label in enumerate(labels)]
+        config = {**base, **extra, "faults": faults}
+        if extra.get("regrow") and "warm_spares" not in extra:
+            config["warm_spares"] = n  # a ready spare for every kill: the pool refills more slowly than we kill
+        if extra["strategy"] not in ("checkpoint_restart", "reinit"):
+            config["checkpoint_every"] = None
+        started = time.time()
+        result = workbench.run(config)
+        result.set_baseline(baseline)
+        failures = result.failures
+        rows.append({
+            "model": model, "params_m": spec["params_m"], "world_size": world, "strategy": name,
+            "outcome": result.outcome, "kills": len(failures),
+            "detection_s": median([f["detection_s"] for f in failures]),
+            "resume_s": median([f["resume_s"] for f in failures]),
+            "regrow_s": median([f["regrow_s"] for f in failures]),
+            "steps_redone": sum(f["steps_redone"] for f in failures),
+            "samples_lost": sum(f["samples_lost"] for f in failures),
+            "overhead_s": result.summary["overhead_s"],
+            "baseline_train_s": baseline.summary["train_s"],
+            "final_world_size": result.summary["world_size_final"],
+            "bench_wall_s": round(time.time() - started, 1),
+        })
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", default="2,4,8")
+    parser.add_argument("--models", default="small,large")
+    parser.add_argument("--kills", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small model, world 2 and 4, 2 kills (a smoke run)")
+    args = parser.parse_args()
+    worlds = [2, 4] if args.quick else [int(w) for w in args.worlds.split(",")]
+    models = ["small"] if args.quick else args.models.split(",")
+    kills = 2 if args.quick else args.kills
+    rows = [row for model in models for world in worlds for row in measure(model, world, kills)]
+    print(json.dumps({"benchmark": "recovery", "kills_per_run": kills, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
