@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/workbench run --world-size 4 --steps 300 --strategy shrink --fault kill:rank=2,step=120 --out runs/demo
+	$(VENV)/bin/workbench run --world-size 4 --steps 300 --strategy rollback --regrow --fault kill:rank=2,step=120 --out runs/demo
 
 test: setup
 	$(VENV)/bin/pytest -q tests

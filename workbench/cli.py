@@ -55,7 +55,85 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
+    flip = sub.add_parser("flip", help="flip bits in an HDF5 checkpoint (checkpoint alteration)",
+                          description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in an HDF5 file.")
+    flip.add_argument("checkpoint", type=Path)
+    flip.add_argument("--dataset", action="append", help="dataset path, e.g. model/fc1.weight (repeatable)")
+    flip.add_argument("--index", type=int, help="flat element index (exact flip)")
+    flip.add_argument("--bit", type=int, help="bit to flip, LSB-0 (exact flip)")
+    flip.add_argument("--count", type=int, help="random flips: this many elements")
+    flip.add_argument("--probability", type=float, help="random flips: each element with this probability")
+    flip.add_argument("--bits", help="random flips: bit range 23-30 or list 0,5,31")
+    flip.add_argument("--field", choices=["sign", "exponent", "mantissa"], help="random flips: bits of a field")
+    flip.add_argument("--burst", type=int, default=1, help="flip this many adjacent bits upwards")
+    flip.add_argument("--seed", type=int)
+    flip.add_argument("--out", type=Path, help="write the altered copy here (default: alter in place)")
+    flip.add_argument("--log", type=Path, help="write the flip log (JSON lines) here, for replay")
+    compare = sub.add_parser("compare", help="compare two HDF5 checkpoints dataset by dataset")
+    compare.add_argument("a", type=Path)
+    compare.add_argument("b", type=Path)
+    compare.add_argument("--json", action="store_true")
+    verify = sub.add_parser("verify", help="check every dataset of a checkpoint against its checksum (exit 1 if any fails)")
+    verify.add_argument("checkpoint", type=Path)
     return parser
+
+
+def cmd_flip(args: argparse.Namespace) -> int:
+    from workbench.faults.bitflip import parse_bits
+    from workbench.faults.hdf5 import alter_checkpoint
+
+    exact = args.index is not None or args.bit is not None
+    if exact and (args.count is not None or args.probability is not None):
+        raise FlipUsage("give either --index/--bit (exact) or --count/--probability (random), not both")
+    if not exact and args.count is None and args.probability is None:
+        raise FlipUsage("nothing to flip: give --index and --bit, or --count or --probability")
+    flips = alter_checkpoint(args.checkpoint, datasets=args.dataset, index=args.index, bit=args.bit,
+                             count=args.count, probability=args.probability,
+                             bits=parse_bits(args.bits) if args.bits else None, field=args.field, burst=args.burst,
+                             seed=args.seed, out=args.out)
+    lines = [json.dumps(f.to_dict()) for f in flips]
+    if args.log:
+        args.log.write_text("".join(line + "\n" for line in lines))
+    for f in flips[:20]:
+        print(f"{f.target}[{f.index}] bits {','.join(map(str, f.bits))}: {f.old!r} -> {f.new!r}")
+    if len(flips) > 20:
+        print(f"... {len(flips) - 20} more")
+    print(f"{len(flips)} flips in {args.out or args.checkpoint}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from workbench.faults.hdf5 import compare_checkpoints
+
+    rows = compare_checkpoints(args.a, args.b)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    for row in rows:
+        if row["changed"] is None:
+            print(f"{row['dataset']}: {row['note']}")
+        else:
+            print(f"{row['dataset']}: {row['changed']} changed, max |diff| {row['max_abs_diff']:.6g}, "
+                  f"L2 {row['l2']:.6g}")
+    print(f"total: {sum(r['changed'] or 0 for r in rows)} values changed")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from workbench import checkpoint
+
+    if not args.checkpoint.is_file():
+        raise FlipUsage(f"{args.checkpoint} does not exist")
+    bad = checkpoint.verify(args.checkpoint)
+    for name in bad:
+        print(f"checksum mismatch: {name}")
+    print(f"{args.checkpoint}: {'CORRUPT' if bad else 'ok'} ({len(bad)} of "
+          f"{len(checkpoint.datasets(args.checkpoint))} datasets fail)")
+    return 1 if bad else 0
+
+
+class FlipUsage(WorkbenchError):
+    pass
 
 
 def _config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -113,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return {"run": cmd_run}[args.command](args)
+        return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify}[args.command](args)
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 2

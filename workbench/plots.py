@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from workbench.results import RunResult
 
 FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "failure": ("x-thin", "crimson"),
-                 "generation": ("diamond", "royalblue")}
+                 "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
+                 "restart": ("circle-open", "purple"), "regrow": ("star", "teal")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
@@ -38,4 +39,28 @@ def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
                       xaxis_title="step", hovermode="x unified", template="plotly_white")
     fig.update_yaxes(title_text="loss", secondary_y=False)
     fig.update_yaxes(title_text="accuracy / world size", range=[0, 1.08], secondary_y=True)
+    return fig
+
+
+def failure_comparison(baseline: RunResult, faulty: RunResult, title: str | None = None) -> go.Figure:
+    """A no-fault run and a faulty run of the same configuration: loss and test accuracy vs step, each failure a
+    vertical line with its figures in the hover text (the ANL paper's accuracy-vs-progress view)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("training loss", "test accuracy"))
+    for result, name, colour in ((baseline, "no fault", "grey"), (faulty, faulty.config["strategy"], "crimson")):
+        frame = result.to_dataframe()
+        evals = frame[frame.test_acc.notna()]
+        fig.add_trace(go.Scatter(x=frame.step, y=frame.loss, name=f"{name}: loss", line={"color": colour}), 1, 1)
+        fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=f"{name}: accuracy", mode="lines+markers",
+                                 line={"color": colour}), 2, 1)
+    for f in faulty.failures:
+        text = (f"rank {f['rank']} {f['cause']} at step {f['step']}<br>detected {f['detection_s']} s, "
+                f"resumed {f['resume_s']} s<br>steps redone {f['steps_redone']}, samples lost {f['samples_lost']}"
+                f"<br>world size after {f['world_size_after']}")
+        fig.add_vline(x=f["step"], line={"color": "crimson", "dash": "dash"})
+        fig.add_trace(go.Scatter(x=[f["step"]], y=[faulty.to_dataframe().loss.max()], mode="markers",
+                                 marker={"symbol": "x", "size": 12, "color": "crimson"}, name="failure",
+                                 hovertext=[text], showlegend=False), 1, 1)
+    fig.update_layout(title=title or f"{faulty.config['strategy']} vs no fault", template="plotly_white",
+                      xaxis2_title="step", height=600)
     return fig

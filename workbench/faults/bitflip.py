@@ -1,0 +1,204 @@
+"""Exact IEEE-754 bit flips in torch tensors and numpy arrays, vectorised through an integer view.
+
+Bits are numbered LSB-0, as IEEE does: for float32 bit 31 is the sign, 30..23 the exponent, 22..0 the mantissa
+(float16: 15 / 14..10 / 9..0; bfloat16: 15 / 14..7 / 6..0; float64: 63 / 62..52 / 51..0). Note the peer tool
+``hdf5_corrupter`` numbers bits MSB-first (its bit 0 is the sign): its bit ``k`` is our ``width - 1 - k``.
+
+Every flip is recorded as a :class:`Flip` (target, flat index, XOR mask, old and new value); ``replay`` applies
+a log again, exactly. Flips happen in place on the memory of the tensor or array: nothing is copied per value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from workbench.errors import WorkbenchError
+
+
+class FlipError(WorkbenchError, ValueError):
+    """A flip that cannot be done: bad bit, index, dtype or options."""
+
+
+# dtype -> (width, sign bit, exponent bits (high, low), mantissa bits (high, low))
+_FLOAT_LAYOUT = {
+    "float64": (64, 63, (62, 52), (51, 0)),
+    "float32": (32, 31, (30, 23), (22, 0)),
+    "float16": (16, 15, (14, 10), (9, 0)),
+    "bfloat16": (16, 15, (14, 7), (6, 0)),
+}
+_INT_WIDTH = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32, "uint32": 32, "int64": 64, "uint64": 64}
+_UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
+_TORCH_INT = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+FIELDS = ("sign", "exponent", "mantissa")
+
+
+@dataclass(frozen=True)
+class Flip:
+    """One injected fault: ``value[index] ^= mask`` in ``target``; ``bits`` are the set bits of the mask."""
+
+    target: str
+    index: int
+    mask: int
+    bits: tuple[int, ...]
+    old: float
+    new: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Flip:
+        return cls(values["target"], int(values["index"]), int(values["mask"]), tuple(values["bits"]),
+                   float(values["old"]), float(values["new"]))
+
+
+def dtype_name(x: torch.Tensor | np.ndarray | np.dtype | torch.dtype) -> str:
+    dtype = x.dtype if isinstance(x, (torch.Tensor, np.ndarray)) else x
+    name = str(dtype).replace("torch.", "")
+    if name not in _FLOAT_LAYOUT and name not in _INT_WIDTH:
+        allowed = ", ".join([*_FLOAT_LAYOUT, *_INT_WIDTH])
+        raise FlipError(f"dtype {name} cannot be flipped: allowed {allowed}")
+    return name
+
+
+def width(dtype: Any) -> int:
+    name = dtype_name(dtype)
+    return _FLOAT_LAYOUT[name][0] if name in _FLOAT_LAYOUT else _INT_WIDTH[name]
+
+
+def bit_field(dtype: Any, bit: int) -> str:
+    """``sign``, ``exponent`` or ``mantissa`` for a float dtype; ``sign`` or ``value`` for an integer dtype."""
+    name = dtype_name(dtype)
+    _check_bit(name, bit)
+    if name in _FLOAT_LAYOUT:
+        _, sign, (e_hi, e_lo), _ = _FLOAT_LAYOUT[name]
+        return "sign" if bit == sign else "exponent" if e_lo <= bit <= e_hi else "mantissa"
+    return "sign" if not name.startswith("uint") and bit == _INT_WIDTH[name] - 1 else "value"
+
+
+def field_bits(dtype: Any, field: str) -> list[int]:
+    """The bits of a field: ``bit_field(dtype, b) == field``."""
+    if field not in (*FIELDS, "value"):
+        raise FlipError(f"field {field!r} is not known: allowed {', '.join(FIELDS)}")
+    return [b for b in range(width(dtype)) if bit_field(dtype, b) == field]
+
+
+def _check_bit(name: str, bit: int) -> None:
+    w = _FLOAT_LAYOUT[name][0] if name in _FLOAT_LAYOUT else _INT_WIDTH[name]
+    if not isinstance(bit, (int, np.integer)) or not 0 <= bit < w:
+        raise FlipError(f"bit {bit!r} is out of range for {name}: allowed 0..{w - 1} (LSB-0)")
+
+
+def bits_view(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A flat unsigned-integer numpy view sharing ``x``'s memory (no copy)."""
+    w = width(x.dtype)
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or not x.is_contiguous():
+            raise FlipError("tensor must be a contiguous CPU tensor to be flipped in place")
+        return x.detach().view(_TORCH_INT[w]).numpy().reshape(-1).view(_UINT[w])
+    if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
+        raise FlipError("array must be a C-contiguous numpy array to be flipped in place")
+    return x.reshape(-1).view(_UINT[w])
+
+
+def _values(x: torch.Tensor | np.ndarray, indices: np.ndarray) -> np.ndarray:
+    flat = x.detach().reshape(-1) if isinstance(x, torch.Tensor) else x.reshape(-1)
+    picked = flat[torch.as_tensor(indices)] if isinstance(x, torch.Tensor) else flat[indices]
+    return picked.double().numpy() if isinstance(x, torch.Tensor) else picked.astype(np.float64)
+
+
+def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int], masks: Iterable[int],
+                target: str = "") -> list[Flip]:
+    """XOR ``masks`` into the elements at flat ``indices``, in place; returns the log."""
+    view = bits_view(x)
+    indices = np.asarray(list(indices), dtype=np.int64)
+    masks_arr = np.asarray(list(masks), dtype=np.uint64).astype(view.dtype)
+    if len(indices) and (indices.min() < 0 or indices.max() >= view.size):
+        bad = int(indices[(indices < 0) | (indices >= view.size)][0])
+        raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {view.size} elements")
+    old = _values(x, indices)
+    np.bitwise_xor.at(view, indices, masks_arr)  # .at: two flips of one element both apply
+    new = _values(x, indices)
+    w = view.dtype.itemsize * 8
+    return [Flip(target, int(i), int(m), tuple(b for b in range(w) if int(m) >> b & 1), float(o), float(n))
+            for i, m, o, n in zip(indices, masks_arr, old, new)]
+
+
+def flip(x: torch.Tensor | np.ndarray, index: int, bit: int, target: str = "") -> Flip:
+    """Flip bit ``bit`` (LSB-0) of element ``index`` (flat) of ``x`` in place."""
+    _check_bit(dtype_name(x), bit)
+    return apply_masks(x, [index], [1 << bit], target)[0]
+
+
+def inject(x: torch.Tensor | np.ndarray, *, count: int | None = None, probability: float | None = None,
+           bits: Iterable[int] | tuple[int, int] | None = None, field: str | None = None, burst: int = 1,
+           xor_mask: int | None = None, seed: int | None = None, target: str = "") -> list[Flip]:
+    """Random flips: ``count`` distinct elements (or each element with ``probability``), each hit at one bit
+    drawn from ``bits`` (an iterable, or an inclusive ``(low, high)`` range; default every bit) or ``field``,
+    widened to ``burst`` adjacent bits upwards; or with a fixed ``xor_mask``. Reproducible from ``seed``."""
+    name = dtype_name(x)
+    w = width(name)
+    n = x.numel() if isinstance(x, torch.Tensor) else x.size
+    if (count is None) == (probability is None):
+        raise FlipError("give exactly one of count or probability")
+    rng = np.random.default_rng(seed)
+    if count is not None:
+        if not 0 <= count <= n:
+            raise FlipError(f"count {count} is out of range: the target has {n} elements")
+        indices = np.sort(rng.choice(n, size=count, replace=False))
+    else:
+        if not 0 <= probability <= 1:
+            raise FlipError(f"probability {probability} must be in [0, 1]")
+        hits = rng.binomial(n, probability)
+        indices = np.sort(rng.choice(n, size=hits, replace=False))
+    if xor_mask is not None:
+        if not 0 < xor_mask < (1 << w):
+            raise FlipError(f"xor_mask {xor_mask:#x} does not fit {name} ({w} bits)")
+        return apply_masks(x, indices, [xor_mask] * len(indices), target)
+    candidates = _candidate_bits(name, bits, field)
+    if burst < 1 or burst > w:
+        raise FlipError(f"burst {burst} must be 1..{w}")
+    chosen = rng.choice(candidates, size=len(indices))
+    masks = [sum(1 << b for b in range(int(c), min(int(c) + burst, w))) for c in chosen]
+    return apply_masks(x, indices, masks, target)
+
+
+def _candidate_bits(name: str, bits: Iterable[int] | tuple[int, int] | None, field: str | None) -> list[int]:
+    if field is not None:
+        return field_bits(name, field)
+    if bits is None:
+        return list(range(width(name)))
+    if isinstance(bits, tuple) and len(bits) == 2:
+        bits = range(bits[0], bits[1] + 1)
+    bits = list(bits)
+    for b in bits:
+        _check_bit(name, b)
+    if not bits:
+        raise FlipError("no bits to choose from")
+    return bits
+
+
+def parse_bits(text: str) -> tuple[int, int] | list[int]:
+    """``"23-30"`` -> (23, 30); ``"0,5,31"`` -> [0, 5, 31]."""
+    try:
+        if "-" in text:
+            low, high = (int(v) for v in text.split("-", 1))
+            return (low, high)
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise FlipError(f"bits {text!r} must be a range like 23-30 or a list like 0,5,31") from None
+
+
+def replay(log: Iterable[Flip | dict[str, Any]], targets: dict[str, torch.Tensor | np.ndarray]) -> list[Flip]:
+    """Apply a log again (each entry's XOR mask at its index, in ``targets[entry.target]``)."""
+    done: list[Flip] = []
+    for entry in log:
+        entry = entry if isinstance(entry, Flip) else Flip.from_dict(entry)
+        if entry.target not in targets:
+            raise FlipError(f"log names target {entry.target!r}, which is not among {sorted(targets)}")
+        done += apply_masks(targets[entry.target], [entry.index], [entry.mask], entry.target)
+    return done
