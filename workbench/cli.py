@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
     flip = sub.add_parser("flip", help="flip bits in an HDF5 checkpoint (checkpoint alteration)",
-                          description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in an HDF5 file.")
+                          description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in HDF5.")
     flip.add_argument("checkpoint", type=Path)
     flip.add_argument("--dataset", action="append", help="dataset path, e.g. model/fc1.weight (repeatable)")
     flip.add_argument("--index", type=int, help="flat element index (exact flip)")
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", type=Path)
     compare.add_argument("b", type=Path)
     compare.add_argument("--json", action="store_true")
-    verify = sub.add_parser("verify", help="check every dataset of a checkpoint against its checksum (exit 1 if any fails)")
+    verify = sub.add_parser("verify", help="check a checkpoint's datasets against their checksums (exit 1 if any fails)")
     verify.add_argument("checkpoint", type=Path)
     return parser
 

@@ -10,8 +10,9 @@ a log again, exactly. Flips happen in place on the memory of the tensor or array
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
