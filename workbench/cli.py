@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", type=Path)
     compare.add_argument("b", type=Path)
     compare.add_argument("--json", action="store_true")
-    verify = sub.add_parser("verify", help="check a checkpoint's datasets against their checksums (exit 1 if any fails)")
+    verify = sub.add_parser("verify", help="check datasets against their checksums (exit 1 if any fails)")
     verify.add_argument("checkpoint", type=Path)
     return parser
 
