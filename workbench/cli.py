@@ -32,6 +32,8 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--resume", "resume", str, "HDF5 checkpoint to start from"),
     ("--eval-interval", "eval_interval", int, "steps between test-set evaluations"),
     ("--bucket-cap-mb", "bucket_cap_mb", float, "gradient bucket size in MB"),
+    ("--detect", "detect", str, "soft-error detectors, comma-separated: fingerprint, guard, spike"),
+    ("--detect-every", "detect_every", int, "steps between fingerprints and verified snapshots"),
     ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
 ]
 
@@ -49,9 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         run.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text)
     run.add_argument("--fault", dest="faults", action="append", default=argparse.SUPPRESS,
                      help="kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | "
-                     "random:mtbf_steps=M,dist=exponential|weibull,shape=K,seed=S,max=F (repeatable)")
+                     "random:mtbf_steps=M,dist=exponential|weibull,shape=K,seed=S,max=F | "
+                     "flip:target=weight|grad|grad_local|activation|optimizer,rank=R,step=S,tensor=NAME,index=I,bit=B"
+                     " (repeatable)")
     run.add_argument("--regrow", action="store_true", default=argparse.SUPPRESS,
                      help="replace dead ranks (with shrink, rollback, forward)")
+    run.add_argument("--no-verify", dest="resume_verify", action="store_false", default=argparse.SUPPRESS,
+                     help="resume from a checkpoint even if its checksums fail (altered checkpoints)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -143,6 +149,8 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
             values[dest] = getattr(args, dest)
     if hasattr(args, "regrow"):
         values["regrow"] = True
+    if hasattr(args, "resume_verify"):
+        values["resume_verify"] = False
     if hasattr(args, "faults"):
         values["faults"] = args.faults
     return RunConfig.from_dict(values)

@@ -28,7 +28,9 @@ OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit")
 REGROW_STRATEGIES = ("shrink", "rollback", "forward")
 DISTRIBUTIONS = ("exponential", "weibull")
-FAULT_KINDS = ("kill", "hang")
+FAULT_KINDS = ("kill", "hang", "flip")
+FLIP_TARGETS = ("weight", "grad", "grad_local", "activation", "optimizer")
+DETECTORS = ("fingerprint", "guard", "spike")
 MAX_WORLD_SIZE = 64
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -46,15 +48,35 @@ class FaultSpec:
     rank: int
     step: int | None = None
     time: float | None = None
+    # flip only: what is hit (see FLIP_TARGETS), the tensor (a named_parameters() name, or a module name for
+    # activations), the flat element index and the LSB-0 bit; index/bit left out are drawn from seed
+    target: str | None = None
+    tensor: str | None = None
+    index: int | None = None
+    bit: int | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
-            raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}")
+            raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}, random")
+        if self.kind == "flip":
+            if self.target not in FLIP_TARGETS:
+                raise ConfigError("fault", f"flip target={self.target!r} is not known: allowed {', '.join(FLIP_TARGETS)}")
+            if not self.tensor:
+                raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
+                                  "or a module name for target=activation)")
+            for key in ("index", "bit", "seed"):
+                value = getattr(self, key)
+                if value is not None and (not isinstance(value, int) or value < 0):
+                    raise ConfigError("fault", f"flip {key}={value!r} must be an integer >= 0")
+        elif any(v is not None for v in (self.target, self.tensor, self.index, self.bit, self.seed)):
+            raise ConfigError("fault", f"{self.kind} takes rank and step or time only")
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
             raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
         if (self.step is None) == (self.time is None):
             raise ConfigError("fault", f"{self.kind}:rank={self.rank} needs exactly one of step=N or time=SECONDS")
-        if self.step is not None and (not isinstance(self.step, int) or self.step < 0):
+        next_step = self.kind == "flip" and self.step == -1  # a live flip: at the rank's next step
+        if self.step is not None and not next_step and (not isinstance(self.step, int) or self.step < 0):
             raise ConfigError("fault", f"step={self.step!r} must be an integer >= 0")
         if self.time is not None and not (isinstance(self.time, (int, float)) and self.time >= 0):
             raise ConfigError("fault", f"time={self.time!r} must be a number of seconds >= 0")
@@ -69,10 +91,13 @@ class FaultSpec:
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             key = key.strip()
-            if not eq or key not in ("rank", "step", "time"):
-                raise ConfigError("fault", f"{item!r} in {text!r} is not one of rank=R, step=S, time=T")
+            allowed = ("rank", "step", "time", "target", "tensor", "index", "bit", "seed")
+            if not eq or key not in allowed or (kind.strip() != "flip" and key not in allowed[:3]):
+                raise ConfigError("fault", f"{item!r} in {text!r} is not one of rank=R, step=S, time=T"
+                                  + (", target=, tensor=, index=, bit=, seed=" if kind.strip() == "flip" else ""))
             try:
-                values[key] = float(value) if key == "time" else int(value)
+                values[key] = float(value) if key == "time" else value.strip() if key in ("target", "tensor") \
+                    else int(value)
             except ValueError:
                 raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a number") from None
         if "rank" not in values:
@@ -94,7 +119,9 @@ class FaultSpec:
 
     def __str__(self) -> str:
         where = f"step={self.step}" if self.step is not None else f"time={self.time:g}"
-        return f"{self.kind}:rank={self.rank},{where}"
+        extra = "".join(f",{k}={getattr(self, k)}" for k in ("target", "tensor", "index", "bit", "seed")
+                        if getattr(self, k) is not None)
+        return f"{self.kind}:rank={self.rank},{where}{extra}"
 
 
 @dataclass(frozen=True)
@@ -190,7 +217,12 @@ class RunConfig:
     warm_spares: int | None = None  # default: 1 with regrow or reinit (a replacement then costs no start-up)
     checkpoint_every: int | None = None
     resume: str | None = None
+    resume_verify: bool = True  # check the checkpoint's checksums first (off: study an altered checkpoint)
     eval_interval: int = 25
+    detect: list[str] = field(default_factory=list)  # soft-error detectors: fingerprint, guard, spike
+    detect_every: int = 10  # steps between fingerprints and verified in-memory snapshots
+    guard_limit: float = 1e4  # |weight|, |gradient| or |loss| beyond this counts as corrupt
+    spike_factor: float = 10.0  # a loss this many times the recent median counts as a spike
     faults: list[FaultSpec | RandomFailures] = field(default_factory=list)
     bucket_cap_mb: float = 1.0
     heartbeat_timeout: float = 2.0
@@ -220,6 +252,13 @@ class RunConfig:
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
         _int_in("eval_interval", self.eval_interval, 1, 10_000_000)
+        if isinstance(self.detect, str):
+            self.detect = [d.strip() for d in self.detect.split(",") if d.strip()]
+        for detector in self.detect:
+            _choice("detect", detector, DETECTORS)
+        _int_in("detect_every", self.detect_every, 1, 10_000_000)
+        _positive("guard_limit", self.guard_limit)
+        _positive("spike_factor", self.spike_factor)
         if not isinstance(self.regrow, bool):
             raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
         if self.regrow and self.strategy not in REGROW_STRATEGIES:
@@ -237,6 +276,13 @@ class RunConfig:
             _int_in("checkpoint_every", self.checkpoint_every, 1, 10_000_000)
         if self.resume is not None and not Path(self.resume).is_file():
             raise ConfigError("resume", f"checkpoint {self.resume!r} does not exist")
+        if self.resume is not None and self.resume_verify:
+            from workbench.checkpoint import verify
+
+            bad = verify(self.resume)
+            if bad:
+                raise ConfigError("resume", f"checkpoint {self.resume!r} fails its checksums in {', '.join(bad)} "
+                                  "(resume_verify=False / --no-verify resumes from it anyway)")
         _positive("bucket_cap_mb", self.bucket_cap_mb)
         _positive("heartbeat_timeout", self.heartbeat_timeout)
         _positive("startup_timeout", self.startup_timeout)
@@ -307,6 +353,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["faults"] = [str(f) for f in self.faults]
+        values["detect"] = list(self.detect)
         return values
 
     def to_json(self) -> str:

@@ -81,6 +81,16 @@ class Run:
         """SIGSTOP ``rank`` now (it freezes; heartbeats find it)."""
         self._supervisor.command("hang", int(rank))
 
+    def flip(self, rank: int, target: str, tensor: str, index: int | None = None, bit: int | None = None,
+             seed: int | None = None) -> None:
+        """Flip a bit on ``rank`` at its next step (index/bit drawn from ``seed`` when left out)."""
+        from workbench.config import FaultSpec
+        from workbench.faults.targets import check_flip_targets
+
+        fault = FaultSpec("flip", int(rank), step=-1, target=target, tensor=tensor, index=index, bit=bit, seed=seed)
+        check_flip_targets(self.config.replace(faults=[]), [fault])
+        self._supervisor.command("flip", fault)
+
     def stop(self, reason: str = "stopped by the user") -> None:
         self._supervisor.command("stop", reason)
 
@@ -126,7 +136,11 @@ class Run:
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
           on_event: Listener | None = None, **overrides: Any) -> Run:
     """Validate the configuration (errors before any process starts) and start the run in the background."""
-    return Run(_as_config(config, overrides), out=out, on_event=on_event)
+    from workbench.faults.targets import check_flip_targets
+
+    config = _as_config(config, overrides)
+    check_flip_targets(config, [f for f in config.faults if getattr(f, "kind", None) == "flip"])
+    return Run(config, out=out, on_event=on_event)
 
 
 def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,

@@ -117,7 +117,7 @@ class Supervisor:
         self.last_checkpoint: dict[str, Any] | None = None
         self.final_checkpoint: str | None = None
         self.pending_time_faults = sorted(config.time_faults, key=lambda f: f.time)
-        self.pending_step_faults = [(f.rank, f.step, f.kind) for f in config.step_faults]
+        self.pending_step_faults = list(config.step_faults)  # kill, hang and flip at a step, until they fire
         self.pending_random = list(config.random_failures)  # (step, position among live ranks)
         self.replacements: list[Worker] = []  # processes starting up to take a dead rank's place
         self.restarting = False  # checkpoint_restart: a fresh world is starting
@@ -349,9 +349,18 @@ class Supervisor:
                         f"write {m['write_s'] * 1e3:.1f} ms)")
         elif kind == "fault":
             w.fault = m
-            self.pending_step_faults = [f for f in self.pending_step_faults if (f[0], f[1]) != (w.label, m["step"])]
+            self.pending_step_faults = [f for f in self.pending_step_faults
+                                        if (f.rank, f.step, f.kind) != (w.label, m["step"], m["kind"])]
             self.pending_random = [f for f in self.pending_random if f[0] != m["step"] or not m.get("random")]
             self._event(m["kind"], m["step"], "planned fault fired", rank=w.label)
+        elif kind == "flip":
+            self.pending_step_faults = [f for f in self.pending_step_faults if not (
+                f.kind == "flip" and f.rank == w.label and f.step == m["planned"] and f.target == m["target"])]
+            self._event("flip", m["step"], f"{m['target']} {m['tensor']}[{m['index']}] bit {m['bit']}: "
+                        f"{m['old']:.6g} -> {m['new']:.6g}", rank=w.label)
+        elif kind == "detected":
+            self._event("detected", m["step"], f"{m['detector']}: {m['detail']}")
+            self._event("recovered", m["to_step"], f"soft error: {m['action']} (resumed at step {m['to_step']})")
         elif kind == "done":
             w.done = True
             w.fingerprint = m.get("fingerprint")
@@ -397,6 +406,12 @@ class Supervisor:
                 self._outcome = ("stopped", str(arg or "stopped by the user"))
             elif name in ("kill", "hang"):
                 self._inject(name, arg, source="live")
+            elif name == "flip":
+                w = self.worker(arg.rank)
+                if w is None or arg.rank not in self.members:
+                    self._event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
+                else:
+                    self._send(w, {"type": "faults_add", "faults": [str(arg)]})
 
     def _inject(self, kind: str, label: int, source: str) -> None:
         w = self.worker(label)
@@ -529,7 +544,7 @@ class Supervisor:
         random_here = [(step, self.members[pos % len(self.members)]) for step, pos in self.pending_random]
         for i, label in enumerate(self.members):
             w = self.worker(label)
-            faults = [f"{kind}:rank={r},step={step}" for r, step, kind in self.pending_step_faults if r == label]
+            faults = [str(f) for f in self.pending_step_faults if f.rank == label]
             faults += [f"kill:rank={label},step={step}" for step, r in random_here if r == label]
             self._send(w, {"type": "generation", "gen": self.gen, "members": self.members, "rank": i,
                            "size": len(self.members), "source": source, "resume": resume, "recovery": recovery,

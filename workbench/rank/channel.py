@@ -28,6 +28,7 @@ class Channel:
         self.wake = threading.Event()  # set on every membership change; waits in comm.py watch it
         self.latest_generation: dict[str, Any] | None = None
         self.stop_reason: str | None = None
+        self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
         self.send({"type": "hello", "id": worker_id, "pid": os.getpid()})
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
@@ -56,6 +57,9 @@ class Channel:
                 if message["type"] == "generation":
                     self.latest_generation = message
                     self.wake.set()
+                elif message["type"] == "faults_add":
+                    self.live_faults.extend(message["faults"])
+                    continue
                 elif message["type"] == "stop":
                     self.stop_reason = message.get("reason", "stopped")
                     os._exit(0)

@@ -36,7 +36,7 @@ from torch import nn
 
 from workbench.rank.comm import Comm
 
-STATS_SLOTS = 3  # loss sum, correct predictions, samples
+STATS_SLOTS = 5  # loss sum, correct predictions, samples, guard alarms, spike alarms (soft_errors.py)
 
 
 @dataclass
@@ -98,6 +98,8 @@ class DataParallel:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         self._next_launch = 0
         self.before_last_launch: Callable[[], None] | None = None  # fault injection point
+        self.on_launch: Callable[[Bucket], None] | None = None  # just before a bucket's allreduce (grad flips)
+        self.on_reduced: Callable[[Bucket], None] | None = None  # after it, before the update (checks, grad_local)
 
     # -- one step ---------------------------------------------------------------------------------------------
     def begin(self, stats: torch.Tensor) -> None:
@@ -128,6 +130,8 @@ class DataParallel:
                 if p.grad is not view:  # someone replaced the gradient tensor: bring it back into the bucket
                     view.copy_(p.grad if p.grad is not None else torch.zeros_like(view))
                     p.grad = view
+            if self.on_launch is not None:
+                self.on_launch(bucket)
             if self.keep_local:
                 bucket.local = bucket.buffer.clone()
             bucket.work = self.comm.allreduce(bucket.buffer)
@@ -145,6 +149,8 @@ class DataParallel:
         self._launch_ready(force=True)
         for bucket in self.buckets:
             self.comm.wait(bucket.work)
+            if self.on_reduced is not None:
+                self.on_reduced(bucket)
             if self.update_per_bucket:
                 self._apply(bucket)
         if not self.update_per_bucket:
@@ -157,6 +163,21 @@ class DataParallel:
             bucket.snapshot = ([p.detach().clone() for p in bucket.params], _clone_state(bucket.optimizer))
         bucket.optimizer.step()
         self.applied += 1
+
+    def drain(self) -> None:
+        """Wait for every allreduce still running (before the buckets are reused), whatever its outcome."""
+        for bucket in self.buckets:
+            if bucket.work is not None:
+                try:
+                    self.comm.wait(bucket.work)
+                except Exception:  # noqa: BLE001 - only the wait matters here
+                    pass
+
+    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
+        for bucket in self.buckets:
+            if name in bucket.names:
+                return bucket.optimizer.state.get(bucket.params[bucket.names.index(name)], {})
+        raise KeyError(name)
 
     def restore_applied(self) -> int:
         """Undo the updates applied so far in this step (rollback); returns how many buckets were undone."""

@@ -35,6 +35,7 @@ from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.data_parallel import DataParallel
 from workbench.rank.recovery import InFlight, most_advanced
+from workbench.rank.soft_errors import Detected, Detectors, Injector
 
 FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
 
@@ -71,6 +72,11 @@ class Trainer:
                                config.bucket_cap_mb, update_per_bucket=strategy != "shrink",
                                keep_local=strategy in ("shrink", "forward"), snapshot_buckets=strategy == "rollback")
         self.dp.before_last_launch = self._fault_point
+        self.dp.on_launch = self._on_launch
+        self.dp.on_reduced = self._on_reduced
+        self.injector = Injector(self.model, self._report_flip)
+        self.detectors = Detectors(config, self.model)
+        self.verified: bytes | None = None  # last verified in-memory snapshot (soft-error recovery)
         self.step = 0
         self.trained = False  # holds a real training state (not a fresh replacement)
         self.inflight: InFlight | None = None
@@ -83,7 +89,9 @@ class Trainer:
     def join(self, a: dict[str, Any]) -> None:
         started = time.monotonic()
         recovery = a.get("recovery")
-        self.step_faults = {f.step: f for f in map(FaultSpec.parse, a.get("faults", []))}
+        faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
+        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang")}
+        self.injector.set(faults)
         self.random_steps = set(a.get("random_steps", []))
         self.comm.join(a)
         if recovery == "rollback" and self.inflight is not None:
@@ -111,12 +119,14 @@ class Trainer:
             self.channel.send(report)
         self.inflight = None
         self.trained = True
+        if self.detectors.active:
+            self.verified = self._state_bytes()  # replicas are identical right after a sync
 
     def _source_state(self, a: dict[str, Any]) -> bytes:
         if a.get("recovery") == "reinit" and self.memory_snapshot is not None:
             return self.memory_snapshot
         if a.get("resume"):
-            restored = ckpt.load(a["resume"])
+            restored = ckpt.load(a["resume"], check=self.config.resume_verify)
             self.model.load_state_dict(restored.model)
             self.dp.load_named_optimizer_state(restored.optimizer)
             self.step = restored.step
@@ -149,18 +159,75 @@ class Trainer:
                            "random": self.inflight.step in self.random_steps})
         os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
+    # -- soft errors --------------------------------------------------------------------------------------------
+    def _report_flip(self, fault: FaultSpec, flip: Any, step: int) -> None:
+        self.channel.send({"type": "flip", "step": step, "target": fault.target, "tensor": flip.target,
+                           "index": flip.index, "bit": flip.bits[0] if flip.bits else -1, "old": flip.old,
+                           "new": flip.new, "planned": fault.step, "t": time.time()})
+
+    def _on_launch(self, bucket: Any) -> None:
+        self.injector.into_bucket("grad", self.inflight.step, bucket.names, bucket.views)
+
+    def _on_reduced(self, bucket: Any) -> None:
+        step = self.inflight.step
+        if self.detectors.active:
+            if bucket.index == 0:
+                self.detectors.check_alarms(bucket.buffer[-2:], step)
+            self.detectors.check_reduced(bucket.buffer[: -5 if bucket.index == 0 else None], bucket.names, step)
+        self.injector.into_bucket("grad_local", step, bucket.names, bucket.views)
+
+    def _recover_soft(self, detected: Detected) -> None:
+        """Every rank saw the same alarm: return to the last verified snapshot."""
+        self.dp.drain()
+        at = self.inflight.step if self.inflight is not None else self.step
+        self.inflight = None
+        self._load_state_bytes(self.verified)
+        if self.comm.rank == 0:
+            self.channel.send({"type": "detected", "step": at, "detector": detected.detector,
+                               "detail": detected.detail, "action": "rollback", "to_step": self.step})
+
+    def _verify_replicas(self) -> None:
+        """Fingerprint check every ``detect_every`` steps; a verified state becomes the snapshot to return to."""
+        if "fingerprint" in self.detectors.on and self.comm.size > 1:
+            mine = torch.tensor([self.detectors.fingerprint()], dtype=torch.int64)
+            everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
+            self.comm.wait(self.comm.group.allgather([everyone], [mine]))
+            values = [int(t.item()) for t in everyone]
+            if len(set(values)) > 1:
+                majority, count = max(((v, values.count(v)) for v in set(values)), key=lambda vc: vc[1])
+                odd = [r for r, v in enumerate(values) if v != majority]
+                if count * 2 > len(values):
+                    source = values.index(majority)
+                    payload = self._state_bytes() if self.comm.rank == source else None
+                    self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
+                    action = f"re-broadcast from rank {source} of the agreeing majority"
+                else:
+                    self._load_state_bytes(self.verified)
+                    action = "rollback"
+                if self.comm.rank == 0:
+                    self.channel.send({"type": "detected", "step": self.step - 1, "detector": "fingerprint",
+                                       "detail": f"replicas at generation ranks {odd} differ", "action": action,
+                                       "to_step": self.step})
+                return
+        self.verified = self._state_bytes()
+
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
         step = self.step
         started = time.perf_counter()
         self.inflight = InFlight(step, self.comm.rank, self.comm.size)
+        if self.channel.live_faults:
+            live, self.channel.live_faults[:] = list(self.channel.live_faults), []
+            self.injector.pending += [FaultSpec.parse(f) for f in live]
+        self.injector.at_step_start(step, self.dp.optimizer_state_of)
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.x_train[indices], self.data.y_train[indices]
         self.model.train()
         out = self.model(x)
         loss_sum = F.cross_entropy(out, y, reduction="sum")
         correct = (out.detach().argmax(1) == y).sum()
-        self.dp.begin(torch.stack([loss_sum.detach(), correct.float(), torch.tensor(float(len(y)))]))
+        alarms = self.detectors.local_alarms(loss_sum.item() / len(y)) if self.detectors.active else [0.0, 0.0]
+        self.dp.begin(torch.tensor([loss_sum.item(), correct.item(), float(len(y)), *alarms]))
         (loss_sum / self.config.batch_size).backward()
         stats = self.dp.finish()
         self.inflight = None
@@ -176,6 +243,8 @@ class Trainer:
             if self.step % self.config.eval_interval == 0 or self.step == self.config.steps:
                 report.update(self.evaluate())
         self.channel.send(report)
+        if self.detectors.active and self.step % self.detectors.every == 0:
+            self._verify_replicas()
         every = self.config.checkpoint_every
         if every and self.step % every == 0:
             if self.config.strategy == "reinit":
@@ -220,7 +289,10 @@ class Trainer:
                     self.join(assignment)
                 while self.step < self.config.steps:
                     self.comm.check()
-                    self.train_step()
+                    try:
+                        self.train_step()
+                    except Detected as detected:
+                        self._recover_soft(detected)
                 break
             except GenerationChanged:
                 assignment = self.channel.latest_generation

@@ -1,0 +1,31 @@
+"""Outcome classes of an injection, against a golden run with the same seed and configuration (DESIGN §5;
+the ISCA'23 training-time classes Masked / Immediate INF-NaN / SlowDegrade, plus crash)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+OUTCOMES = ("masked", "degraded", "nonfinite", "crash")
+
+
+def classify_values(accuracy: float | None, golden_accuracy: float, losses: list[float], completed: bool,
+                    tolerance: float) -> str:
+    if not completed:
+        return "crash"
+    if any(not math.isfinite(v) for v in losses) or accuracy is None or not math.isfinite(accuracy):
+        return "nonfinite"
+    return "degraded" if accuracy < golden_accuracy - tolerance else "masked"
+
+
+def classify(result: Any, golden: Any, tolerance: float = 0.01) -> dict[str, Any]:
+    """``outcome`` (masked / degraded / nonfinite / crash), ``detected``, ``recovered``, accuracy delta."""
+    kinds = [e["kind"] for e in result.events]
+    accuracy = result.summary["final_test_accuracy"]
+    golden_accuracy = golden.summary["final_test_accuracy"]
+    outcome = classify_values(accuracy, golden_accuracy, [r["loss"] for r in result.metrics],
+                              result.completed, tolerance)
+    return {"outcome": outcome, "detected": "detected" in kinds,
+            "recovered": "recovered" in kinds and outcome == "masked",
+            "accuracy": accuracy, "accuracy_delta": None if accuracy is None else accuracy - golden_accuracy,
+            "flips": kinds.count("flip")}

@@ -1,0 +1,107 @@
+"""Per-bit sensitivity of a checkpoint: flip one bit of a random element, resume training, classify.
+
+A trial resumes in this process on one replica. That is the same computation as the data-parallel run: the
+gradient of a step is that of the global batch whatever the number of ranks (up to float summation order), and
+the batch sequence depends only on (seed, step). So hundreds of trials take seconds, where a multi-process
+resume per trial would pay the ranks' start-up each time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from workbench import checkpoint as ckpt
+from workbench.config import RunConfig
+from workbench.data import BatchSequence, load_dataset
+from workbench.faults.bitflip import apply_masks, bit_field
+from workbench.faults.outcomes import classify_values
+from workbench.models import build_model
+
+
+class LocalResume:
+    """Resume a checkpoint of a run in-process and train ``steps`` more steps; returns (accuracy, losses)."""
+
+    def __init__(self, path: str | os.PathLike, config: RunConfig | None = None) -> None:
+        self.base = ckpt.load(path, check=False)
+        self.config = config or RunConfig.from_dict({**self.base.config, "resume": None, "faults": []})
+        self.data = load_dataset(self.config)
+        self.batches = BatchSequence(len(self.data.y_train), self.config.batch_size, self.config.seed)
+        torch.set_num_threads(1)
+
+    def run(self, steps: int, model_state: dict[str, torch.Tensor] | None = None) -> tuple[float, list[float]]:
+        cfg = self.config
+        model = build_model(cfg, self.data.input_shape, self.data.num_classes)
+        model.load_state_dict(model_state or self.base.model)
+        params = dict(model.named_parameters())
+        optimizer = (torch.optim.Adam(params.values(), lr=cfg.lr) if cfg.optimizer == "adam"
+                     else torch.optim.SGD(params.values(), lr=cfg.lr, momentum=cfg.momentum))
+        for name, state in self.base.optimizer.items():
+            if name in params and state:
+                optimizer.state[params[name]] = {k: v.clone() for k, v in state.items()}
+        losses = []
+        with np.errstate(all="ignore"):
+            for step in range(self.base.step, self.base.step + steps):
+                idx = torch.from_numpy(self.batches(step))
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(self.data.x_train[idx]), self.data.y_train[idx])
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+            model.eval()
+            with torch.no_grad():
+                accuracy = (model(self.data.x_test).argmax(1) == self.data.y_test).float().mean().item()
+        if not all(math.isfinite(v) for v in losses):
+            accuracy = float("nan")
+        return accuracy, losses
+
+
+def bit_sensitivity(path: str | os.PathLike, bits: Iterable[int] = range(32), trials: int = 3, steps: int = 30,
+                    datasets: Iterable[str] | None = None, tolerance: float = 0.01, seed: int = 0) -> Any:
+    """For each bit, ``trials`` flips of that bit in a random element of the checkpoint's weights (default
+    every ``model/*weight``), each resumed for ``steps`` steps and classified against the unflipped resume.
+    Returns a DataFrame: bit, field, trial, dataset, index, old, new, outcome, accuracy."""
+    import pandas as pd
+
+    resume = LocalResume(path)
+    golden_accuracy, _ = resume.run(steps)
+    names = list(datasets) if datasets is not None else [n for n in resume.base.model if n.endswith("weight")]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for bit in bits:
+        for trial in range(trials):
+            name = names[int(rng.integers(len(names)))]
+            state = {k: v.clone() for k, v in resume.base.model.items()}
+            tensor = state[name].contiguous()
+            state[name] = tensor
+            flip = apply_masks(tensor, [int(rng.integers(tensor.numel()))], [1 << bit], name)[0]
+            accuracy, losses = resume.run(steps, state)
+            rows.append({"bit": bit, "field": bit_field(tensor.dtype, bit), "trial": trial, "dataset": name,
+                         "index": flip.index, "old": flip.old, "new": flip.new, "accuracy": accuracy,
+                         "outcome": classify_values(accuracy, golden_accuracy, losses, True, tolerance)})
+    frame = pd.DataFrame(rows)
+    frame.attrs["golden_accuracy"] = golden_accuracy
+    return frame
+
+
+def outcome_shares(frame: Any, z: float = 1.96) -> Any:
+    """Share of each outcome per bit with Wilson score intervals (columns share, low, high)."""
+    import pandas as pd
+
+    rows = []
+    for bit, group in frame.groupby("bit"):
+        n = len(group)
+        for outcome in ("masked", "degraded", "nonfinite", "crash"):
+            k = int((group.outcome == outcome).sum())
+            p = k / n
+            centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+            half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+            rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": p,
+                         "low": max(0.0, centre - half), "high": min(1.0, centre + half)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,172 @@
+"""Rank side of soft errors: live bit flips at exact points of a step, and the detectors that look for them.
+
+Injection points (``flip:target=...``):
+  * ``weight`` / ``optimizer``: at the start of the step, in this rank's parameter / optimizer state
+    (``momentum_buffer``, ``exp_avg`` ...): this replica diverges from the others.
+  * ``grad``: in the gradient bucket before its allreduce: the corrupted sum reaches every replica.
+  * ``grad_local``: in the bucket after its allreduce, on this rank only: replicas diverge.
+  * ``activation``: in the output of module ``tensor`` (forward hook) during the step's forward pass.
+
+Detectors (``detect``), with one rule: a decision to recover must be the same on every rank, so it is taken
+only on collective information.
+  * ``guard``: non-finite or huge (> ``guard_limit``) loss or weights on this rank raise an alarm that rides in
+    the first gradient bucket (no extra collective); gradients are checked after their allreduce, where every
+    rank sees the same sum. A flipped exponent bit can leave the loss finite near 1e35: magnitudes count.
+  * ``spike``: this rank's loss above ``spike_factor`` x the median of its recent losses; also an alarm slot.
+  * ``fingerprint``: every ``detect_every`` steps the replicas allgather a fingerprint of their parameters;
+    they must be bitwise equal. A strict majority re-broadcasts its parameters to the others; without one, all
+    roll back to the last verified snapshot.
+On an alarm every rank returns to the last verified in-memory snapshot (taken every ``detect_every`` steps,
+after the fingerprint agreed when that detector is on).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.config import FaultSpec, RunConfig
+from workbench.faults.bitflip import Flip, apply_masks, width
+
+ALARM_SLOTS = 2  # guard, spike
+
+
+class Detected(Exception):
+    """Corruption seen on collective information: every rank raises this at the same point."""
+
+    def __init__(self, detector: str, detail: str) -> None:
+        self.detector = detector
+        self.detail = detail
+        super().__init__(f"{detector}: {detail}")
+
+
+def flip_in(tensor: torch.Tensor, fault: FaultSpec, target: str, step: int) -> Flip:
+    """Apply ``fault`` to ``tensor``; index and bit not given are drawn from (seed, step)."""
+    rng = np.random.default_rng((fault.seed or 0, step))
+    index = fault.index if fault.index is not None else int(rng.integers(tensor.numel()))
+    bit = fault.bit if fault.bit is not None else int(rng.integers(width(tensor.dtype)))
+    if index >= tensor.numel():
+        raise ValueError(f"flip index {index} is out of range for {fault.tensor} with {tensor.numel()} elements")
+    with torch.no_grad():
+        data = tensor.detach()
+        if not data.is_contiguous():
+            raise ValueError(f"{fault.tensor} is not contiguous")
+        return apply_masks(data, [index], [1 << bit], target)[0]
+
+
+class Injector:
+    """Holds this rank's pending flips and fires each at its point; ``report`` receives each flip done."""
+
+    def __init__(self, model: torch.nn.Module, report: Callable[[FaultSpec, Flip, int], None]) -> None:
+        self.model = model
+        self.report = report
+        self.pending: list[FaultSpec] = []
+        self.params = dict(model.named_parameters())
+        self.modules = dict(model.named_modules())
+        self._hooked: set[str] = set()
+
+    def set(self, faults: list[FaultSpec]) -> None:
+        self.pending = [f for f in faults if f.kind == "flip"]
+        for f in self.pending:
+            if f.target == "activation" and f.tensor not in self._hooked and f.tensor in self.modules:
+                self.modules[f.tensor].register_forward_hook(self._activation_hook(f.tensor))
+                self._hooked.add(f.tensor)
+
+    def due(self, target: str, step: int, tensor: str | None = None) -> list[FaultSpec]:
+        """Flips of ``target`` due at ``step`` (a live flip with step -1 is due at once); removed when taken."""
+        due = [f for f in self.pending if f.target == target and f.step in (step, -1)
+               and (tensor is None or f.tensor == tensor)]
+        for f in due:
+            self.pending.remove(f)
+        self.step_now = step
+        return due
+
+    def at_step_start(self, step: int, optimizer_state: Callable[[str], dict[str, torch.Tensor]]) -> None:
+        self.step_now = step
+        for f in self.due("weight", step):
+            self.report(f, flip_in(self.params[f.tensor], f, f.tensor, step), step)
+        for f in self.due("optimizer", step):
+            state = optimizer_state(f.tensor)
+            key = next((k for k, v in state.items() if torch.is_tensor(v) and v.numel() > 1), None)
+            if key is None:  # no state yet (first step of SGD): nothing there to corrupt
+                continue
+            self.report(f, flip_in(state[key], f, f"{f.tensor}/{key}", step), step)
+
+    def into_bucket(self, target: str, step: int, names: list[str], views: list[torch.Tensor]) -> None:
+        for name, view in zip(names, views):
+            for f in self.due(target, step, name):
+                self.report(f, flip_in(view, f, f"{name}.grad", step), step)
+
+    def _activation_hook(self, module_name: str) -> Callable[..., Any]:
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> Any:
+            if self.model.training and isinstance(output, torch.Tensor):
+                for f in self.due("activation", getattr(self, "step_now", -2), module_name):
+                    out = output.detach().contiguous()
+                    self.report(f, flip_in(out, f, f"{module_name}:output", self.step_now), self.step_now)
+                    return output + (out - output.detach())  # the flipped values, gradients unchanged
+            return output
+
+        return hook
+
+
+class Detectors:
+    def __init__(self, config: RunConfig, model: torch.nn.Module) -> None:
+        self.on = set(config.detect)
+        self.limit = config.guard_limit
+        self.spike_factor = config.spike_factor
+        self.every = config.detect_every
+        self.model = model
+        self.recent: deque[float] = deque(maxlen=20)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.on)
+
+    def local_alarms(self, loss: float) -> list[float]:
+        """[guard, spike] alarms of this rank for this step (1.0 = alarm), sent with the gradients."""
+        guard = spike = 0.0
+        if "guard" in self.on:
+            if not np.isfinite(loss) or abs(loss) > self.limit:
+                guard = 1.0
+            else:
+                with torch.no_grad():
+                    for p in self.model.parameters():
+                        if not torch.isfinite(p).all() or p.abs().max().item() > self.limit:
+                            guard = 1.0
+                            break
+        if "spike" in self.on and np.isfinite(loss):
+            if len(self.recent) >= 5 and loss > self.spike_factor * max(statistics.median(self.recent), 1e-8):
+                spike = 1.0
+            else:
+                self.recent.append(loss)
+        return [guard, spike]
+
+    def check_alarms(self, alarms: torch.Tensor, step: int) -> None:
+        guard, spike = alarms.tolist()
+        if guard > 0:
+            raise Detected("guard", f"non-finite or > {self.limit:g} loss or weights on {int(guard)} rank(s) at "
+                           f"step {step}")
+        if spike > 0:
+            raise Detected("spike", f"loss spike on {int(spike)} rank(s) at step {step}")
+
+    def check_reduced(self, bucket_buffer: torch.Tensor, names: list[str], step: int) -> None:
+        """Gradients after their allreduce: identical on every rank, so every rank decides the same."""
+        if "guard" not in self.on:
+            return
+        if not torch.isfinite(bucket_buffer).all() or bucket_buffer.abs().max().item() > self.limit:
+            raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {', '.join(names)} at step {step}")
+
+    def fingerprint(self) -> int:
+        """Order-sensitive 63-bit fingerprint of the parameters' bits (one pass, no hashing library)."""
+        total = 0
+        with torch.no_grad():
+            for i, p in enumerate(self.model.parameters()):
+                bits = p.detach().contiguous().view(-1).view(torch.int32).to(torch.int64)
+                weights = torch.arange(1, bits.numel() + 1, dtype=torch.int64)
+                total = (total * 1_000_003 + int((bits * weights).sum().item()) + i) % (2**61 - 1)
+        return total
