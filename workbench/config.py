@@ -61,7 +61,8 @@ class FaultSpec:
             raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}, random")
         if self.kind == "flip":
             if self.target not in FLIP_TARGETS:
-                raise ConfigError("fault", f"flip target={self.target!r} is not known: allowed {', '.join(FLIP_TARGETS)}")
+                raise ConfigError("fault", f"flip target={self.target!r} is not known: "
+                                  f"allowed {', '.join(FLIP_TARGETS)}")
             if not self.tensor:
                 raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
                                   "or a module name for target=activation)")
