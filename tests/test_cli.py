@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -49,7 +50,7 @@ def test_failed_run_exits_1_and_leaves_nothing(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["outcome"] == "failed" and "rank 2" in summary["reason"]
     assert summary["failures"][0]["rank"] == 2
-    assert rank_processes() == []
+    assert rank_processes(parent=os.getpid()) == []  # the CLI's ranks were its children; it has exited
 
 
 def test_config_file_with_flag_override(tmp_path):

@@ -9,7 +9,7 @@ def test_digits_split_is_fixed_and_stratified():
     assert np.array_equal(a.y_test.numpy(), b.y_test.numpy())
     counts = np.bincount(a.y_test.numpy(), minlength=10)
     assert counts.min() >= 34 and counts.max() <= 38
-    assert 0.0 <= a.x_train.min() and a.x_train.max() <= 1.0
+    assert a.x_train.min() == -1.0 and a.x_train.max() == 1.0
 
 
 def test_batch_sequence_depends_on_seed_and_step_only():

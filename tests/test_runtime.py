@@ -110,13 +110,17 @@ def test_no_orphans_when_the_parent_goes(how, tmp_path):
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(__file__))
     assert parent.stdout.readline().strip() == "training"
-    assert len(rank_processes()) >= 2
+    pids = {line.split()[0] for line in rank_processes(parent=parent.pid)}
+    assert len(pids) >= 2
     if how == "sigkill-parent":
         parent.send_signal(signal.SIGKILL)
     else:
         assert parent.stdout.readline().strip() == "interrupted stopped"
     parent.wait(timeout=30)
     deadline = time.monotonic() + 5
-    while rank_processes() and time.monotonic() < deadline:
+    def alive():  # the parent's ranks, whoever their parent is now
+        return pids & {line.split()[0] for line in rank_processes()}
+
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert rank_processes() == []
+    assert not alive()
