@@ -48,7 +48,7 @@ def step_once(comm, x, y, batch, cap_mb, launches, initial):
     part = torch.tensor_split(torch.arange(batch), comm.size)[comm.rank]
     out = model(x[part])
     loss = F.cross_entropy(out, y[part], reduction="sum")
-    dp.begin(torch.stack([loss.detach(), torch.tensor(0.0), torch.tensor(float(len(part)))]))
+    dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), 0.0, 0.0]))
     (loss / batch).backward()
     stats = dp.finish()
     return len(dp.buckets), stats, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -89,7 +89,7 @@ def test_rollback_restores_exactly_and_retry_finishes_a_step():
                           snapshot_buckets=True)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         loss = F.cross_entropy(model(x), y, reduction="sum")
-        dp.begin(torch.tensor([loss.item(), 0.0, 16.0]))
+        dp.begin(torch.tensor([loss.item(), 0.0, 16.0, 0.0, 0.0]))
         (loss / 16).backward()
         dp.finish()
         after = {n: p.detach().clone() for n, p in model.named_parameters()}

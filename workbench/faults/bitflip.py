@@ -44,17 +44,20 @@ class Flip:
     target: str
     index: int
     mask: int
-    bits: tuple[int, ...]
     old: float
     new: float
 
+    @property
+    def bits(self) -> tuple[int, ...]:
+        return tuple(b for b in range(self.mask.bit_length()) if self.mask >> b & 1)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "bits": list(self.bits)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Flip:
-        return cls(values["target"], int(values["index"]), int(values["mask"]), tuple(values["bits"]),
-                   float(values["old"]), float(values["new"]))
+        return cls(values["target"], int(values["index"]), int(values["mask"]), float(values["old"]),
+                   float(values["new"]))
 
 
 def dtype_name(x: torch.Tensor | np.ndarray | np.dtype | torch.dtype) -> str:
@@ -121,12 +124,11 @@ def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int], masks: Ite
     if len(indices) and (indices.min() < 0 or indices.max() >= view.size):
         bad = int(indices[(indices < 0) | (indices >= view.size)][0])
         raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {view.size} elements")
-    old = _values(x, indices)
-    np.bitwise_xor.at(view, indices, masks_arr)  # .at: two flips of one element both apply
-    new = _values(x, indices)
-    w = view.dtype.itemsize * 8
-    return [Flip(target, int(i), int(m), tuple(b for b in range(w) if int(m) >> b & 1), float(o), float(n))
-            for i, m, o, n in zip(indices, masks_arr, old, new)]
+    with np.errstate(all="ignore"):  # the values are meant to become NaN or Inf sometimes
+        old = _values(x, indices)
+        np.bitwise_xor.at(view, indices, masks_arr)  # .at: two flips of one element both apply
+        new = _values(x, indices)
+    return list(map(Flip, [target] * len(indices), indices.tolist(), masks_arr.tolist(), old.tolist(), new.tolist()))
 
 
 def flip(x: torch.Tensor | np.ndarray, index: int, bit: int, target: str = "") -> Flip:

@@ -10,6 +10,7 @@ change of membership. The process always ends with ``os._exit``.
 from __future__ import annotations
 
 import argparse
+import copy
 import ctypes
 import hashlib
 import io
@@ -33,7 +34,7 @@ from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
-from workbench.rank.data_parallel import DataParallel
+from workbench.rank.data_parallel import DataParallel, _clone_state
 from workbench.rank.recovery import InFlight, most_advanced
 from workbench.rank.soft_errors import Detected, Detectors, Injector
 
@@ -76,7 +77,7 @@ class Trainer:
         self.dp.on_reduced = self._on_reduced
         self.injector = Injector(self.model, self._report_flip)
         self.detectors = Detectors(config, self.model)
-        self.verified: bytes | None = None  # last verified in-memory snapshot (soft-error recovery)
+        self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
         self.step = 0
         self.trained = False  # holds a real training state (not a fresh replacement)
         self.inflight: InFlight | None = None
@@ -120,7 +121,7 @@ class Trainer:
         self.inflight = None
         self.trained = True
         if self.detectors.active:
-            self.verified = self._state_bytes()  # replicas are identical right after a sync
+            self.verified = self._snapshot()  # replicas are identical right after a sync
 
     def _source_state(self, a: dict[str, Any]) -> bytes:
         if a.get("recovery") == "reinit" and self.memory_snapshot is not None:
@@ -141,6 +142,17 @@ class Trainer:
         torch.save({"step": self.step, "model": self.model.state_dict(), "optim": self.dp.optimizer_states(),
                     "inflight": inflight}, buffer)
         return buffer.getvalue()
+
+    def _snapshot(self) -> dict[str, Any]:
+        """In-memory copy of the training state (tensors cloned, nothing serialised)."""
+        return {"step": self.step, "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "optim": [_clone_state(b.optimizer) for b in self.dp.buckets]}
+
+    def _restore(self, snapshot: dict[str, Any]) -> None:
+        self.step = snapshot["step"]
+        self.model.load_state_dict(snapshot["model"])
+        # the optimizer adopts the tensors it is given: hand it copies, the snapshot may serve again
+        self.dp.load_optimizer_states(copy.deepcopy(snapshot["optim"]))
 
     def _load_state_bytes(self, payload: bytes) -> dict[str, Any]:
         state = torch.load(io.BytesIO(payload), weights_only=True)
@@ -181,7 +193,7 @@ class Trainer:
         self.dp.drain()
         at = self.inflight.step if self.inflight is not None else self.step
         self.inflight = None
-        self._load_state_bytes(self.verified)
+        self._restore(self.verified)
         if self.comm.rank == 0:
             self.channel.send({"type": "detected", "step": at, "detector": detected.detector,
                                "detail": detected.detail, "action": "rollback", "to_step": self.step})
@@ -202,14 +214,14 @@ class Trainer:
                     self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
                     action = f"re-broadcast from rank {source} of the agreeing majority"
                 else:
-                    self._load_state_bytes(self.verified)
+                    self._restore(self.verified)
                     action = "rollback"
                 if self.comm.rank == 0:
                     self.channel.send({"type": "detected", "step": self.step - 1, "detector": "fingerprint",
                                        "detail": f"replicas at generation ranks {odd} differ", "action": action,
                                        "to_step": self.step})
                 return
-        self.verified = self._state_bytes()
+        self.verified = self._snapshot()
 
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
