@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -63,4 +63,29 @@ def failure_comparison(baseline: RunResult, faulty: RunResult, title: str | None
                                  hovertext=[text], showlegend=False), 1, 1)
     fig.update_layout(title=title or f"{faulty.config['strategy']} vs no fault", template="plotly_white",
                       xaxis2_title="step", height=600)
+    return fig
+
+
+def bit_sensitivity(frame: Any) -> go.Figure:
+    """Share of each outcome per bit (heatmap; Wilson 95 % interval in the hover), fields of the format marked.
+    Takes the trials of :func:`workbench.faults.bit_sensitivity` or their :func:`~workbench.faults.outcome_shares`."""
+    from workbench.faults.sensitivity import outcome_shares
+
+    shares = frame if "share" in frame.columns else outcome_shares(frame)
+    outcomes = [o for o in ("masked", "degraded", "nonfinite", "crash") if o in set(shares.outcome)]
+    bits = sorted(set(shares.bit))
+    table = shares.set_index(["outcome", "bit"])
+    z = [[table.loc[(o, b), "share"] for b in bits] for o in outcomes]
+    text = [[f"bit {b} ({table.loc[(o, b), 'field']}): {o} {table.loc[(o, b), 'share']:.0%} "
+             f"[{table.loc[(o, b), 'low']:.0%}, {table.loc[(o, b), 'high']:.0%}] of {table.loc[(o, b), 'n']}"
+             for b in bits] for o in outcomes]
+    fig = go.Figure(go.Heatmap(z=z, x=bits, y=outcomes, text=text, hoverinfo="text", colorscale="Reds", zmin=0,
+                               zmax=1, colorbar={"title": "share"}))
+    fields = shares.drop_duplicates("bit").set_index("bit").field
+    for field in dict.fromkeys(fields):
+        span = [b for b in bits if fields[b] == field]
+        fig.add_vrect(x0=min(span) - 0.5, x1=max(span) + 0.5, line_width=1, fillcolor="rgba(0,0,0,0)",
+                      annotation_text=field, annotation_position="top")
+    fig.update_layout(title="outcome share per flipped bit (LSB-0)", xaxis_title="bit", template="plotly_white",
+                      xaxis={"dtick": 1})
     return fig
