@@ -1,6 +1,7 @@
 """Multi-process runs: few, small, seeded, each asserting what the runtime promises."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def test_no_orphans_when_the_parent_goes(how, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, threading, time, workbench
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell without job control ignores SIGINT
         run = workbench.start(world_size=2, steps=1_000_000)
         while run.status.get("step", 0) < 5:
             time.sleep(0.05)
@@ -109,13 +111,22 @@ def test_no_orphans_when_the_parent_goes(how, tmp_path):
     """))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(__file__))
-    assert parent.stdout.readline().strip() == "training"
+
+    def line(timeout=60.0):  # a bounded readline: a stuck parent fails the test instead of hanging it
+        ready, _, _ = select.select([parent.stdout], [], [], timeout)
+        return parent.stdout.readline().strip() if ready else "<no output>"
+
+    try:
+        assert line() == "training"
+    except AssertionError:
+        parent.kill()
+        raise
     pids = {line.split()[0] for line in rank_processes(parent=parent.pid)}
     assert len(pids) >= 2
     if how == "sigkill-parent":
         parent.send_signal(signal.SIGKILL)
     else:
-        assert parent.stdout.readline().strip() == "interrupted stopped"
+        assert line() == "interrupted stopped"
     parent.wait(timeout=30)
     deadline = time.monotonic() + 5
     def alive():  # the parent's ranks, whoever their parent is now

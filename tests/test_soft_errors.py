@@ -27,6 +27,7 @@ def test_weight_flip_detected_and_recovered(tmp_path):
     kinds = [e["kind"] for e in result.events]
     assert "flip" in kinds and "detected" in kinds and "recovered" in kinds
     assert result.completed and result.summary["replicas_identical"]
+    assert result.summary["flips"] == 1 and result.summary["detections"] >= 1
     assert abs(result.summary["final_test_accuracy"] - golden.summary["final_test_accuracy"]) <= 0.02
 
 
@@ -49,3 +50,13 @@ def test_bad_flip_target_refused_before_start():
         workbench.start(world_size=2, faults=["flip:target=weight,rank=0,step=1,tensor=fc9.weight,index=0,bit=1"])
     with pytest.raises(ConfigError, match="index 99999 is out of range"):
         workbench.start(world_size=2, faults=["flip:target=weight,rank=0,step=1,tensor=fc1.bias,index=99999,bit=1"])
+
+
+def test_activation_and_optimizer_flips_land_where_asked():
+    result = workbench.run(world_size=2, steps=40, eval_interval=40, faults=[
+        "flip:target=activation,rank=0,step=10,tensor=fc1,index=5,bit=30",
+        "flip:target=optimizer,rank=1,step=20,tensor=fc2.weight,seed=3"])
+    flips = [e["detail"] for e in result.events if e["kind"] == "flip"]
+    assert len(flips) == 2 and result.summary["flips"] == 2
+    assert any(d.startswith("activation fc1:output[5] bit 30") for d in flips)
+    assert any(d.startswith("optimizer fc2.weight/momentum_buffer[") for d in flips)

@@ -63,6 +63,8 @@ class RunResult:
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
             "checkpoints": len(checkpoints),
+            "flips": sum(1 for e in sup.events if e["kind"] == "flip"),
+            "detections": sum(1 for e in sup.events if e["kind"] == "detected"),
             "final_checkpoint": sup.final_checkpoint if sup.out_dir is not None else None,
             "failures": failures,
             "result_path": None,
