@@ -1,0 +1,54 @@
+"""The lab panel driven from Python, as its buttons would (the browser test drives the real page)."""
+
+import time
+
+import pytest
+
+from workbench.widgets import MARKED, Lab
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def trace(lab, name):
+    return next(t for t in lab.figure.data if t.name == name)
+
+
+def test_panel_runs_kills_and_shows_it():
+    lab = Lab(world_size=3, steps=100_000, strategy="shrink")
+    try:
+        lab.start_button.click()
+        wait_for(lambda: len(trace(lab, "training loss").x) > 20)  # the curve moves
+        assert lab.flip_tensor.options[0] == "fc1.weight" and len(lab.rank_buttons.children) == 3
+        lab.rank_buttons.children[1].children[0].click()  # "Kill 1"
+        wait_for(lambda: "generation 1" in lab.status.value and len(trace(lab, "kill").x) == 1)
+        assert "rank 1" in trace(lab, "kill").hovertext[0]
+        wait_for(lambda: all(b.disabled for b in lab.rank_buttons.children[1].children))
+        assert not lab.rank_buttons.children[0].children[0].disabled
+        lab.flip_bit.value = 23
+        assert lab.flip_field.value == "fp32 exponent"
+        lab.flip_button.click()
+        wait_for(lambda: len(trace(lab, "flip").x) == 1)
+    finally:
+        lab.stop_button.click()
+    wait_for(lambda: lab.run.result is not None and "stopped" in lab.status.value)
+    assert lab.start_button.disabled is False and set(MARKED) <= {t.name for t in lab.figure.data}
+    lab.close()
+
+
+def test_bad_configuration_shows_in_the_status_line():
+    lab = Lab()
+    lab.steps.value = 5
+    lab.world_size.value = 8
+    lab.seed.value = 1
+    lab.detect.value = ("guard",)
+    lab.strategy.value = "none"
+    lab.regrow.value = True  # regrow does not combine with 'none'
+    assert lab.start() is None and "regrow" in lab.status.value
+    lab.close()

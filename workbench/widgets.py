@@ -1,0 +1,260 @@
+"""The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
+
+``Lab()`` shows the run's configuration, Start / Stop, a Kill and a Hang button per rank (disabled once that
+rank is dead), a bit-flip form (rank, target, tensor from the model's real names, index or random, bit with its
+IEEE field), a status line and a live plotly ``FigureWidget``: loss and test accuracy vs step, world size as a
+step line, and markers for kills, hangs, flips, detections and recoveries with their details as hover text.
+
+Threads: the run's monitor thread only appends to the panel's buffers; a refresher thread redraws the figure
+and status at most ``REFRESH_HZ`` times a second, so the kernel stays responsive. Stop, a kernel interrupt
+(SIGINT, while the panel lives) and a kernel restart (the ranks' parent-death signal) all end the run.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from typing import Any
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from workbench.config import STRATEGIES, RunConfig
+from workbench.errors import WorkbenchError
+from workbench.faults.bitflip import bit_field
+from workbench.plots import FAULT_MARKERS
+from workbench.session import Run, start
+
+REFRESH_HZ = 5
+MARKED = ("kill", "hang", "flip", "failure", "detected", "recovered", "generation")
+MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
+
+
+class Lab:
+    """Build with any :class:`RunConfig` field as a default: ``Lab(world_size=4, strategy="shrink")``."""
+
+    def __init__(self, **defaults: Any) -> None:
+        base = RunConfig.from_dict(defaults) if defaults else RunConfig()
+        self.run: Run | None = None
+        self._lock = threading.Lock()
+        self._rows: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
+        self._dirty = threading.Event()
+        self._closed = False
+        style = {"description_width": "110px"}
+        self.model = w.Dropdown(options=["mlp", "cnn"], value=base.model if base.model in ("mlp", "cnn") else "mlp",
+                                description="model", style=style)
+        self.dataset = w.Dropdown(options=["digits", "synthetic"], value=base.dataset
+                                  if base.dataset in ("digits", "synthetic") else "digits", description="dataset",
+                                  style=style)
+        self.world_size = w.BoundedIntText(value=base.world_size, min=1, max=16, description="world size", style=style)
+        self.parallelism = w.Dropdown(options=["data"], value="data", description="parallelism", style=style)
+        self.strategy = w.Dropdown(options=list(STRATEGIES), value=base.strategy, description="strategy", style=style)
+        self.regrow = w.Checkbox(value=base.regrow, description="regrow (warm spare)")
+        self.checkpoint_every = w.BoundedIntText(value=base.checkpoint_every or 25, min=1, max=100_000,
+                                                 description="checkpoint every", style=style)
+        self.detect = w.SelectMultiple(options=["guard", "spike", "fingerprint"], value=tuple(base.detect),
+                                       description="detectors", rows=3, style=style)
+        self.steps = w.BoundedIntText(value=base.steps, min=1, max=10_000_000, description="steps", style=style)
+        self.seed = w.BoundedIntText(value=base.seed, min=0, max=2**31 - 1, description="seed", style=style)
+        self.start_button = w.Button(description="Start", button_style="success", icon="play")
+        self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.start_button.on_click(lambda _b: self.start())
+        self.stop_button.on_click(lambda _b: self.stop())
+        self.rank_buttons = w.HBox([])
+        self.flip_rank = w.Dropdown(options=[], description="rank", layout={"width": "150px"})
+        self.flip_target = w.Dropdown(options=["weight", "grad", "grad_local", "optimizer"], value="weight",
+                                      description="target", layout={"width": "220px"})
+        self.flip_tensor = w.Dropdown(options=[], description="tensor", layout={"width": "260px"})
+        self.flip_index = w.IntText(value=-1, description="index (-1: random)", style={"description_width": "120px"},
+                                    layout={"width": "220px"})
+        self.flip_bit = w.BoundedIntText(value=30, min=0, max=31, description="bit", layout={"width": "150px"})
+        self.flip_field = w.Label(value=self._field_text(30))
+        self.flip_bit.observe(lambda change: setattr(self.flip_field, "value", self._field_text(change["new"])),
+                              names="value")
+        self.flip_button = w.Button(description="Flip", icon="bolt", disabled=True)
+        self.flip_button.on_click(lambda _b: self.flip())
+        self.status = w.HTML(value="<b>idle</b>")
+        self.figure = self._make_figure()
+        config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy,
+                                self.regrow, self.checkpoint_every, self.detect, self.steps, self.seed],
+                               layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
+        flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
+                           self.flip_field, self.flip_button])
+        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]), self.rank_buttons, flip_box,
+                              self.status, self.figure])
+        self._previous_sigint = None
+        self._refresher = threading.Thread(target=self._refresh_loop, name="workbench-lab-refresh", daemon=True)
+        self._refresher.start()
+
+    # -- display ---------------------------------------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    def config(self) -> RunConfig:
+        return RunConfig(model=self.model.value, dataset=self.dataset.value, world_size=self.world_size.value,
+                         strategy=self.strategy.value, regrow=self.regrow.value,
+                         checkpoint_every=self.checkpoint_every.value
+                         if self.strategy.value in ("checkpoint_restart", "reinit") else None,
+                         detect=list(self.detect.value), steps=self.steps.value, seed=self.seed.value,
+                         eval_interval=max(1, min(25, self.steps.value // 10)))
+
+    # -- actions ---------------------------------------------------------------------------------------------
+    def start(self) -> Run | None:
+        if self.run is not None and not self.run.done:
+            return self.run
+        try:
+            config = self.config()
+        except WorkbenchError as exc:
+            self.status.value = f"<b style='color:crimson'>{exc}</b>"
+            return None
+        with self._lock:
+            self._rows, self._events = [], []
+        self._reset_figure(config.world_size)
+        self._make_rank_buttons(config.world_size)
+        from workbench.faults.targets import model_tensors
+
+        params, _ = model_tensors(config)
+        self.flip_tensor.options = list(params)
+        self.flip_tensor.value = next(iter(params))
+        self.flip_rank.options = list(range(config.world_size))
+        self.flip_rank.value = 0
+        self.run = start(config, on_event=self._on_event)
+        self._watch_interrupts()
+        self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = True, False, False
+        self._dirty.set()
+        return self.run
+
+    def stop(self) -> None:
+        if self.run is not None:
+            self.run.stop("stopped from the lab")
+
+    def kill(self, rank: int) -> None:
+        if self.run is not None:
+            self.run.kill(rank)
+
+    def hang(self, rank: int) -> None:
+        if self.run is not None:
+            self.run.hang(rank)
+
+    def flip(self) -> None:
+        if self.run is None or self.flip_rank.value is None:
+            return
+        try:
+            self.run.flip(rank=self.flip_rank.value, target=self.flip_target.value, tensor=self.flip_tensor.value,
+                          index=None if self.flip_index.value < 0 else self.flip_index.value, bit=self.flip_bit.value,
+                          seed=len(self._events))
+        except WorkbenchError as exc:
+            self.status.value = f"<b style='color:crimson'>{exc}</b>"
+
+    def close(self) -> None:
+        """Stop the run and the refresher; the panel stays on screen, inert."""
+        self.stop()
+        self._closed = True
+        self._dirty.set()
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    # -- internals -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _field_text(bit: int) -> str:
+        return f"fp32 {bit_field('float32', bit)}"
+
+    def _watch_interrupts(self) -> None:
+        """A kernel interrupt (SIGINT) also stops the run, then does what it did before."""
+        if self._previous_sigint is not None or threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def on_interrupt(signum: int, frame: Any) -> None:
+            self.stop()
+            if callable(previous):
+                previous(signum, frame)
+
+        self._previous_sigint = previous
+        signal.signal(signal.SIGINT, on_interrupt)
+
+    def _make_rank_buttons(self, world_size: int) -> None:
+        buttons = []
+        for rank in range(world_size):
+            kill = w.Button(description=f"Kill {rank}", button_style="danger", layout={"width": "80px"})
+            hang = w.Button(description=f"Hang {rank}", button_style="warning", layout={"width": "80px"})
+            kill.on_click(lambda _b, r=rank: self.kill(r))
+            hang.on_click(lambda _b, r=rank: self.hang(r))
+            buttons.append(w.VBox([kill, hang]))
+        self.rank_buttons.children = buttons
+
+    def _make_figure(self) -> go.FigureWidget:
+        fig = go.FigureWidget()
+        fig.update_layout(template="plotly_white", height=420, xaxis_title="step", hovermode="closest",
+                          yaxis={"title": "loss"}, yaxis2={"title": "accuracy / world size", "overlaying": "y",
+                                                           "side": "right", "range": [0, 1.1]},
+                          legend={"orientation": "h", "y": -0.2})
+        fig.add_scatter(name="training loss", mode="lines")
+        fig.add_scatter(name="test accuracy", mode="lines+markers", yaxis="y2")
+        fig.add_scatter(name="world size (fraction)", mode="lines", yaxis="y2", line={"shape": "hv", "dash": "dot"})
+        for kind in MARKED:
+            symbol, colour = MARKER_STYLE[kind]
+            fig.add_scatter(name=kind, mode="markers", yaxis="y2", marker={"symbol": symbol, "size": 12,
+                                                                           "color": colour}, hoverinfo="text")
+        return fig
+
+    def _reset_figure(self, world_size: int) -> None:
+        self._world_size = world_size
+        with self.figure.batch_update():
+            for trace in self.figure.data:
+                trace.x, trace.y = [], []
+
+    def _on_event(self, kind: str, payload: dict[str, Any]) -> None:  # the run's monitor thread
+        with self._lock:
+            (self._rows if kind == "step" else self._events).append(payload)
+        self._dirty.set()
+
+    def _refresh_loop(self) -> None:
+        while not self._closed:
+            live = self.run is not None and (not self.run.done or self.run.result is None)
+            self._dirty.wait(timeout=0.5 if live else None)
+            self._dirty.clear()
+            try:
+                self._redraw()
+            except Exception:  # noqa: BLE001 - a drawing error must not end the refresher
+                pass
+            threading.Event().wait(1.0 / REFRESH_HZ)
+
+    def _redraw(self) -> None:
+        with self._lock:
+            rows, events = list(self._rows), list(self._events)
+        run = self.run
+        status = run.status if run is not None else {}
+        dead = {e["rank"] for e in events if e["kind"] == "failure"}
+        members = set(status.get("members", []))
+        with self.figure.batch_update():
+            loss, acc, world = self.figure.data[0], self.figure.data[1], self.figure.data[2]
+            loss.x, loss.y = [r["step"] for r in rows], [r["loss"] for r in rows]
+            evals = [r for r in rows if not math.isnan(r["test_acc"])]
+            acc.x, acc.y = [r["step"] for r in evals], [r["test_acc"] for r in evals]
+            world.x, world.y = [r["step"] for r in rows], [r["world_size"] / self._world_size for r in rows]
+            for trace, kind in zip(self.figure.data[3:], MARKED):
+                marks = [e for e in events if e["kind"] == kind]
+                trace.x = [max(e["step"], 0) for e in marks]
+                trace.y = [1.04] * len(marks)
+                trace.hovertext = [f"{kind}: {'rank ' + str(e['rank']) + ' ' if e['rank'] >= 0 else ''}{e['detail']}"
+                                   for e in marks]
+        for rank, box in enumerate(self.rank_buttons.children):
+            gone = rank not in members and rank in dead
+            for button in box.children:
+                button.disabled = gone or run is None or run.done
+        if run is not None and run.done and run.result is not None:
+            summary = run.result.summary
+            self.status.value = (f"<b>{summary['outcome']}</b>: {summary['reason']} — test accuracy "
+                                 f"{summary['final_test_accuracy'] or float('nan'):.4f}, world size "
+                                 f"{summary['world_size_final']}")
+            self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = False, True, True
+        elif run is not None:
+            self.status.value = (f"<b>{status.get('state')}</b> — generation {status.get('generation')}, world size "
+                                 f"{status.get('world_size')}, step {status.get('step')}, ranks "
+                                 f"{status.get('members', [])}")
