@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
@@ -88,4 +89,90 @@ def bit_sensitivity(frame: Any) -> go.Figure:
                       annotation_text=field, annotation_position="top")
     fig.update_layout(title="outcome share per flipped bit (LSB-0)", xaxis_title="bit", template="plotly_white",
                       xaxis={"dtick": 1})
+    return fig
+
+
+_GENERATION = re.compile(r"generation (\d+): ranks \[([\d, ]*)\]")
+
+
+def recovery_timeline(result: RunResult) -> go.Figure:
+    """One lane per rank number: alive, dead, or held by a replacement, over the steps; generation changes as
+    vertical lines. Read from the run's ``generation`` and ``failure`` events."""
+    world = result.summary["world_size_initial"]
+    end = max(result.summary["steps_completed"], 1)
+    changes = []
+    for e in result.events:
+        match = _GENERATION.match(e["detail"]) if e["kind"] == "generation" else None
+        if match:
+            members = {int(r) for r in match.group(2).split(",") if r.strip()}
+            changes.append((max(e["step"], 0), int(match.group(1)), members))
+    died: dict[int, int] = {}
+    fig = go.Figure()
+    colours = {"alive": "seagreen", "dead": "crimson", "replacement": "teal"}
+    shown: set[str] = set()
+    for rank in range(world):
+        for i, (start, gen, members) in enumerate(changes):
+            stop = changes[i + 1][0] if i + 1 < len(changes) else end
+            failures = [f["step"] for f in result.failures if f["rank"] == rank and f["step"] <= start and i > 0]
+            if rank not in members:
+                state = "dead"
+                died.setdefault(rank, start)
+            else:
+                state = "replacement" if failures else "alive"
+            if stop <= start and i + 1 < len(changes):
+                continue
+            fig.add_trace(go.Scatter(
+                x=[start, max(stop, start + 0.5)], y=[rank, rank], mode="lines", line={"color": colours[state],
+                                                                                       "width": 14},
+                name=state, legendgroup=state, showlegend=state not in shown,
+                hovertext=f"rank {rank}, generation {gen}: {state} (steps {start}-{stop})", hoverinfo="text"))
+            shown.add(state)
+    for start, gen, _ in changes[1:]:
+        fig.add_vline(x=start, line={"color": "grey", "dash": "dot"}, annotation_text=f"gen {gen}")
+    for f in result.failures:
+        fig.add_trace(go.Scatter(x=[f["step"]], y=[f["rank"]], mode="markers", marker={"symbol": "x", "size": 14,
+                                 "color": "black"}, name="failure", legendgroup="failure",
+                                 showlegend="failure" not in shown, hoverinfo="text",
+                                 hovertext=f"rank {f['rank']} {f['cause']} at step {f['step']}"))
+        shown.add("failure")
+    fig.update_layout(title="ranks over the run", xaxis_title="step", yaxis={"title": "rank", "dtick": 1,
+                      "autorange": "reversed"}, template="plotly_white", height=150 + 40 * world)
+    return fig
+
+
+def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhead: str = "overhead_s",
+                      strategy: str = "config.strategy", baseline: str = "baseline_accuracy") -> go.Figure:
+    """Accuracy loss vs runtime overhead per strategy (the ANL paper's trade-off view), mean and standard
+    deviation over the runs of each strategy (seeds). ``frame``: :func:`workbench.load_results` rows whose
+    summary has ``overhead_s`` and ``baseline_accuracy`` (set by ``RunResult.set_baseline``)."""
+    data = frame.copy()
+    data["accuracy_loss"] = data[baseline] - data[accuracy]
+    stats = data.groupby(strategy).agg(loss=("accuracy_loss", "mean"), loss_sd=("accuracy_loss", "std"),
+                                       overhead=(overhead, "mean"), overhead_sd=(overhead, "std"),
+                                       runs=(accuracy, "size")).fillna(0.0).reset_index()
+    fig = go.Figure()
+    for _, row in stats.iterrows():
+        fig.add_trace(go.Scatter(
+            x=[row.overhead], y=[row.loss], mode="markers+text", text=[row[strategy]], textposition="top center",
+            name=row[strategy], marker={"size": 12},
+            error_x={"type": "data", "array": [row.overhead_sd]}, error_y={"type": "data", "array": [row.loss_sd]},
+            hovertext=f"{row[strategy]}: {int(row.runs)} runs", hoverinfo="text+x+y"))
+    fig.update_layout(title="accuracy loss vs runtime overhead", xaxis_title="runtime overhead (s)",
+                      yaxis_title="test accuracy lost", template="plotly_white")
+    return fig
+
+
+def scaling(frame: Any, x: str = "world_size", y: str = "resume_s", group: str = "strategy",
+            facet: str | None = "model") -> go.Figure:
+    """A figure such as recovery time vs world size per strategy, e.g. from ``bench_recovery.py`` rows."""
+    fig = go.Figure()
+    facets = sorted(set(frame[facet])) if facet and facet in frame else [None]
+    dashes = ["solid", "dash", "dot", "dashdot"]
+    for k, value in enumerate(facets):
+        part = frame if value is None else frame[frame[facet] == value]
+        for name, rows in part.groupby(group):
+            rows = rows.sort_values(x)
+            fig.add_trace(go.Scatter(x=rows[x], y=rows[y], mode="lines+markers", line={"dash": dashes[k % 4]},
+                                     name=f"{name}" + (f" ({value})" if value is not None else "")))
+    fig.update_layout(title=f"{y} vs {x}", xaxis_title=x, yaxis_title=y, template="plotly_white")
     return fig

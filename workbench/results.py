@@ -82,6 +82,7 @@ class RunResult:
     def set_baseline(self, baseline: RunResult) -> None:
         """Record ``overhead_s``: training time beyond a no-fault run of the same configuration."""
         self.summary["overhead_s"] = round(self.summary["train_s"] - baseline.summary["train_s"], 3)
+        self.summary["baseline_accuracy"] = baseline.summary["final_test_accuracy"]
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``directory/result.h5`` atomically and return its path."""
@@ -116,8 +117,10 @@ class RunResult:
             path = path / RESULT_FILE
         try:
             with h5py.File(path, "r") as f:
-                metrics_columns = {c: f["metrics"][c][()] for c in METRIC_COLUMNS}
-                n = len(metrics_columns["step"])
+                n = len(f["metrics"]["step"])
+                # a column a file predates reads as NaN (files of older versions stay readable)
+                metrics_columns = {c: f["metrics"][c][()] if c in f["metrics"] else [float("nan")] * n
+                                   for c in METRIC_COLUMNS}
                 metrics = [{c: _plain(metrics_columns[c][i], c) for c in METRIC_COLUMNS} for i in range(n)]
                 return cls(json.loads(f.attrs["config"]), metrics,
                            [json.loads(e) for e in f["events"].asstr()[()]],
@@ -153,7 +156,8 @@ class RunResult:
 
 def _plain(value: Any, column: str) -> Any:
     value = float(value)
-    return int(value) if column in ("step", "samples", "world_size", "generation") else value
+    integral = column in ("step", "samples", "world_size", "generation") and math.isfinite(value)
+    return int(value) if integral else value
 
 
 def find_results(where: str | os.PathLike) -> list[Path]:

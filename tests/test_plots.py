@@ -1,0 +1,46 @@
+"""Plots from saved results and frames (never from live processes)."""
+
+import pandas as pd
+import plotly.graph_objects as go
+from test_results import make_result
+
+from workbench import plots
+
+
+def timeline_result():
+    result = make_result()
+    result.events = [
+        {"time": 0.0, "step": 0, "rank": -1, "kind": "generation", "detail": "generation 0: ranks [0, 1, 2, 3]"},
+        {"time": 1.0, "step": 1, "rank": 2, "kind": "failure", "detail": "rank 2 died (SIGKILL)"},
+        {"time": 1.0, "step": 1, "rank": -1, "kind": "generation", "detail": "generation 1: ranks [0, 1, 3] (shrink)"},
+        {"time": 2.0, "step": 2, "rank": -1, "kind": "generation", "detail": "generation 2: ranks [0, 1, 2, 3]"},
+    ]
+    return result
+
+
+def test_recovery_timeline_lanes():
+    fig = plots.recovery_timeline(timeline_result())
+    assert isinstance(fig, go.Figure)
+    states = {(t.y[0], t.name) for t in fig.data if t.mode == "lines"}
+    assert (2, "dead") in states and (2, "replacement") in states and (0, "alive") in states
+    assert any(t.name == "failure" and t.y[0] == 2 for t in fig.data)
+
+
+def test_strategy_tradeoff_error_bars():
+    frame = pd.DataFrame({"config.strategy": ["rollback", "rollback", "forward", "forward"],
+                          "final_test_accuracy": [0.95, 0.96, 0.93, 0.91], "baseline_accuracy": [0.96] * 4,
+                          "overhead_s": [0.5, 0.7, 0.2, 0.1]})
+    fig = plots.strategy_tradeoff(frame)
+    forward = next(t for t in fig.data if t.name == "forward")
+    assert abs(forward.y[0] - 0.04) < 1e-9 and forward.error_y.array[0] > 0 and abs(forward.x[0] - 0.15) < 1e-9
+
+
+def test_bit_sensitivity_heatmap_and_scaling():
+    trials = pd.DataFrame({"bit": [0, 0, 30, 30], "field": ["mantissa"] * 2 + ["exponent"] * 2,
+                           "outcome": ["masked", "masked", "nonfinite", "degraded"]})
+    fig = plots.bit_sensitivity(trials)
+    (heat,) = fig.data
+    assert list(heat.x) == [0, 30] and "nonfinite" in heat.y
+    rows = pd.DataFrame({"model": ["small"] * 4, "strategy": ["shrink", "shrink", "reinit", "reinit"],
+                         "world_size": [2, 4, 2, 4], "resume_s": [0.02, 0.05, 0.06, 0.08]})
+    assert len(plots.scaling(rows).data) == 2
