@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint lab bench clean
+.PHONY: setup setup-browser demo test lint lab bench clean
 
 setup: $(STAMP)
 
@@ -15,11 +15,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# Debian's Chromium for tests/browser (Playwright drives it; no browser download). Needs root and apt.
+setup-browser: setup
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
 demo: setup
 	$(VENV)/bin/workbench run --world-size 4 --steps 300 --strategy rollback --regrow --fault kill:rank=2,step=120 --out runs/demo
 
 test: setup
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -rs tests
 	$(VENV)/bin/pytest -q --nbval-lax notebooks
 
 lint: setup

@@ -60,3 +60,13 @@ def test_activation_and_optimizer_flips_land_where_asked():
     assert len(flips) == 2 and result.summary["flips"] == 2
     assert any(d.startswith("activation fc1:output[5] bit 30") for d in flips)
     assert any(d.startswith("optimizer fc2.weight/momentum_buffer[") for d in flips)
+
+
+def test_a_deterministic_alarm_cannot_roll_back_forever():
+    """A guard limit below the healthy weights fires at every step: after one rollback the replayed step raises
+    the same alarm, which marks it as not transient; the run must still end."""
+    result = workbench.run(world_size=2, steps=30, eval_interval=30, detect=["guard"], detect_every=5,
+                           guard_limit=0.05)
+    assert result.completed
+    actions = [e["detail"] for e in result.events if e["kind"] == "recovered"]
+    assert any("not transient" in a for a in actions)

@@ -77,6 +77,7 @@ class Trainer:
         self.dp.on_reduced = self._on_reduced
         self.injector = Injector(self.model, self._report_flip)
         self.detectors = Detectors(config, self.model)
+        self._detections: set[tuple[int, str]] = set()  # (step, detector) of every alarm seen
         self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
         self.step = 0
         self.trained = False  # holds a real training state (not a fresh replacement)
@@ -194,9 +195,14 @@ class Trainer:
         at = self.inflight.step if self.inflight is not None else self.step
         self.inflight = None
         self._restore(self.verified)
+        action = "rollback"
+        if (at, detected.detector) in self._detections:
+            self.detectors.suppressed.add(at)
+            action = "rollback; the alarm repeats on replay (deterministic, not transient): the step is let through"
+        self._detections.add((at, detected.detector))
         if self.comm.rank == 0:
             self.channel.send({"type": "detected", "step": at, "detector": detected.detector,
-                               "detail": detected.detail, "action": "rollback", "to_step": self.step})
+                               "detail": detected.detail, "action": action, "to_step": self.step})
 
     def _verify_replicas(self) -> None:
         """Fingerprint check every ``detect_every`` steps; a verified state becomes the snapshot to return to."""

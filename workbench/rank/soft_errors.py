@@ -17,7 +17,9 @@ only on collective information.
     they must be bitwise equal. A strict majority re-broadcasts its parameters to the others; without one, all
     roll back to the last verified snapshot.
 On an alarm every rank returns to the last verified in-memory snapshot (taken every ``detect_every`` steps,
-after the fingerprint agreed when that detector is on).
+after the fingerprint agreed when that detector is on). If the same detector fires at the same step again after
+that rollback, the alarm is deterministic (the replay is bit-identical), not a transient error: the step is let
+through and the event says so, rather than rolling back forever.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from workbench.config import FaultSpec, RunConfig
 from workbench.faults.bitflip import Flip, apply_masks, width
 
 ALARM_SLOTS = 2  # guard, spike
+SPIKE_MARGIN = 1.0  # nats of cross-entropy a spike must also exceed the recent median by
 
 
 class Detected(Exception):
@@ -123,6 +126,9 @@ class Detectors:
         self.model = model
         self.params = [p for p in model.parameters()]
         self.recent: deque[float] = deque(maxlen=20)
+        # steps whose alarm came back after a rollback: training is deterministic, so such an alarm is not a
+        # transient soft error; those steps are let through instead of rolling back forever
+        self.suppressed: set[int] = set()
 
     @property
     def active(self) -> bool:
@@ -140,13 +146,17 @@ class Detectors:
                 if not peak <= self.limit:
                     guard = 1.0
         if "spike" in self.on and np.isfinite(loss):
-            if len(self.recent) >= 5 and loss > self.spike_factor * max(statistics.median(self.recent), 1e-8):
+            median = statistics.median(self.recent) if len(self.recent) >= 5 else None
+            # relative AND absolute: late in training a 10x jump of a 1e-3 loss is noise, not corruption
+            if median is not None and loss > self.spike_factor * median and loss > median + SPIKE_MARGIN:
                 spike = 1.0
             else:
                 self.recent.append(loss)
         return [guard, spike]
 
     def check_alarms(self, alarms: torch.Tensor, step: int) -> None:
+        if step in self.suppressed:
+            return
         guard, spike = alarms.tolist()
         if guard > 0:
             raise Detected("guard", f"non-finite or > {self.limit:g} loss or weights on {int(guard)} rank(s) at "
@@ -156,7 +166,7 @@ class Detectors:
 
     def check_reduced(self, bucket_buffer: torch.Tensor, names: list[str], step: int) -> None:
         """Gradients after their allreduce: identical on every rank, so every rank decides the same."""
-        if "guard" not in self.on:
+        if "guard" not in self.on or step in self.suppressed:
             return
         if not bucket_buffer.abs().max().item() <= self.limit:  # NaN fails "<=" too
             raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {', '.join(names)} at step {step}")
