@@ -72,7 +72,10 @@ def widget_button(page, label):
 def figure_count(page, trace_name):
     return page.evaluate("""name => {
         const plots = [...document.querySelectorAll('.js-plotly-plot')];
-        for (const gd of plots) { const t = (gd.data || []).find(t => t.name === name); if (t) return (t.x || []).length; }
+        for (const gd of plots) {
+            const t = (gd.data || []).find(t => t.name === name);
+            if (t) return (t.x || []).length;
+        }
         return -1; }""", trace_name)
 
 
