@@ -44,3 +44,15 @@ def test_bit_sensitivity_heatmap_and_scaling():
     rows = pd.DataFrame({"model": ["small"] * 4, "strategy": ["shrink", "shrink", "reinit", "reinit"],
                          "world_size": [2, 4, 2, 4], "resume_s": [0.02, 0.05, 0.06, 0.08]})
     assert len(plots.scaling(rows).data) == 2
+
+
+def test_gossip_vs_allreduce_panels():
+    rows = []
+    for name, speed in (("allreduce", 1.0), ("gossip", 0.7)):
+        for step in range(0, 50, 10):
+            rows.append({"parallelism": name, "step": step, "time": step * 0.01 * speed, "test_acc": step / 60,
+                         "consensus_distance": 0.0 if name == "allreduce" else 1 / (step + 1)})
+    fig = plots.gossip_vs_allreduce(pd.DataFrame(rows))
+    assert len(fig.data) == 6 and {t.name for t in fig.data} == {"allreduce", "gossip"}
+    two = plots.gossip_vs_allreduce(pd.DataFrame(rows).drop(columns="consensus_distance"))
+    assert len(two.data) == 4

@@ -176,3 +176,28 @@ def scaling(frame: Any, x: str = "world_size", y: str = "resume_s", group: str =
                                      name=f"{name}" + (f" ({value})" if value is not None else "")))
     fig.update_layout(title=f"{y} vs {x}", xaxis_title=x, yaxis_title=y, template="plotly_white")
     return fig
+
+
+def gossip_vs_allreduce(frame: Any, group: str = "parallelism") -> go.Figure:
+    """Test accuracy vs step and vs wall time, one line per ``group`` value (e.g. allreduce, gossip), and the
+    consensus distance vs step where the frame has it. ``frame``: per-step rows as from
+    ``load_results(..., metrics=True)`` with columns ``step``, ``time``, ``test_acc`` and the group column."""
+    has_consensus = "consensus_distance" in frame and frame["consensus_distance"].notna().any()
+    cols = 3 if has_consensus else 2
+    titles = ["accuracy vs step", "accuracy vs wall time", "consensus distance"][:cols]
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
+    palette = ["royalblue", "crimson", "seagreen", "darkorange"]
+    for k, (name, rows) in enumerate(frame.groupby(group)):
+        colour = palette[k % len(palette)]
+        evals = rows[rows.test_acc.notna()].sort_values("step")
+        fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=str(name), legendgroup=str(name),
+                                 line={"color": colour}), 1, 1)
+        fig.add_trace(go.Scatter(x=evals.time - rows.time.min(), y=evals.test_acc, name=str(name),
+                                 legendgroup=str(name), showlegend=False, line={"color": colour}), 1, 2)
+        if has_consensus and rows["consensus_distance"].notna().any():
+            fig.add_trace(go.Scatter(x=rows.step, y=rows.consensus_distance, name=str(name), legendgroup=str(name),
+                                     showlegend=False, line={"color": colour}), 1, 3)
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="seconds", row=1, col=2)
+    fig.update_layout(template="plotly_white", title="gossip vs allreduce")
+    return fig
