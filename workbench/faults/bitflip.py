@@ -10,7 +10,7 @@ a log again, exactly. Flips happen in place on the memory of the tensor or array
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +22,36 @@ from workbench.errors import WorkbenchError
 
 class FlipError(WorkbenchError, ValueError):
     """A flip that cannot be done: bad bit, index, dtype or options."""
+
+
+class FlipLog(Sequence):
+    """The log of many flips, held as arrays (no Python object per flip); items are :class:`Flip`."""
+
+    def __init__(self, targets: list[tuple[str, int]], indices: np.ndarray, masks: np.ndarray, old: np.ndarray,
+                 new: np.ndarray) -> None:
+        self.targets = targets  # (target name, number of consecutive entries) runs
+        self.indices, self.masks, self.old, self.new = indices, masks, old, new
+        self._names = np.repeat(np.arange(len(targets)), [n for _, n in targets]) if targets else np.zeros(0, int)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> Flip:  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        return Flip(self.targets[int(self._names[i])][0], int(self.indices[i]), int(self.masks[i]),
+                    float(self.old[i]), float(self.new[i]))
+
+    @classmethod
+    def concat(cls, logs: list[FlipLog]) -> FlipLog:
+        logs = [log for log in logs if len(log)]
+        if not logs:
+            return cls([], np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0), np.zeros(0))
+        return cls([t for log in logs for t in log.targets], np.concatenate([g.indices for g in logs]),
+                   np.concatenate([g.masks for g in logs]), np.concatenate([g.old for g in logs]),
+                   np.concatenate([g.new for g in logs]))
 
 
 # dtype -> (width, sign bit, exponent bits (high, low), mantissa bits (high, low))
@@ -115,12 +145,13 @@ def _values(x: torch.Tensor | np.ndarray, indices: np.ndarray) -> np.ndarray:
     return picked.double().numpy() if isinstance(x, torch.Tensor) else picked.astype(np.float64)
 
 
-def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int], masks: Iterable[int],
-                target: str = "") -> list[Flip]:
+def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int] | np.ndarray,
+                masks: Iterable[int] | np.ndarray, target: str = "") -> FlipLog:
     """XOR ``masks`` into the elements at flat ``indices``, in place; returns the log."""
     view = bits_view(x)
-    indices = np.asarray(list(indices), dtype=np.int64)
-    masks_arr = np.asarray(list(masks), dtype=np.uint64).astype(view.dtype)
+    indices = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices), dtype=np.int64)
+    masks_arr = np.asarray(masks if isinstance(masks, np.ndarray) else list(masks), dtype=np.uint64)
+    masks_arr = masks_arr.astype(view.dtype)
     if len(indices) and (indices.min() < 0 or indices.max() >= view.size):
         bad = int(indices[(indices < 0) | (indices >= view.size)][0])
         raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {view.size} elements")
@@ -128,7 +159,7 @@ def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int], masks: Ite
         old = _values(x, indices)
         np.bitwise_xor.at(view, indices, masks_arr)  # .at: two flips of one element both apply
         new = _values(x, indices)
-    return list(map(Flip, [target] * len(indices), indices.tolist(), masks_arr.tolist(), old.tolist(), new.tolist()))
+    return FlipLog([(target, len(indices))], indices, masks_arr.astype(np.uint64), old, new)
 
 
 def flip(x: torch.Tensor | np.ndarray, index: int, bit: int, target: str = "") -> Flip:
@@ -137,15 +168,12 @@ def flip(x: torch.Tensor | np.ndarray, index: int, bit: int, target: str = "") -
     return apply_masks(x, [index], [1 << bit], target)[0]
 
 
-def inject(x: torch.Tensor | np.ndarray, *, count: int | None = None, probability: float | None = None,
-           bits: Iterable[int] | tuple[int, int] | None = None, field: str | None = None, burst: int = 1,
-           xor_mask: int | None = None, seed: int | None = None, target: str = "") -> list[Flip]:
-    """Random flips: ``count`` distinct elements (or each element with ``probability``), each hit at one bit
-    drawn from ``bits`` (an iterable, or an inclusive ``(low, high)`` range; default every bit) or ``field``,
-    widened to ``burst`` adjacent bits upwards; or with a fixed ``xor_mask``. Reproducible from ``seed``."""
-    name = dtype_name(x)
+def draw(n: int, dtype: Any, *, count: int | None = None, probability: float | None = None,
+         bits: Iterable[int] | tuple[int, int] | None = None, field: str | None = None, burst: int = 1,
+         xor_mask: int | None = None, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The (flat indices, XOR masks) of a random injection into ``n`` elements of ``dtype`` (see :func:`inject`)."""
+    name = dtype_name(dtype)
     w = width(name)
-    n = x.numel() if isinstance(x, torch.Tensor) else x.size
     if (count is None) == (probability is None):
         raise FlipError("give exactly one of count or probability")
     rng = np.random.default_rng(seed)
@@ -156,17 +184,29 @@ def inject(x: torch.Tensor | np.ndarray, *, count: int | None = None, probabilit
     else:
         if not 0 <= probability <= 1:
             raise FlipError(f"probability {probability} must be in [0, 1]")
-        hits = rng.binomial(n, probability)
-        indices = np.sort(rng.choice(n, size=hits, replace=False))
+        indices = np.sort(rng.choice(n, size=rng.binomial(n, probability), replace=False))
     if xor_mask is not None:
         if not 0 < xor_mask < (1 << w):
             raise FlipError(f"xor_mask {xor_mask:#x} does not fit {name} ({w} bits)")
-        return apply_masks(x, indices, [xor_mask] * len(indices), target)
+        return indices, np.full(len(indices), xor_mask, dtype=np.uint64)
     candidates = _candidate_bits(name, bits, field)
     if burst < 1 or burst > w:
         raise FlipError(f"burst {burst} must be 1..{w}")
-    chosen = rng.choice(candidates, size=len(indices))
-    masks = [sum(1 << b for b in range(int(c), min(int(c) + burst, w))) for c in chosen]
+    low = rng.choice(np.asarray(candidates, dtype=np.uint64), size=len(indices))
+    span = np.minimum(np.uint64(burst), np.uint64(w) - low)  # bits of the burst that fit above ``low``
+    ones = np.where(span >= 64, np.uint64(2**64 - 1), (np.uint64(1) << (span % np.uint64(64))) - np.uint64(1))
+    return indices, ones << low
+
+
+def inject(x: torch.Tensor | np.ndarray, *, count: int | None = None, probability: float | None = None,
+           bits: Iterable[int] | tuple[int, int] | None = None, field: str | None = None, burst: int = 1,
+           xor_mask: int | None = None, seed: int | None = None, target: str = "") -> FlipLog:
+    """Random flips: ``count`` distinct elements (or each element with ``probability``), each hit at one bit
+    drawn from ``bits`` (an iterable, or an inclusive ``(low, high)`` range; default every bit) or ``field``,
+    widened to ``burst`` adjacent bits upwards; or with a fixed ``xor_mask``. Reproducible from ``seed``."""
+    n = x.numel() if isinstance(x, torch.Tensor) else x.size
+    indices, masks = draw(n, x.dtype, count=count, probability=probability, bits=bits, field=field, burst=burst,
+                          xor_mask=xor_mask, seed=seed)
     return apply_masks(x, indices, masks, target)
 
 
@@ -196,12 +236,13 @@ def parse_bits(text: str) -> tuple[int, int] | list[int]:
         raise FlipError(f"bits {text!r} must be a range like 23-30 or a list like 0,5,31") from None
 
 
-def replay(log: Iterable[Flip | dict[str, Any]], targets: dict[str, torch.Tensor | np.ndarray]) -> list[Flip]:
+def replay(log: Iterable[Flip | dict[str, Any]], targets: dict[str, torch.Tensor | np.ndarray]) -> FlipLog:
     """Apply a log again (each entry's XOR mask at its index, in ``targets[entry.target]``)."""
-    done: list[Flip] = []
-    for entry in log:
-        entry = entry if isinstance(entry, Flip) else Flip.from_dict(entry)
-        if entry.target not in targets:
-            raise FlipError(f"log names target {entry.target!r}, which is not among {sorted(targets)}")
-        done += apply_masks(targets[entry.target], [entry.index], [entry.mask], entry.target)
-    return done
+    entries = [e if isinstance(e, Flip) else Flip.from_dict(e) for e in log]
+    done = []
+    for name in dict.fromkeys(e.target for e in entries):
+        if name not in targets:
+            raise FlipError(f"log names target {name!r}, which is not among {sorted(targets)}")
+        mine = [e for e in entries if e.target == name]
+        done.append(apply_masks(targets[name], [e.index for e in mine], [e.mask for e in mine], name))
+    return FlipLog.concat(done)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.faults.bitflip import Flip, FlipError, apply_masks, inject
+from workbench.faults.bitflip import Flip, FlipError, FlipLog, apply_masks, draw
 
 FLOAT_KINDS = ("f",)
 
@@ -32,7 +32,7 @@ def float_datasets(path: str | os.PathLike) -> dict[str, tuple[int, str]]:
     return found
 
 
-def _flip_dataset(path: Path, name: str, indices: np.ndarray, masks: Iterable[int]) -> list[Flip]:
+def _flip_dataset(path: Path, name: str, indices: np.ndarray, masks: Iterable[int]) -> FlipLog:
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -59,7 +59,7 @@ def _flip_dataset(path: Path, name: str, indices: np.ndarray, masks: Iterable[in
 def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None = None, index: int | None = None,
                      bit: int | None = None, count: int | None = None, probability: float | None = None,
                      bits: Any = None, field: str | None = None, burst: int = 1, xor_mask: int | None = None,
-                     seed: int | None = None, out: str | os.PathLike | None = None) -> list[Flip]:
+                     seed: int | None = None, out: str | os.PathLike | None = None) -> FlipLog:
     """Flip bits in an HDF5 file, in place or in a copy ``out``; returns the log.
 
     Either one exact flip (``index`` and ``bit`` in one dataset of ``datasets``), or random flips (``count`` or
@@ -91,28 +91,26 @@ def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None 
     dtypes = {available[n][1] for n in names}
     if len(dtypes) > 1:
         raise FlipError(f"the datasets mix {', '.join(sorted(dtypes))}: choose datasets of one dtype (datasets=...)")
-    probe = np.zeros(int(sizes.sum()), dtype=np.dtype(available[names[0]][1]))
-    log = inject(probe, count=count, probability=probability, bits=bits, field=field, burst=burst,
-                 xor_mask=xor_mask, seed=seed)
+    indices, masks = draw(int(sizes.sum()), np.dtype(available[names[0]][1]), count=count,
+                          probability=probability, bits=bits, field=field, burst=burst, xor_mask=xor_mask, seed=seed)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    flips: list[Flip] = []
-    indices = np.array([e.index for e in log], dtype=np.int64)
-    masks = np.array([e.mask for e in log], dtype=np.uint64)
+    logs = []
     for i, name in enumerate(names):
         mine = (indices >= starts[i]) & (indices < starts[i + 1])
         if mine.any():
-            flips += _flip_dataset(target, name, indices[mine] - starts[i], masks[mine])
-    return flips
+            logs.append(_flip_dataset(target, name, indices[mine] - starts[i], masks[mine]))
+    return FlipLog.concat(logs)
 
 
-def replay_checkpoint(path: str | os.PathLike, log: Iterable[Flip | dict[str, Any]]) -> list[Flip]:
+def replay_checkpoint(path: str | os.PathLike, log: Iterable[Flip | dict[str, Any]]) -> FlipLog:
     """Apply a flip log to an HDF5 file again (each entry: its mask at its index of its dataset)."""
     entries = [e if isinstance(e, Flip) else Flip.from_dict(e) for e in log]
-    done: list[Flip] = []
+    done = []
     for name in dict.fromkeys(e.target for e in entries):
         mine = [e for e in entries if e.target == name]
-        done += _flip_dataset(Path(path), name, np.array([e.index for e in mine]), [e.mask for e in mine])
-    return done
+        done.append(_flip_dataset(Path(path), name, np.array([e.index for e in mine]),
+                                  np.array([e.mask for e in mine], dtype=np.uint64)))
+    return FlipLog.concat(done)
 
 
 def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike) -> list[dict[str, Any]]:
