@@ -1,16 +1,24 @@
 """The control channel between the supervisor and its ranks: JSON lines over one TCP connection per rank.
 
 Rank -> supervisor
-    ``hello {id, pid}``            first message after connecting
+    ``hello {id, pid}``            first message after connecting (``id``: the spawn id the supervisor gave it)
+    ``ready {}``                   data and model built: it may be put in a generation (a warm spare waits here)
     ``hb {}``                      heartbeat, every ``HEARTBEAT_PERIOD`` s from a thread of its own
-    ``joined {gen, step, sync_s}`` the rank is in generation ``gen`` and holds the state of ``step``
-    ``step {step, gen, ...}``      a step was committed (generation rank 0 adds loss, accuracy, eval figures)
-    ``fault {kind, step, t}``      a planned fault is about to fire in this rank (sent just before it does)
-    ``done {step}``                the rank finished all steps
+    ``joined {gen, step, sync_s}`` the rank is in generation ``gen`` and holds the state of ``step``; rank 0 of a
+                                   recovery generation adds ``recovery``, ``resume_step``, ``retried``
+    ``step {step, gen, ...}``      a step was committed (generation rank 0 adds loss, accuracy, samples, eval)
+    ``fault {kind, step, t}``      a planned kill/hang is about to fire in this rank (sent just before it does)
+    ``flip {step, target, tensor, index, bit, old, new}``   a bit flip was injected
+    ``detected {step, detector, detail, action, to_step}``  a soft-error detector fired (generation rank 0)
+    ``checkpoint {step, path, stall_s, write_s}``           an HDF5 checkpoint is complete on disk
+    ``done {step, fingerprint}``   the rank finished all steps
     ``error {message}``            the rank failed on its own (an exception, not a fault); it exits next
 Supervisor -> rank
-    ``start {config, faults, store}``              once, in answer to ``hello``
-    ``generation {gen, members, rank, size, source}`` join generation ``gen``; ``source`` holds the state
+    ``start {config, store, checkpoint_dir}``      once, in answer to ``hello``
+    ``generation {gen, members, rank, size, source, recovery, resume, faults}``
+                                                   join generation ``gen``; ``source`` None: the members pick
+                                                   the most advanced one; ``faults``: this rank's pending faults
+    ``faults_add {faults}``                        live faults (``run.flip``), due at the rank's next step
     ``stop {reason}``                              leave now
 
 The supervisor notices a dead rank by the end of its connection (and by its exit status), a frozen one by

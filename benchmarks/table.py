@@ -1,0 +1,29 @@
+"""Render the JSON line of bench_recovery.py as the README's markdown table: python benchmarks/table.py FILE..."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def fmt(value: object) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def main(paths: list[str]) -> None:
+    print("| model (params) | world | strategy | kills | detection s | resume s | regrow s | steps redone "
+          "| samples lost | overhead s | final world |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        with open(path) as f:
+            rows = json.loads(f.read().strip().splitlines()[-1])["rows"]
+        for r in rows:
+            print(f"| {r['model']} ({r['params_m']}M) | {r['world_size']} | {r['strategy']} | {r['kills']} | "
+                  f"{fmt(r['detection_s'])} | {fmt(r['resume_s'])} | {fmt(r['regrow_s'])} | {r['steps_redone']} | "
+                  f"{r['samples_lost']} | {fmt(r['overhead_s'])} | {r['final_world_size']} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
