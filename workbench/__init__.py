@@ -1,10 +1,10 @@
 """Workbench for studying fault tolerance in distributed deep-learning training."""
 
 from workbench.config import FaultSpec, RunConfig
-from workbench.errors import ConfigError, RunFailed, WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
 from workbench.results import RunResult, load_results
 from workbench.session import Run, run, start
 
-__all__ = ["ConfigError", "FaultSpec", "Run", "RunConfig", "RunFailed", "RunResult", "WorkbenchError",
+__all__ = ["ConfigError", "FaultSpec", "Run", "RunConfig", "RunResult", "WorkbenchError",
            "load_results", "run", "start"]
 __version__ = "0.1.0"

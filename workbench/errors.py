@@ -19,15 +19,6 @@ class ConfigError(WorkbenchError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
-class RunFailed(WorkbenchError):
-    """A run ended without completing (a fault its strategy could not recover, or a rank error)."""
-
-    def __init__(self, reason: str, result: object | None = None) -> None:
-        self.reason = reason
-        self.result = result
-        super().__init__(reason)
-
-
 class RunStartError(WorkbenchError):
     """The rank processes could not be started or did not report in time."""
 
