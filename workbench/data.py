@@ -8,7 +8,6 @@ regains ranks therefore still walks the same data in the same order, and a resta
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,10 +129,3 @@ def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:
     """Rank ``rank``'s contiguous share of a global batch split over ``size`` ranks (sizes differ by <= 1)."""
     return np.array_split(indices, size)[rank]
 
-
-def accepts(func: object, name: str) -> bool:
-    try:
-        params = inspect.signature(func).parameters  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import OrderedDict
 
@@ -9,7 +10,6 @@ import torch
 from torch import nn
 
 from workbench.config import RunConfig, resolve_callable
-from workbench.data import accepts
 from workbench.errors import ConfigError
 
 
@@ -50,3 +50,11 @@ def build_model(config: RunConfig, input_shape: tuple[int, ...], num_classes: in
     if not isinstance(model, nn.Module):
         raise ConfigError("model", f"{config.model!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def accepts(func: object, name: str) -> bool:
+    try:
+        params = inspect.signature(func).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -36,7 +36,8 @@ from torch import nn
 
 from workbench.rank.comm import Comm
 
-STATS_SLOTS = 5  # loss sum, correct predictions, samples, guard alarms, spike alarms (soft_errors.py)
+ALARM_SLOTS = 2  # guard and spike alarms of the soft-error detectors (soft_errors.py), last in the stats
+STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then the alarms
 
 
 @dataclass

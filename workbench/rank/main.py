@@ -34,7 +34,7 @@ from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
-from workbench.rank.data_parallel import DataParallel, _clone_state
+from workbench.rank.data_parallel import ALARM_SLOTS, STATS_SLOTS, DataParallel, _clone_state
 from workbench.rank.recovery import InFlight, most_advanced
 from workbench.rank.soft_errors import Detected, Detectors, Injector
 
@@ -185,8 +185,9 @@ class Trainer:
         step = self.inflight.step
         if self.detectors.active:
             if bucket.index == 0:
-                self.detectors.check_alarms(bucket.buffer[-2:], step)
-            self.detectors.check_reduced(bucket.buffer[: -5 if bucket.index == 0 else None], bucket.names, step)
+                self.detectors.check_alarms(bucket.buffer[-ALARM_SLOTS:], step)
+            gradients = bucket.buffer[:-STATS_SLOTS] if bucket.index == 0 else bucket.buffer
+            self.detectors.check_reduced(gradients, bucket.names, step)
         self.injector.into_bucket("grad_local", step, bucket.names, bucket.views)
 
     def _recover_soft(self, detected: Detected) -> None:

@@ -35,7 +35,6 @@ import torch
 from workbench.config import FaultSpec, RunConfig
 from workbench.faults.bitflip import Flip, apply_masks, width
 
-ALARM_SLOTS = 2  # guard, spike
 SPIKE_MARGIN = 1.0  # nats of cross-entropy a spike must also exceed the recent median by
 
 
@@ -124,7 +123,7 @@ class Detectors:
         self.spike_factor = config.spike_factor
         self.every = config.detect_every
         self.model = model
-        self.params = [p for p in model.parameters()]
+        self.params = list(model.parameters())
         self.recent: deque[float] = deque(maxlen=20)
         # steps whose alarm came back after a rollback: training is deterministic, so such an alarm is not a
         # transient soft error; those steps are let through instead of rolling back forever
