@@ -136,9 +136,10 @@ class Run:
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
           on_event: Listener | None = None, **overrides: Any) -> Run:
     """Validate the configuration (errors before any process starts) and start the run in the background."""
-    from workbench.faults.targets import check_flip_targets
+    from workbench.faults.targets import check_flip_targets, check_model
 
     config = _as_config(config, overrides)
+    check_model(config)
     check_flip_targets(config, [f for f in config.faults if getattr(f, "kind", None) == "flip"])
     return Run(config, out=out, on_event=on_event)
 
