@@ -101,7 +101,8 @@ class RunResult:
             f.attrs["summary"] = json.dumps(self.summary)
             group = f.create_group("metrics")
             for column in METRIC_COLUMNS:
-                group.create_dataset(column, data=np.array([r[column] for r in self.metrics], dtype=np.float64))
+                values = [r.get(column, np.nan) for r in self.metrics]
+                group.create_dataset(column, data=np.array(values, dtype=np.float64))
             f.create_dataset("events", data=[json.dumps(e) for e in self.events], dtype=text)
             f.create_dataset("failures", data=[json.dumps(e) for e in self.failures], dtype=text)
         os.replace(tmp, path)

@@ -193,9 +193,8 @@ class Supervisor:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         first = [self._spawn(label) for label in range(self.config.world_size)]
-        for _ in range(self.config.warm_spares):
-            self._spawn(None)
-        self._wait_ready(first)
+        spares = [self._spawn(None) for _ in range(self.config.warm_spares)]
+        self._wait_ready(first + spares)  # a spare is warm from the first step: regrow timing does not vary
         self.status.update(state="running")
         self._new_generation(list(range(self.config.world_size)), source=0, resume=self._resume_path)
 
@@ -203,12 +202,13 @@ class Supervisor:
         deadline = time.monotonic() + self.config.startup_timeout
         while not all(w.ready for w in workers):
             if time.monotonic() > deadline:
-                missing = [w.label for w in workers if not w.ready]
+                missing = [w.label if w.label is not None else "spare" for w in workers if not w.ready]
                 raise RunStartError(f"ranks {missing} were not ready within {self.config.startup_timeout:g} s")
             self._poll(0.05)
             for w in workers:
                 if w.proc.poll() is not None and not w.ready:
-                    raise RunStartError(f"rank {w.label} exited during start-up with code {w.proc.returncode}"
+                    who = f"rank {w.label}" if w.label is not None else "a warm spare"
+                    raise RunStartError(f"{who} exited during start-up with code {w.proc.returncode}"
                                         + (f" (see {self.log_dir}/spawn{w.spawn_id}.log)" if self.log_dir else ""))
             if self._outcome:
                 raise RunStartError(self._outcome[1])

@@ -32,6 +32,7 @@ exact-mean-after-one-cycle property needs a power of two.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 
 from workbench.data import LocalPartition
 from workbench.rank import state as st
+from workbench.rank.comm import Comm
 from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
 from workbench.rank.main import BaseTrainer
 from workbench.rank.recovery import InFlight
@@ -80,6 +82,43 @@ def gossip_average(current: torch.Tensor, sent: torch.Tensor, pair_sum: torch.Te
     return (current - sent) + 0.5 * pair_sum
 
 
+class PairExchange:
+    """The exchange of one flat state vector (parameters and history) with a partner.
+
+    ``start`` sends what the vector is now and begins the pair's allreduce (non-blocking); ``finish`` waits and
+    applies :func:`gossip_average` to whatever the vector has become meanwhile (the local update). ``blocking``
+    is the synchronous variant: exchange now, then ``θ ← ½(θ + θ_partner)``. ``read``/``write`` give and take the
+    flat vector.
+    """
+
+    def __init__(self, comm: Comm, read: Callable[[], torch.Tensor], write: Callable[[torch.Tensor], None]) -> None:
+        self.comm = comm
+        self.read = read
+        self.write = write
+        self.sent: torch.Tensor | None = None
+        self.summed: torch.Tensor | None = None
+        self.work: dist.Work | None = None
+
+    def start(self, partner: int) -> tuple[int, int]:
+        """Begin the exchange; returns the (messages, bytes) this rank sends for it."""
+        self.sent = self.read()
+        self.summed = self.sent.clone()
+        self.work = self.comm.link(partner).group.allreduce([self.summed])
+        return ring_allreduce_traffic([self.sent.numel() * self.sent.element_size()], 2)
+
+    def finish(self) -> None:
+        self.comm.wait(self.work)
+        self.write(gossip_average(self.read(), self.sent, self.summed))
+        self.sent = self.summed = self.work = None
+
+    def blocking(self, partner: int) -> tuple[int, int]:
+        mine = self.read()
+        summed = mine.clone()
+        self.comm.wait(self.comm.link(partner).group.allreduce([summed]))
+        self.write(0.5 * summed)
+        return ring_allreduce_traffic([mine.numel() * mine.element_size()], 2)
+
+
 class GossipTrainer(BaseTrainer):
     def __init__(self, config: Any, channel: Any, store: dist.Store, checkpoint_dir: Any) -> None:
         super().__init__(config, channel, store, checkpoint_dir)
@@ -88,9 +127,9 @@ class GossipTrainer(BaseTrainer):
         self.optimizer = make_optimizer(config.optimizer, self.params, config.lr, config.momentum)
         st.init_history(self.optimizer)
         self.injector = Injector(self.model, self._report_flip)
+        self.exchange = PairExchange(self.comm, self._flat, self._unflat)
         self.schedule: GossipSchedule | None = None
         self.partition: LocalPartition | None = None
-        self._pending: list[dist.Work] = []
 
     # -- state --------------------------------------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:
@@ -127,7 +166,6 @@ class GossipTrainer(BaseTrainer):
         started = time.monotonic()
         recovery = a.get("recovery")
         self.injector.set(self._set_faults(a))
-        self._pending = []
         self.comm.join(a)
         source = a["source"]
         if a.get("resume") or recovery == "reinit":
@@ -187,14 +225,9 @@ class GossipTrainer(BaseTrainer):
         batch = self.partition.next_batch()
         messages, sent_bytes = 0, 0
         pending: list[dist.Work] = []
-        sent = summed = None
-        if partner is not None and not self.config.gossip_sync:
-            sent = self._flat()
-            summed = sent.clone()  # the pair's sum: an allreduce over the two-member link
-            link = self.comm.link(partner)
-            pending.append(link.group.allreduce([summed]))
-            m, b = ring_allreduce_traffic([sent.numel() * sent.element_size()], 2)
-            messages, sent_bytes = messages + m, sent_bytes + b
+        overlapped = partner is not None and not self.config.gossip_sync
+        if overlapped:
+            messages, sent_bytes = self.exchange.start(partner)
         shuffle_in = None
         if self.config.shuffle == "ring" and self.comm.size > 1:
             right, left = (self.comm.rank + 1) % self.comm.size, (self.comm.rank - 1) % self.comm.size
@@ -205,7 +238,6 @@ class GossipTrainer(BaseTrainer):
             for _, post in sorted(ops, key=lambda op: op[0]):  # by root: the same order on both ends of a link
                 pending.append(post())
             messages, sent_bytes = messages + 1, sent_bytes + shuffle_out.numel() * 8
-        self._pending = pending
         self._fault_point()  # a planned fault lands with this step's exchange under way
 
         indices = torch.from_numpy(batch)
@@ -220,19 +252,13 @@ class GossipTrainer(BaseTrainer):
         self.step = step + 1  # the local update is in: a failed exchange below only loses the average
         self.inflight = None
 
+        if overlapped:
+            self.exchange.finish()
+        elif partner is not None:
+            m, b = self.exchange.blocking(partner)
+            messages, sent_bytes = messages + m, sent_bytes + b
         for work in pending:
             self.comm.wait(work)
-        self._pending = []
-        if partner is not None:
-            if self.config.gossip_sync:
-                mine = self._flat()
-                summed = mine.clone()
-                self.comm.wait(self.comm.link(partner).group.allreduce([summed]))
-                m, b = ring_allreduce_traffic([mine.numel() * mine.element_size()], 2)
-                messages, sent_bytes = messages + m, sent_bytes + b
-                self._unflat(0.5 * summed)
-            else:
-                self._unflat(gossip_average(self._flat(), sent, summed))
         if shuffle_in is not None:
             self.partition.replace(shuffle_in.numpy())
         else:

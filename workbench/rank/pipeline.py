@@ -207,6 +207,9 @@ class PipelineTrainer(BaseTrainer):
         self.stage_comm: Comm | None = None
         self.pre_update: dict[str, Any] | None = None  # hybrid shrink: this step's state before its update
         self.keep_pre_update = config.parallelism == "hybrid" and config.strategy == "shrink"
+        # the stage is known only at the first generation; building an optimizer the first time imports a few
+        # seconds of torch machinery: pay that now, during start-up, not inside the first join
+        make_optimizer(config.optimizer, [nn.Parameter(torch.zeros(1))], config.lr, config.momentum)
 
     # -- the stage this process holds ---------------------------------------------------------------------------
     def _take_stage(self, stage: int) -> None:
