@@ -106,7 +106,8 @@ def test_gossip_shrink_goes_on_with_three_and_says_how(tmp_path):
                for e in result.events)
     distances = [r["consensus_distance"] for r in result.metrics]
     assert all(math.isfinite(d) and d >= 0 for d in distances)
-    assert {r["messages"] for r in result.metrics} <= {2, 3}, "O(1): the exchange and the shuffle, any world size"
+    # O(1): the exchange (2 half-messages) and the shuffle whatever the world size; an idle member only shuffles
+    assert {r["messages"] for r in result.metrics} <= {1, 3}
 
 
 def test_gossip_regrow_gives_the_replacement_a_peer_s_state(tmp_path):

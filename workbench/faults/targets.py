@@ -61,3 +61,16 @@ def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:
         if f.bit is not None and f.bit >= width(tensor.dtype):
             raise ConfigError("fault", f"{f}: bit {f.bit} is out of range for {str(tensor.dtype)[6:]}: allowed "
                               f"0..{width(tensor.dtype) - 1} (LSB-0)")
+
+
+def rank_holding(config: RunConfig, name: str) -> int:
+    """The first rank whose model holds parameter or module ``name``: rank 0 for data-parallel and gossip runs
+    (every rank a replica), the first replica of the stage that holds it in pipeline and hybrid runs."""
+    if config.parallelism not in ("pipeline", "hybrid"):
+        return 0
+    for stage in range(config.pipeline_stages):
+        rank = stage * config.replicas
+        params, modules = model_tensors(config, rank)
+        if name in params or name in modules:
+            return rank
+    raise ConfigError("fault", f"{name!r} is neither a parameter nor a module of the model")
