@@ -45,7 +45,6 @@ from workbench.rank import state as st
 from workbench.rank.comm import Comm
 from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
 from workbench.rank.main import BaseTrainer
-from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Injector
 
 ORDER_SEED = 0x905519  # partner orders depend on the run's seed and this constant only
@@ -216,11 +215,7 @@ class GossipTrainer(BaseTrainer):
 
     # -- one step -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
-        step = self.step
-        started = time.perf_counter()
-        self.inflight = InFlight(step, self.comm.rank, self.comm.size)
-        self._take_live_faults()
-        self.injector.at_step_start(step, self.optimizer_state_of)
+        step, started = self._begin_step()
         partner = self.schedule.partner(step, self.comm.rank)
         batch = self.partition.next_batch()
         messages, sent_bytes = 0, 0
@@ -278,12 +273,7 @@ class GossipTrainer(BaseTrainer):
             started += time.perf_counter() - measured  # a measurement, not part of the step
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
         self._report_step(step, stats, started, extra=extra, evaluation=evaluation)
-        every = self.config.checkpoint_every
-        if every and self.step % every == 0:
-            if self.config.strategy == "reinit":
-                self.memory_snapshot = self._state_bytes()
-            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
-                self._write_checkpoint()
+        self._replica_snapshot()
 
     def consensus(self, stats: torch.Tensor) -> tuple[float, torch.Tensor]:
         """Mean L2 distance of the replicas' parameters to their mean, and the stats summed over all replicas."""

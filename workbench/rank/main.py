@@ -114,6 +114,29 @@ class BaseTrainer:
             live, self.channel.live_faults[:] = list(self.channel.live_faults), []
             self.injector.pending += [FaultSpec.parse(f) for f in live]
 
+    def _begin_step(self) -> tuple[int, float]:
+        """Mark the step in flight and fire the flips due at its start; returns (step, start time)."""
+        self.inflight = InFlight(self.step, self.comm.rank, self.comm.size)
+        self._take_live_faults()
+        self.injector.at_step_start(self.step, self.optimizer_state_of)
+        return self.step, time.perf_counter()
+
+    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _replica_snapshot(self) -> None:
+        """Every ``checkpoint_every`` steps of a replicated mode: reinit keeps this replica's state in memory,
+        checkpoint_restart has rank 0 write its replica to HDF5."""
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
+            if self.config.strategy == "reinit":
+                self.memory_snapshot = self._state_bytes()
+            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
+                self._write_checkpoint()
+
+    def _state_bytes(self) -> bytes:
+        raise NotImplementedError
+
     # -- reports ------------------------------------------------------------------------------------------------
     def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,
                      evaluation: dict[str, float] | None = None) -> None:
@@ -359,11 +382,7 @@ class Trainer(BaseTrainer):
 
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
-        step = self.step
-        started = time.perf_counter()
-        self.inflight = InFlight(step, self.comm.rank, self.comm.size)
-        self._take_live_faults()
-        self.injector.at_step_start(step, self.dp.optimizer_state_of)
+        step, started = self._begin_step()
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.x_train[indices], self.data.y_train[indices]
         self.model.train()
@@ -384,15 +403,13 @@ class Trainer(BaseTrainer):
         self._report_step(step, stats, started, evaluation=evaluation)
         if self.detectors.active and self.step % self.detectors.every == 0:
             self._verify_replicas()
-        every = self.config.checkpoint_every
-        if every and self.step % every == 0:
-            if self.config.strategy == "reinit":
-                self.memory_snapshot = self._state_bytes()
-            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
-                self._write_checkpoint()
+        self._replica_snapshot()
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}, self.dp.named_optimizer_state()
+
+    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
+        return self.dp.optimizer_state_of(name)
 
 
 def trainer_class(config: RunConfig) -> type[BaseTrainer]:

@@ -49,7 +49,6 @@ from workbench.rank import state as st
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
 from workbench.rank.main import BaseTrainer
-from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Injector
 
 
@@ -328,11 +327,7 @@ class PipelineTrainer(BaseTrainer):
 
     # -- one step -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
-        step = self.step
-        started = time.perf_counter()
-        self.inflight = InFlight(step, self.comm.rank, self.comm.size)
-        self._take_live_faults()
-        self.injector.at_step_start(step, self.optimizer_state_of)
+        step, started = self._begin_step()
         lanes = np.array_split(self.batches(step), self.layout.lanes)
         micro = [np.array_split(lane, self.config.micro_batches) for lane in lanes]
         self.grads.zero_()
