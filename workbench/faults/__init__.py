@@ -4,7 +4,7 @@ from workbench.faults.bitflip import Flip, bit_field, flip, inject, replay
 from workbench.faults.campaign import campaign
 from workbench.faults.hdf5 import alter_checkpoint, compare_checkpoints, replay_checkpoint
 from workbench.faults.outcomes import classify
-from workbench.faults.sensitivity import bit_sensitivity, outcome_shares
+from workbench.faults.sensitivity import bit_sensitivity, load_trials, outcome_shares, save_trials
 
 __all__ = ["Flip", "alter_checkpoint", "bit_field", "bit_sensitivity", "campaign", "classify", "compare_checkpoints",
-           "flip", "inject", "outcome_shares", "replay", "replay_checkpoint"]
+           "flip", "inject", "load_trials", "outcome_shares", "replay", "replay_checkpoint", "save_trials"]
