@@ -52,8 +52,9 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
             found.append(("Strategy trade-off: accuracy lost vs runtime overhead (mean ± sd over points)",
                           plots.strategy_tradeoff(usable, strategy="strategy_label")))
     if "config.strategy" in done.columns and "n_failures" in done.columns:
-        faulty = done[done.n_failures.fillna(0) > 0]
-        for label, rows in faulty.groupby([strategy_label(r) for _, r in faulty.iterrows()], sort=True):
+        faulty = done[done.n_failures.fillna(0) > 0].copy()
+        faulty["strategy_label"] = [strategy_label(r) for _, r in faulty.iterrows()]
+        for label, rows in faulty.groupby("strategy_label", sort=True):
             first = rows.iloc[0]
             fig = plots.recovery_timeline(RunResult.load(first.path))
             fig.update_layout(title=f"{label}: ranks over the run ({first.point})")

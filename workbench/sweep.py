@@ -65,9 +65,12 @@ def parse_value(text: str) -> Any:
     import yaml
 
     try:
-        return yaml.safe_load(text) if text.strip() else text
+        value = yaml.safe_load(text) if text.strip() else text
     except yaml.YAMLError:
         return text
+    if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value):
+        return float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string
+    return value
 
 
 def point_id(point: Mapping[str, Any]) -> str:
@@ -426,9 +429,22 @@ def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
     spec = json.loads(sweep_file.read_text())
     rows = [_row(directory, p["id"], p["parameters"]) for p in spec["points"]]
     frame = pd.DataFrame(rows)
-    save_table(frame, directory / TABLE_FILE, notebook=spec["notebook"],
+    save_table(frame, directory / TABLE_FILE, notebook=spec["notebook"], signature=_signature(directory),
                parameters=sorted({k for p in spec["points"] for k in p["parameters"]}))
     return frame
+
+
+def _signature(directory: Path) -> list[list[Any]]:
+    """(name, size, mtime) of the files the table is built from: a table with another signature is stale."""
+    files = [directory / SWEEP_FILE, *directory.glob(f"*/{POINT_FILE}"), *directory.glob(f"*/{RESULT_FILE}")]
+    found = []
+    for path in sorted(files):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        found.append([str(path.relative_to(directory)), stat.st_size, stat.st_mtime_ns])
+    return found
 
 
 def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
@@ -437,19 +453,20 @@ def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
     not run yet), ``error``, ``point_wall_s``, ``notebook`` and ``path`` (executed notebook and ``result.h5``),
     and the run's summary (``final_test_accuracy``, ``steps_redone_total``, ``samples_lost_total``,
     ``n_failures``, ``overhead_s``, ``config.*`` ...; a summary key equal to a parameter name gets a ``result.``
-    prefix). Read from ``DIR/results.h5``, rebuilt from the points when it is missing or older than any of them.
+    prefix). Read from ``DIR/results.h5``; rebuilt from the points (and rewritten) when it is missing or stale —
+    when any ``point.json`` or ``result.h5`` was added, removed or changed since it was written.
     """
     directory = Path(directory)
     table = directory / TABLE_FILE
     if not (directory / SWEEP_FILE).is_file():
         raise ResultsError(f"{directory} is not a sweep directory (no {SWEEP_FILE})")
-    try:
-        newest = max(p.stat().st_mtime_ns for p in [directory / SWEEP_FILE, *directory.glob(f"*/{POINT_FILE}"),
-                                                     *directory.glob(f"*/{RESULT_FILE}")])
-        if table.is_file() and table.stat().st_mtime_ns >= newest:
-            return load_table(table)[0]
-    except (OSError, ResultsError):
-        pass
+    if table.is_file():
+        try:
+            frame, attrs = load_table(table)
+            if attrs.get("signature") == _signature(directory):
+                return frame
+        except ResultsError:
+            pass
     return aggregate(directory)
 
 

@@ -62,16 +62,31 @@ def descendants(pid: int) -> list[tuple[int, int]]:
     return found
 
 
-def kill_all(processes: list[tuple[int, int]]) -> None:
-    """SIGKILL each (pid, start time) still alive with that start time (a reused pid is left alone)."""
+def alive(pid: int, started: int) -> bool:
+    """The process (pid, start time) exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] not in ("Z", "X") and int(fields[19]) == started
+
+
+def kill_all(processes: list[tuple[int, int]], wait: float = 5.0) -> list[tuple[int, int]]:
+    """SIGKILL each (pid, start time) still alive (a reused pid is left alone), then wait up to ``wait`` seconds
+    until they are gone; returns those still alive (none, unless a process is stuck in the kernel)."""
     for pid, started in processes:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[19]) != started:
-                    continue
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            pass
+        if alive(pid, started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    deadline = time.monotonic() + wait
+    left = [p for p in processes if alive(*p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [p for p in left if alive(*p)]
+    return left
 
 
 class Worker:
