@@ -162,7 +162,7 @@ def test_report_picks_the_figures_that_fit(tmp_path):
     page = report(tmp_path / "s", out=tmp_path / "r.html").read_text()
     for title in ("Strategy trade-off", "Recovery timeline: checkpoint_restart", "Recovery timeline: shrink",
                   "Bit sensitivity (8 trials from 1 points)", "Gossip vs allreduce"):
-        assert f"<h2>{title}" in page, title
+        assert f"<h3>{title}" in page, title
     assert page.count("<tr class=\"completed\">") == len(ids)
     assert page.count("Plotly.newPlot") == 6 and "<script src=" not in page  # plotly.js inlined, once
     assert page.count("/**\n* plotly.js") == 1

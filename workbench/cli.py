@@ -209,11 +209,13 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")
     sweep.add_argument("--dry-run", action="store_true", help="print the points and which would run, run nothing")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
-    report = sub.add_parser("report", help="one self-contained HTML page of a sweep's figures and points",
-                            description="Render the plotly figures that fit the sweep in DIR (strategy trade-off, "
-                            "bit sensitivity, gossip vs allreduce, recovery timelines) and its table of points.")
-    report.add_argument("directory", type=Path)
-    report.add_argument("--out", type=Path, help="HTML file (default DIR/report.html)")
+    report = sub.add_parser("report", help="one self-contained HTML page of sweeps' figures and points",
+                            description="Render the plotly figures that fit each sweep DIR (strategy trade-off, "
+                            "bit sensitivity, gossip vs allreduce, recovery timelines) and its table of points, "
+                            "into one page that needs no network.")
+    report.add_argument("directories", type=Path, nargs="+", metavar="DIR",
+                        help="sweep directories (one section each)")
+    report.add_argument("--out", type=Path, help="HTML file (default: report.html in the first DIR)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -255,7 +257,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from workbench.report import report
 
-    path = report(args.directory, out=args.out)
+    path = report(*args.directories, out=args.out)
     print(f"report: {path.resolve()}")
     return 0
 

@@ -117,33 +117,41 @@ table {{ border-collapse: collapse; font-size: 0.85em; }} td, th {{ border: 1px 
 tr.failed {{ background: #fdd; }} tr.pending {{ background: #eee; }} .figure {{ margin: 1.5em 0; }}
 </style></head><body>
 <h1>{title}</h1>
-<p>{summary}</p>
-{figures}
-<h2>Points</h2>
-<div style="overflow-x: auto">{table}</div>
+<p>Generated {generated}.</p>
+{sections}
 </body></html>
 """
 
 
-def report(directory: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """Write the sweep's report (default ``DIR/report.html``) and return its path."""
-    directory = Path(directory)
-    frame = load_sweep(directory)
-    out = Path(out) if out is not None else directory / "report.html"
-    spec = json.loads((directory / "sweep.json").read_text())
-    parameters = sorted({k for p in spec["points"] for k in p["parameters"]})
-    counts = frame.status.value_counts().to_dict()
-    parts = []
-    for i, (title, fig) in enumerate(figures(frame)):
-        div = fig.to_html(full_html=False, include_plotlyjs=i == 0, div_id=f"figure-{i}")
-        parts.append(f'<div class="figure"><h2>{html.escape(title)}</h2>{div}</div>')
-    if not parts:
-        parts.append("<p>No figure fits this sweep's columns (see <code>workbench.report</code>).</p>")
-    summary = (f"Notebook <code>{html.escape(spec['notebook'])}</code>, {len(frame)} points: "
-               + ", ".join(f"{n} {html.escape(str(s))}" for s, n in sorted(counts.items()))
-               + f". Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from <code>{html.escape(str(directory))}</code>.")
-    page = PAGE.format(title=html.escape(f"Sweep report: {directory.resolve().name}"), summary=summary,
-                       figures="\n".join(parts), table=_table(frame, parameters, out.resolve().parent))
+def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Write the report of one or more sweeps (default ``DIR/report.html`` of the first) and return its path.
+
+    Each sweep gets its own section — its figures, then its table of points (each point linked to its executed
+    notebook) — so figures never mix points of different notebooks."""
+    directories = [Path(d) for d in (directory, *more)]
+    out = Path(out) if out is not None else directories[0] / "report.html"
+    sections, k = [], 0
+    for d in directories:
+        frame = load_sweep(d)
+        spec = json.loads((d / "sweep.json").read_text())
+        parameters = sorted({key for p in spec["points"] for key in p["parameters"]})
+        counts = frame.status.value_counts().to_dict()
+        parts = [f"<h2>{html.escape(Path(spec['notebook']).stem)}: <code>{html.escape(str(d))}</code></h2>",
+                 f"<p>Notebook <code>{html.escape(spec['notebook'])}</code>, {len(frame)} points: "
+                 + ", ".join(f"{n} {html.escape(str(s))}" for s, n in sorted(counts.items())) + ".</p>"]
+        found = figures(frame)
+        for title, fig in found:
+            div = fig.to_html(full_html=False, include_plotlyjs=k == 0, div_id=f"figure-{k}")
+            parts.append(f'<div class="figure"><h3>{html.escape(title)}</h3>{div}</div>')
+            k += 1
+        if not found:
+            parts.append("<p>No figure fits this sweep's columns (see <code>workbench.report</code>).</p>")
+        parts.append(f'<h3>Points</h3><div style="overflow-x: auto">'
+                     f'{_table(frame, parameters, out.resolve().parent)}</div>')
+        sections.append("\n".join(parts))
+    name = ", ".join(d.resolve().name for d in directories)
+    page = PAGE.format(title=html.escape(f"Sweep report: {name}"), generated=time.strftime("%Y-%m-%d %H:%M:%S"),
+                       sections="\n".join(sections))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(page, encoding="utf-8")
