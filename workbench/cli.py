@@ -203,7 +203,8 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--grid", type=Path, help="YAML file: a mapping name: [values] (cartesian product) or a "
                        "list of mappings (points); combined with every -p point")
     sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
-    sweep.add_argument("--jobs", type=int, help="points at a time (default: 1.5 x cores / the points' world_size)")
+    sweep.add_argument("--jobs", type=int, help="points at a time (default: min(cores, 2 x cores / the points' "
+                       "world_size), at least 1)")
     sweep.add_argument("--skip-failed", action="store_true", help="do not retry points that failed before")
     sweep.add_argument("--timeout", type=float, help="seconds a cell may run before its point fails")
     sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")

@@ -1,8 +1,8 @@
 """A sweep worker: executes sweep points with papermill, one after another, in this process.
 
-Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD`` in a session of its
-own (one worker per job slot, so papermill's imports — 2–3 s on this machine — are paid once per worker, not once
-per point). Protocol:
+Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD --parent PID``, in a
+session of its own, one worker per job slot (so papermill's imports — 2–3 s on this machine — are paid once per
+worker, not once per point); it gets SIGTERM when the sweep's process dies. Protocol:
 - stdin: one JSON line per point, ``{"id", "dir", "notebook", "parameters", "kernel_name", "timeout"}``; EOF ends
   the worker.
 - file descriptor FD: JSON lines ``{"id", "event": "start"}``, ``{"id", "event": "cell", "index", "total"}``
@@ -103,9 +103,10 @@ class Worker:
             self.current_tmp.unlink(missing_ok=True)
         os._exit(128 + signum)
 
-    def serve(self) -> None:
+    def serve(self, parent: int | None = None) -> None:
         signal.signal(signal.SIGTERM, self.terminate)
         signal.signal(signal.SIGINT, self.terminate)
+        _die_with_parent(parent)
         _register_engine(self)
         for line in sys.stdin:
             if line.strip():
@@ -180,9 +181,22 @@ def _register_engine(worker: Worker) -> None:
     papermill_engines.register(ENGINE, Engine)
 
 
+def _die_with_parent(parent: int | None) -> None:
+    """SIGTERM this worker when the sweep's process dies, even by SIGKILL (Linux parent-death signal)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    Worker(int(argv[argv.index("--events") + 1])).serve()
+    parent = int(argv[argv.index("--parent") + 1]) if "--parent" in argv else None
+    Worker(int(argv[argv.index("--events") + 1])).serve(parent)
 
 
 if __name__ == "__main__":
