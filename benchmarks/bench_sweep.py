@@ -4,8 +4,9 @@ Points: ``notebooks/permanent_faults.ipynb``, strategy shrink / rollback / forwa
 point a no-fault run and a run that loses one rank (``--world-size``, ``--steps``). The loop runs
 ``papermill IN OUT -p ... -p out DIR`` once per point, one after the other; the sweep runs the same points in a
 fresh directory (its default ``--jobs`` unless given). Both must leave 8 ``result.h5``. Rounds alternate which
-side goes first. Prints one JSON line: both wall times per round, their medians and the ratio sweep / loop
-(aim ≤ 0.6). Usage: python benchmarks/bench_sweep.py [--world-size 2] [--steps 150] [--jobs N] [--rounds 1]
+side goes first. Prints one JSON line: both wall times per round, their medians, the ratio sweep / loop
+(aim ≤ 0.6) and the CPU seconds per point of each side (all descendant processes).
+Usage: python benchmarks/bench_sweep.py [--world-size 2] [--steps 150] [--jobs N] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,6 +30,12 @@ GRID = {"strategy": ["shrink", "rollback", "forward", "reinit"], "seed": [0, 1]}
 
 def points(fixed: dict[str, object]) -> list[dict[str, object]]:
     return [{"strategy": s, "seed": seed, **fixed} for s in GRID["strategy"] for seed in GRID["seed"]]
+
+
+def children_cpu() -> float:
+    """CPU seconds of every finished descendant (kernels and ranks are reaped by their parents, so they count)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def papermill_loop(work: Path, fixed: dict[str, object]) -> float:
@@ -68,22 +76,25 @@ def main() -> None:
     from workbench.sweep import default_jobs, notebook_parameters
 
     jobs = args.jobs or default_jobs(points(fixed), notebook_parameters(NOTEBOOK))
-    loop_s, sweep_s = [], []
+    loop_s, sweep_s, cpu = [], [], {"loop": 0.0, "sweep": 0.0}
     for r in range(args.rounds):
         work = Path(tempfile.mkdtemp(prefix="bench_sweep-"))
         try:
             for side in ("loop", "sweep") if r % 2 == 0 else ("sweep", "loop"):
+                before = children_cpu()
                 if side == "loop":
                     loop_s.append(papermill_loop(work / "loop", fixed))
                 else:
                     sweep_s.append(workbench_sweep(work / "sweep", fixed, args.jobs))
+                cpu[side] += children_cpu() - before
         finally:
             shutil.rmtree(work, ignore_errors=True)
     loop, sweep = statistics.median(loop_s), statistics.median(sweep_s)
     print(json.dumps({"bench": "sweep", "notebook": NOTEBOOK.name, "points": 8, **fixed, "jobs": jobs,
                       "cores": os.cpu_count(), "papermill_loop_s": [round(v, 2) for v in loop_s],
                       "sweep_s": [round(v, 2) for v in sweep_s], "papermill_loop_median_s": round(loop, 2),
-                      "sweep_median_s": round(sweep, 2), "ratio": round(sweep / loop, 3), "aim": 0.6}))
+                      "sweep_median_s": round(sweep, 2), "ratio": round(sweep / loop, 3), "aim": 0.6,
+                      "cpu_s_per_point": {k: round(v / (8 * args.rounds), 2) for k, v in cpu.items()}}))
 
 
 if __name__ == "__main__":
