@@ -175,6 +175,8 @@ def test_report_picks_the_figures_that_fit(tmp_path):
     page = report(one).read_text()
     assert "Strategy trade-off" not in page and "Bit sensitivity" not in page and "Gossip" not in page
     assert "Recovery timeline: shrink" in page and page.count("<tr class=\"failed\">") == len(ids) - 1
+    both = report(tmp_path / "s", one, out=tmp_path / "both.html").read_text()  # one section per sweep
+    assert both.count("<h2>") == 2 and both.count("<h3>Points</h3>") == 2 and both.count("/**\n* plotly.js") == 1
 
 
 def test_report_cli_errors(tmp_path, capsys):

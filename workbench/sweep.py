@@ -287,8 +287,11 @@ class _WorkerProc:
     def submit(self, task: dict[str, Any]) -> None:
         self.task = task
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(task) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(task) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the worker died: its reader reports the exit, and the point is recorded as failed
+            pass
 
     def close(self) -> None:
         try:

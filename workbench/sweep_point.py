@@ -8,7 +8,8 @@ worker, not once per point); it gets SIGTERM when the sweep's process dies. Prot
 - file descriptor FD: JSON lines ``{"id", "event": "start"}``, ``{"id", "event": "cell", "index", "total"}``
   (a code or markdown cell starts), ``{"id", "event": "done", "status", "error"}``.
 - per point, in ``dir``: ``point.json`` (written atomically: ``running`` at the start, ``completed`` or ``failed``
-  with the error at the end), the executed notebook (executed under a hidden temporary name, renamed when papermill
+  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end), the
+  executed notebook (executed under a hidden temporary name, renamed when papermill
   returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
   of papermill). Files of an earlier attempt are removed first.
 - a point is ``completed`` when the notebook ran to its end and, if the notebook declares ``out``, wrote
@@ -132,6 +133,7 @@ class Worker:
         os.dup2(log.fileno(), 1)  # the kernel inherits these: its stray output lands in point.log
         os.dup2(log.fileno(), 2)
         t0 = time.monotonic()
+        cpu0 = _cpu()
         error = None
         try:
             papermill.execute_notebook(task["notebook"], str(tmp), parameters=task["parameters"], engine_name=ENGINE,
@@ -155,10 +157,20 @@ class Worker:
             self.current_tmp = None
         if error is None and "out" in task["parameters"] and not (directory / RESULT_FILE).is_file():
             error = f"the notebook completed but wrote no {RESULT_FILE} to out={task['parameters']['out']}"
+        cpu1 = _cpu()
         status.update(status="failed" if error else "completed", error=error, wall_s=round(time.monotonic() - t0, 3),
-                      finished=time.time())
+                      finished=time.time(), worker_cpu_s=round(cpu1[0] - cpu0[0], 3),
+                      kernel_cpu_s=round(cpu1[1] - cpu0[1], 3))
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="done", status=status["status"], error=error)
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this worker, and of its finished descendants (the kernel and the ranks it reaped)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def _register_engine(worker: Worker) -> None:
