@@ -1,44 +1,14 @@
 """The gradient exchange, in one process: ranks as threads over a HashStore (gloo works across threads)."""
 
 import copy
-import threading
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from ranks_in_threads import run_ranks
 
 from workbench.models import mlp
-from workbench.rank.comm import Comm
 from workbench.rank.data_parallel import DataParallel
-
-
-class FakeChannel:
-    latest_generation = None
-
-    def __init__(self):
-        self.wake = threading.Event()
-
-
-def run_ranks(size, body):
-    store = dist.HashStore()
-    results, errors = [None] * size, []
-
-    def worker(rank):
-        try:
-            comm = Comm(store, FakeChannel(), op_timeout=20)
-            comm.join({"gen": 0, "rank": rank, "size": size})
-            results[rank] = body(comm)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return results
 
 
 def step_once(comm, x, y, batch, cap_mb, launches, initial):

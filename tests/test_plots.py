@@ -56,3 +56,19 @@ def test_gossip_vs_allreduce_panels():
     assert len(fig.data) == 6 and {t.name for t in fig.data} == {"allreduce", "gossip"}
     two = plots.gossip_vs_allreduce(pd.DataFrame(rows).drop(columns="consensus_distance"))
     assert len(two.data) == 4
+
+
+def test_traffic_lines_per_parallelism():
+    rows = [{"parallelism": m, "world_size": p, "step": s, "messages": (2 * (p - 1) if m == "data" else 3),
+             "bytes_sent": 100.0 * p} for m in ("data", "gossip") for p in (2, 4, 8) for s in range(3)]
+    fig = plots.traffic(pd.DataFrame(rows))
+    data = {t.name: list(t.y) for t in fig.data if t.showlegend is not False}
+    assert data == {"data": [2, 6, 14], "gossip": [3, 3, 3]}
+
+
+def test_outcome_comparison_stacks_shares():
+    frame = pd.DataFrame({"parallelism": ["data"] * 4 + ["pipeline"] * 2, "target": ["weight"] * 6,
+                          "outcome": ["masked", "masked", "masked", "nonfinite", "degraded", "masked"]})
+    fig = plots.outcome_comparison(frame)
+    shares = {t.name: list(t.y) for t in fig.data}
+    assert shares == {"masked": [0.75, 0.5], "degraded": [0.0, 0.5], "nonfinite": [0.25, 0.0]}

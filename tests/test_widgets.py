@@ -52,3 +52,13 @@ def test_bad_configuration_shows_in_the_status_line():
     lab.regrow.value = True  # regrow does not combine with 'none'
     assert lab.start() is None and "regrow" in lab.status.value
     lab.close()
+
+
+def test_parallelism_is_chosen_in_the_panel_and_bad_choices_are_explained():
+    lab = Lab(world_size=3)
+    assert set(lab.parallelism.options) == {"data", "pipeline", "gossip", "hybrid"}
+    lab.parallelism.value = "gossip"
+    assert lab.start() is None  # nothing started
+    assert "not a power of two" in lab.status.value
+    lab.world_size.value = 2
+    assert lab.config().parallelism == "gossip"

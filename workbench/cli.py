@@ -35,6 +35,11 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--detect", "detect", str, "soft-error detectors, comma-separated: fingerprint, guard, spike"),
     ("--detect-every", "detect_every", int, "steps between fingerprints and verified snapshots"),
     ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
+    ("--parallelism", "parallelism", str, "data, pipeline (a stage per rank), gossip (GossipGraD), hybrid"),
+    ("--micro-batches", "micro_batches", int, "pipeline/hybrid: micro-batches per step (GPipe)"),
+    ("--pipeline-stages", "pipeline_stages", int, "hybrid: number of stages, each replicated over world/stages ranks"),
+    ("--shuffle", "shuffle", str, "gossip: ring (samples move between neighbours) or none"),
+    ("--consensus-every", "consensus_every", int, "gossip: steps between consensus-distance measurements"),
 ]
 
 
@@ -56,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                      " (repeatable)")
     run.add_argument("--regrow", action="store_true", default=argparse.SUPPRESS,
                      help="replace dead ranks (with shrink, rollback, forward)")
+    run.add_argument("--gossip-sync", action="store_true", default=argparse.SUPPRESS,
+                     help="gossip: blocking exchange after the update (default: overlapped with the step)")
     run.add_argument("--no-verify", dest="resume_verify", action="store_false", default=argparse.SUPPRESS,
                      help="resume from a checkpoint even if its checksums fail (altered checkpoints)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")

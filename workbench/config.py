@@ -31,6 +31,18 @@ DISTRIBUTIONS = ("exponential", "weibull")
 FAULT_KINDS = ("kill", "hang", "flip")
 FLIP_TARGETS = ("weight", "grad", "grad_local", "activation", "optimizer")
 DETECTORS = ("fingerprint", "guard", "spike")
+PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
+SHUFFLES = ("ring", "none")
+# which recovery strategies mean something in each parallel mode (DESIGN §4, §6; README "Parallel modes")
+PARALLEL_STRATEGIES = {
+    "data": STRATEGIES,
+    # a stage's layers live on one rank only: nothing to shrink to, no replica to roll back with
+    "pipeline": ("none", "checkpoint_restart", "reinit"),
+    # replicas differ by design: there is no collective step to roll back or finish lossily, only survivors
+    "gossip": ("none", "checkpoint_restart", "shrink", "reinit"),
+    # a replicated stage shrinks inside its stage group; a stage with no replica left needs a restart
+    "hybrid": ("none", "checkpoint_restart", "shrink", "reinit"),
+}
 MAX_WORLD_SIZE = 64
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -45,7 +57,7 @@ class FaultSpec:
     """
 
     kind: str
-    rank: int
+    rank: int | None  # None only for a flip that names its pipeline ``stage`` instead (resolved by RunConfig)
     step: int | None = None
     time: float | None = None
     # flip only: what is hit (see FLIP_TARGETS), the tensor (a named_parameters() name, or a module name for
@@ -55,6 +67,7 @@ class FaultSpec:
     index: int | None = None
     bit: int | None = None
     seed: int | None = None
+    stage: int | None = None  # pipeline/hybrid flips: the stage hit (its first replica unless rank= is given)
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -63,16 +76,19 @@ class FaultSpec:
             if self.target not in FLIP_TARGETS:
                 raise ConfigError("fault", f"flip target={self.target!r} is not known: "
                                   f"allowed {', '.join(FLIP_TARGETS)}")
-            if not self.tensor:
+            if not self.tensor and not (self.target == "activation" and self.stage is not None):
                 raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
-                                  "or a module name for target=activation)")
-            for key in ("index", "bit", "seed"):
+                                  "or a module name for target=activation; with stage=S an activation flip "
+                                  "defaults to the activation stage S sends to the next stage)")
+            for key in ("index", "bit", "seed", "stage"):
                 value = getattr(self, key)
                 if value is not None and (not isinstance(value, int) or value < 0):
                     raise ConfigError("fault", f"flip {key}={value!r} must be an integer >= 0")
-        elif any(v is not None for v in (self.target, self.tensor, self.index, self.bit, self.seed)):
+        elif any(v is not None for v in (self.target, self.tensor, self.index, self.bit, self.seed, self.stage)):
             raise ConfigError("fault", f"{self.kind} takes rank and step or time only")
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
+        if self.rank is None and self.stage is None:
+            raise ConfigError("fault", f"{self.kind} names no rank (rank=R)")
+        if self.rank is not None and (not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0):
             raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
         if (self.step is None) == (self.time is None):
             raise ConfigError("fault", f"{self.kind}:rank={self.rank} needs exactly one of step=N or time=SECONDS")
@@ -92,17 +108,19 @@ class FaultSpec:
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             key = key.strip()
-            allowed = ("rank", "step", "time", "target", "tensor", "index", "bit", "seed")
+            allowed = ("rank", "step", "time", "target", "tensor", "index", "bit", "seed", "stage")
             if not eq or key not in allowed or (kind.strip() != "flip" and key not in allowed[:3]):
                 raise ConfigError("fault", f"{item!r} in {text!r} is not one of rank=R, step=S, time=T"
-                                  + (", target=, tensor=, index=, bit=, seed=" if kind.strip() == "flip" else ""))
+                                  + (", target=, tensor=, index=, bit=, seed=, stage=" if kind.strip() == "flip"
+                                     else ""))
             try:
                 values[key] = float(value) if key == "time" else value.strip() if key in ("target", "tensor") \
                     else int(value)
             except ValueError:
                 raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a number") from None
-        if "rank" not in values:
+        if "rank" not in values and "stage" not in values:
             raise ConfigError("fault", f"{text!r} names no rank (rank=R)")
+        values.setdefault("rank", None)
         return cls(kind=kind.strip(), **values)
 
     @classmethod
@@ -120,9 +138,10 @@ class FaultSpec:
 
     def __str__(self) -> str:
         where = f"step={self.step}" if self.step is not None else f"time={self.time:g}"
-        extra = "".join(f",{k}={getattr(self, k)}" for k in ("target", "tensor", "index", "bit", "seed")
+        extra = "".join(f",{k}={getattr(self, k)}" for k in ("target", "tensor", "index", "bit", "seed", "stage")
                         if getattr(self, k) is not None)
-        return f"{self.kind}:rank={self.rank},{where}{extra}"
+        who = f"rank={self.rank}," if self.rank is not None else ""
+        return f"{self.kind}:{who}{where}{extra}"
 
 
 @dataclass(frozen=True)
@@ -225,6 +244,12 @@ class RunConfig:
     guard_limit: float = 1e4  # |weight|, |gradient| or |loss| beyond this counts as corrupt
     spike_factor: float = 10.0  # a loss this many times the recent median counts as a spike
     faults: list[FaultSpec | RandomFailures] = field(default_factory=list)
+    parallelism: str = "data"  # data, pipeline (one stage per rank), gossip (GossipGraD), hybrid (stages x replicas)
+    micro_batches: int = 4  # pipeline/hybrid: micro-batches per step (GPipe)
+    pipeline_stages: int | None = None  # hybrid: number of stages (default 2); pipeline: world_size
+    gossip_sync: bool = False  # gossip: blocking exchange after the update instead of overlapping the step
+    shuffle: str = "ring"  # gossip: ring sample shuffle between neighbours, or none (fixed local partitions)
+    consensus_every: int = 1  # gossip: steps between measurements of the consensus distance (a measurement only)
     bucket_cap_mb: float = 1.0
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
@@ -284,10 +309,12 @@ class RunConfig:
             if bad:
                 raise ConfigError("resume", f"checkpoint {self.resume!r} fails its checksums in {', '.join(bad)} "
                                   "(resume_verify=False / --no-verify resumes from it anyway)")
+        self._check_parallelism()
         _positive("bucket_cap_mb", self.bucket_cap_mb)
         _positive("heartbeat_timeout", self.heartbeat_timeout)
         _positive("startup_timeout", self.startup_timeout)
         _positive("op_timeout", self.op_timeout)
+        self.faults = [self._resolve_stage(f) for f in self.faults]
         for fault in self.faults:
             if isinstance(fault, RandomFailures):
                 continue
@@ -297,6 +324,77 @@ class RunConfig:
                     f"has ranks 0..{self.world_size - 1}")
             if fault.step is not None and fault.step >= self.steps:
                 raise ConfigError("fault", f"{fault} is at step {fault.step} but the run has steps 0..{self.steps - 1}")
+
+    def _check_parallelism(self) -> None:
+        _choice("parallelism", self.parallelism, PARALLELISMS)
+        _choice("shuffle", self.shuffle, SHUFFLES)
+        _int_in("consensus_every", self.consensus_every, 1, 10_000_000)
+        if not isinstance(self.gossip_sync, bool):
+            raise ConfigError("gossip_sync", f"{self.gossip_sync!r} must be true or false")
+        mode = self.parallelism
+        if mode == "gossip" and (self.world_size < 2 or self.world_size & (self.world_size - 1)):
+            raise ConfigError("world_size", f"{self.world_size} is not a power of two: parallelism 'gossip' pairs "
+                              "rank r with rank r XOR 2^h (GossipGraD's hypercube); use 2, 4, 8, 16, 32 or 64")
+        if mode == "pipeline":
+            if self.pipeline_stages not in (None, self.world_size):
+                raise ConfigError("pipeline_stages", f"{self.pipeline_stages} != world_size={self.world_size}: "
+                                  "a pipeline has one stage per rank (replicated stages: parallelism 'hybrid')")
+            self.pipeline_stages = self.world_size
+            if self.world_size < 2:
+                raise ConfigError("world_size", "parallelism 'pipeline' needs at least 2 ranks (one stage each)")
+        elif mode == "hybrid":
+            if self.pipeline_stages is None:
+                self.pipeline_stages = 2
+            _int_in("pipeline_stages", self.pipeline_stages, 2, MAX_WORLD_SIZE)
+            if self.world_size % self.pipeline_stages or self.world_size == self.pipeline_stages:
+                raise ConfigError("pipeline_stages", f"{self.pipeline_stages} stages do not replicate over "
+                                  f"world_size={self.world_size}: hybrid needs world_size = stages x replicas with "
+                                  "at least 2 replicas (one replica per stage: parallelism 'pipeline')")
+        elif self.pipeline_stages is not None:
+            raise ConfigError("pipeline_stages", f"applies to parallelism 'hybrid' or 'pipeline', not {mode!r}")
+        if mode in ("pipeline", "hybrid"):
+            _int_in("micro_batches", self.micro_batches, 1, 4096)
+            lane = self.batch_size // self.replicas
+            if lane < self.micro_batches:
+                raise ConfigError("micro_batches", f"{self.micro_batches} micro-batches do not fit the "
+                                  f"{lane} samples each pipeline gets (batch_size {self.batch_size} / "
+                                  f"{self.replicas} replicas)")
+        allowed = PARALLEL_STRATEGIES[mode]
+        if self.strategy not in allowed:
+            why = {"pipeline": "a dead stage cannot be shrunk away or rolled back: no other rank holds its layers",
+                   "gossip": "gossip has no collective step to roll back or finish lossily",
+                   "hybrid": "a stage's replicas shrink; rollback/forward are data-parallel strategies"}[mode]
+            raise ConfigError("strategy", f"{self.strategy!r} does not apply to parallelism {mode!r} ({why}): "
+                              f"allowed {', '.join(allowed)}")
+        if mode != "data" and self.detect:
+            raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
+                              "takes bit flips without detectors (outcomes are classified against a golden run)")
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each pipeline stage: world_size / stages for hybrid, 1 for pipeline, world_size otherwise."""
+        if self.parallelism in ("pipeline", "hybrid") and self.pipeline_stages:
+            return self.world_size // self.pipeline_stages
+        return self.world_size
+
+    def stage_of(self, rank: int) -> int:
+        """Pipeline stage held by rank number ``rank`` (stable labels: stage s holds ranks s*R .. s*R+R-1)."""
+        return rank // self.replicas if self.parallelism in ("pipeline", "hybrid") else 0
+
+    def _resolve_stage(self, fault: FaultSpec | RandomFailures) -> FaultSpec | RandomFailures:
+        if not isinstance(fault, FaultSpec) or fault.stage is None:
+            return fault
+        if self.parallelism not in ("pipeline", "hybrid"):
+            raise ConfigError("fault", f"{fault} names a stage but parallelism {self.parallelism!r} has no stages")
+        if fault.stage >= self.pipeline_stages:
+            raise ConfigError("fault", f"{fault}: stage {fault.stage} is out of range: the pipeline has stages "
+                              f"0..{self.pipeline_stages - 1}")
+        if fault.rank is None:
+            return dataclasses.replace(fault, rank=fault.stage * self.replicas)
+        if fault.rank < self.world_size and self.stage_of(fault.rank) != fault.stage:
+            raise ConfigError("fault", f"{fault}: rank {fault.rank} holds stage {self.stage_of(fault.rank)}, "
+                              f"not stage {fault.stage}")
+        return fault
 
     # -- building -------------------------------------------------------------------------------------------
     @classmethod

@@ -129,3 +129,38 @@ def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:
     """Rank ``rank``'s contiguous share of a global batch split over ``size`` ranks (sizes differ by <= 1)."""
     return np.array_split(indices, size)[rank]
 
+
+
+class LocalPartition:
+    """GossipGraD's data layout (DESIGN §6): each rank owns a partition of the training set and trains on batches
+    of it; with the ring shuffle, the batch a rank just trained on moves to its right neighbour and the left
+    neighbour's batch takes its place, so the partitions mix along the ring without any rank holding it all.
+
+    The partitions are a seeded split of the training set over the generation's members (a new generation
+    re-shards: a dead rank's partition is not lost with it).
+    """
+
+    def __init__(self, n_train: int, position: int, size: int, batch: int, seed: int, generation: int) -> None:
+        perm = np.random.default_rng((seed, generation, 1)).permutation(n_train)
+        self.pool = np.array_split(perm, size)[position].copy()
+        if batch > len(self.pool):
+            raise ConfigError("batch_size", f"each rank's batch of {batch} exceeds its partition of {len(self.pool)}")
+        self.batch = batch
+        self.cursor = 0
+        self._rng = np.random.default_rng((seed, generation, 2, position))
+        self._rng.shuffle(self.pool)
+
+    def next_batch(self) -> np.ndarray:
+        """The sample indices of this step's batch (reshuffles the partition when a pass over it ends)."""
+        if self.cursor + self.batch > len(self.pool):
+            self._rng.shuffle(self.pool)
+            self.cursor = 0
+        return self.pool[self.cursor: self.cursor + self.batch].copy()
+
+    def replace(self, received: np.ndarray) -> None:
+        """Put the batch received from the left neighbour where this step's batch was, and move on."""
+        self.pool[self.cursor: self.cursor + self.batch] = received
+        self.cursor += self.batch
+
+    def skip(self) -> None:
+        self.cursor += self.batch

@@ -58,3 +58,53 @@ def accepts(func: object, name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def split_stages(model: nn.Module, stages: int) -> list[list[str]]:
+    """Split a ``nn.Sequential`` into ``stages`` contiguous runs of its top-level modules, balanced by parameters.
+
+    The split minimises the largest stage's parameter count (a small dynamic programme over the cut points),
+    and every stage holds at least one module with parameters. Returns the module names of each stage.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise ConfigError("model", f"pipeline parallelism splits an nn.Sequential by its top-level modules; the "
+                          f"model is a {type(model).__name__}")
+    names = [name for name, _ in model.named_children()]
+    weights = [sum(p.numel() for p in module.parameters()) for _, module in model.named_children()]
+    holders = sum(1 for w in weights if w > 0)
+    if holders < stages:
+        raise ConfigError("model", f"{holders} of its top-level modules hold parameters, too few for {stages} "
+                          "pipeline stages (each stage needs one): add layers (e.g. --hidden 128,64,64) or use "
+                          "fewer stages")
+    n = len(names)
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    holders_before = [0]
+    for w in weights:
+        holders_before.append(holders_before[-1] + (w > 0))
+    inf = float("inf")
+    # best[k][i]: the smallest possible largest stage when the first i modules form k stages
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0
+    for k in range(1, stages + 1):
+        for i in range(1, n + 1):
+            for j in range(k - 1, i):
+                if best[k - 1][j] == inf or holders_before[i] - holders_before[j] == 0:
+                    continue
+                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cost <= best[k][i]:  # ties: cut late, parameter-free modules (ReLU) stay with their layer
+                    best[k][i], cut[k][i] = cost, j
+    bounds, i = [], n
+    for k in range(stages, 0, -1):
+        bounds.append((cut[k][i], i))
+        i = cut[k][i]
+    return [names[a:b] for a, b in reversed(bounds)]
+
+
+def stage_module(model: nn.Module, names: list[str]) -> nn.Sequential:
+    """The modules ``names`` of ``model`` as one ``nn.Sequential`` that keeps their names (``fc2.weight`` ...),
+    so checkpoints, fault plans and bit flips use the whole model's names on every stage."""
+    children = dict(model.named_children())
+    return nn.Sequential(OrderedDict((name, children[name]) for name in names))

@@ -201,3 +201,41 @@ def gossip_vs_allreduce(frame: Any, group: str = "parallelism") -> go.Figure:
     fig.update_xaxes(title_text="seconds", row=1, col=2)
     fig.update_layout(template="plotly_white", title="gossip vs allreduce")
     return fig
+
+
+def traffic(frame: Any, group: str = "parallelism", size: str = "world_size") -> go.Figure:
+    """Messages and bytes one rank sends per step vs the number of ranks, one line per ``group`` (allreduce's
+    grow with p, gossip's stay flat). ``frame``: per-step rows with ``messages``, ``bytes_sent``, the group and
+    size columns (``load_results(..., metrics=True)``)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["messages per rank per step", "bytes per rank per step"])
+    palette = ["royalblue", "crimson", "seagreen", "darkorange"]
+    per_run = frame.dropna(subset=["messages"]).groupby([group, size])[["messages", "bytes_sent"]].median()
+    for k, (name, rows) in enumerate(per_run.reset_index().groupby(group)):
+        rows = rows.sort_values(size)
+        style = {"color": palette[k % len(palette)]}
+        fig.add_trace(go.Scatter(x=rows[size], y=rows.messages, mode="lines+markers", name=str(name),
+                                 legendgroup=str(name), line=style), 1, 1)
+        fig.add_trace(go.Scatter(x=rows[size], y=rows.bytes_sent, mode="lines+markers", name=str(name),
+                                 legendgroup=str(name), showlegend=False, line=style), 1, 2)
+    fig.update_xaxes(title_text="ranks p", type="log", dtick=0.30103)
+    fig.update_layout(template="plotly_white", title="communication per step (counted, not timed)")
+    return fig
+
+
+def outcome_comparison(frame: Any, group: str = "parallelism", by: str = "target") -> go.Figure:
+    """Share of each outcome (masked / degraded / nonfinite / crash) per ``group`` and ``by`` value, stacked: the
+    same injection campaign on two kinds of training side by side. ``frame``: rows of ``faults.campaign`` with
+    the ``group`` column added."""
+    colours = {"masked": "seagreen", "degraded": "darkorange", "nonfinite": "crimson", "crash": "black"}
+    counts = frame.groupby([group, by, "outcome"]).size()
+    totals = frame.groupby([group, by]).size()
+    labels = [f"{g} · {b}" for g, b in totals.index]
+    fig = go.Figure()
+    for outcome, colour in colours.items():
+        shares = [counts.get((g, b, outcome), 0) / totals[(g, b)] for g, b in totals.index]
+        if any(shares):
+            fig.add_trace(go.Bar(x=labels, y=shares, name=outcome, marker_color=colour,
+                                 hovertemplate="%{x}: %{y:.0%}<extra>" + outcome + "</extra>"))
+    fig.update_layout(barmode="stack", template="plotly_white", yaxis_title="share of injections",
+                      yaxis_tickformat=".0%", title=f"outcomes per {group} and {by}")
+    return fig

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 FORMAT = 1
 RESULT_FILE = "result.h5"
 METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "world_size",
-                  "generation", "step_time")
+                  "generation", "step_time", "messages", "bytes_sent", "consensus_distance")
 
 
 @dataclass
@@ -54,8 +54,8 @@ class RunResult:
             "world_size_final": sum(1 for w in sup.member_workers if w is not None),
             "generations": sup.gen + 1,
             "strategy": sup.config.strategy,
-            "replicas_identical": (len({w.fingerprint for w in sup.member_workers if w is not None}) == 1
-                                   if outcome == "completed" else None),
+            "parallelism": sup.config.parallelism,
+            "replicas_identical": _replicas_identical(sup) if outcome == "completed" else None,
             "wall_s": round(time.time() - sup.t0, 3),
             "train_s": round(sup.metrics[-1]["time"] - sup.metrics[0]["time"] + sup.metrics[0]["step_time"], 3)
             if sup.metrics else 0.0,
@@ -101,7 +101,8 @@ class RunResult:
             f.attrs["summary"] = json.dumps(self.summary)
             group = f.create_group("metrics")
             for column in METRIC_COLUMNS:
-                group.create_dataset(column, data=np.array([r[column] for r in self.metrics], dtype=np.float64))
+                values = [r.get(column, np.nan) for r in self.metrics]
+                group.create_dataset(column, data=np.array(values, dtype=np.float64))
             f.create_dataset("events", data=[json.dumps(e) for e in self.events], dtype=text)
             f.create_dataset("failures", data=[json.dumps(e) for e in self.failures], dtype=text)
         os.replace(tmp, path)
@@ -152,6 +153,15 @@ class RunResult:
         return (f"RunResult(outcome={s['outcome']!r}, steps={s['steps_completed']}, "
                 f"test_acc={acc if acc is None else round(acc, 4)}, world={s['world_size_initial']}->"
                 f"{s['world_size_final']}, failures={len(self.failures)}, wall_s={s['wall_s']})")
+
+
+def _replicas_identical(sup: Supervisor) -> bool:
+    """Whether the members holding the same parameters (all of them; a pipeline stage's replicas) agree bitwise."""
+    groups: dict[int, set[str | None]] = {}
+    for w in sup.member_workers:
+        if w is not None:
+            groups.setdefault(w.group, set()).add(w.fingerprint)
+    return all(len(prints) == 1 for prints in groups.values())
 
 
 def _plain(value: Any, column: str) -> Any:

@@ -26,14 +26,21 @@ _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 Listener = Callable[[str, dict[str, Any]], None]
 
 
+# settings whose default follows from others: re-derived when one of those is overridden
+_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
+            "pipeline_stages": ("parallelism", "world_size")}
+
+
 def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:
-    if config is None:
-        config = RunConfig()
-    if isinstance(config, dict):
-        config = RunConfig.from_dict(config)
-    if overrides:
-        config = RunConfig.from_dict({**config.to_dict(), **overrides})
-    return config
+    if config is None or isinstance(config, dict):
+        return RunConfig.from_dict({**(config or {}), **overrides})
+    if not overrides:
+        return config
+    base = config.to_dict()
+    for derived, sources in _DERIVED.items():
+        if derived not in overrides and any(s in overrides for s in sources):
+            base.pop(derived)
+    return RunConfig.from_dict({**base, **overrides})
 
 
 class Run:
@@ -136,9 +143,10 @@ class Run:
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
           on_event: Listener | None = None, **overrides: Any) -> Run:
     """Validate the configuration (errors before any process starts) and start the run in the background."""
-    from workbench.faults.targets import check_flip_targets
+    from workbench.faults.targets import check_flip_targets, check_model
 
     config = _as_config(config, overrides)
+    check_model(config)
     check_flip_targets(config, [f for f in config.faults if getattr(f, "kind", None) == "flip"])
     return Run(config, out=out, on_event=on_event)
 

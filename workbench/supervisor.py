@@ -64,6 +64,7 @@ class Worker:
     done: bool = False
     alive: bool = True
     fingerprint: str | None = None  # hash of the final parameters, sent with "done"
+    group: int = 0  # members of one group hold the same parameters (a pipeline stage's replicas)
     fault: dict[str, Any] | None = None  # the fault that hit this rank: kind, step, wall-clock time
 
 
@@ -192,9 +193,8 @@ class Supervisor:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         first = [self._spawn(label) for label in range(self.config.world_size)]
-        for _ in range(self.config.warm_spares):
-            self._spawn(None)
-        self._wait_ready(first)
+        spares = [self._spawn(None) for _ in range(self.config.warm_spares)]
+        self._wait_ready(first + spares)  # a spare is warm from the first step: regrow timing does not vary
         self.status.update(state="running")
         self._new_generation(list(range(self.config.world_size)), source=0, resume=self._resume_path)
 
@@ -202,12 +202,13 @@ class Supervisor:
         deadline = time.monotonic() + self.config.startup_timeout
         while not all(w.ready for w in workers):
             if time.monotonic() > deadline:
-                missing = [w.label for w in workers if not w.ready]
+                missing = [w.label if w.label is not None else "spare" for w in workers if not w.ready]
                 raise RunStartError(f"ranks {missing} were not ready within {self.config.startup_timeout:g} s")
             self._poll(0.05)
             for w in workers:
                 if w.proc.poll() is not None and not w.ready:
-                    raise RunStartError(f"rank {w.label} exited during start-up with code {w.proc.returncode}"
+                    who = f"rank {w.label}" if w.label is not None else "a warm spare"
+                    raise RunStartError(f"{who} exited during start-up with code {w.proc.returncode}"
                                         + (f" (see {self.log_dir}/spawn{w.spawn_id}.log)" if self.log_dir else ""))
             if self._outcome:
                 raise RunStartError(self._outcome[1])
@@ -364,6 +365,7 @@ class Supervisor:
         elif kind == "done":
             w.done = True
             w.fingerprint = m.get("fingerprint")
+            w.group = m.get("group", 0)
         elif kind == "error":
             self._event("error", w.steps_done, m["message"], rank=w.label if w.label is not None else -1)
             self._outcome = ("failed", f"rank {w.label} raised an error at step {w.steps_done}: {m['message']}")
@@ -378,7 +380,9 @@ class Supervisor:
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
                "samples": m["samples"],
                "test_acc": m.get("test_acc", float("nan")), "test_loss": m.get("test_loss", float("nan")),
-               "world_size": len(self.members), "generation": self.gen, "step_time": m["step_time"]}
+               "world_size": len(self.members), "generation": self.gen, "step_time": m["step_time"],
+               "messages": m.get("messages", float("nan")), "bytes_sent": m.get("bytes_sent", float("nan")),
+               "consensus_distance": m.get("consensus_distance", float("nan"))}
         self.metrics.append(row)
         self.status.update(step=m["step"] + 1)
         if self.on_event:
@@ -456,6 +460,13 @@ class Supervisor:
             why = "strategy 'none' does not recover" if strategy == "none" else "no rank survived"
             self._outcome = ("failed", f"rank {w.label} {cause} at step {step}; {why}")
             return
+        if self.config.parallelism == "hybrid" and strategy == "shrink":
+            stage = self.config.stage_of(w.label)
+            if not any(self.config.stage_of(label) == stage for label in survivors):
+                self._outcome = ("failed", f"rank {w.label} {cause} at step {step}, the last replica of pipeline "
+                                 f"stage {stage}; shrink cannot rebuild a stage's layers (checkpoint_restart or "
+                                 "reinit can)")
+                return
         if strategy == "checkpoint_restart":
             self._restart_world(failure)
         elif strategy == "reinit":
@@ -550,6 +561,11 @@ class Supervisor:
                            "size": len(self.members), "source": source, "resume": resume, "recovery": recovery,
                            "faults": faults, "random_steps": [step for step, r in random_here if r == label]})
         self.status.update(generation=self.gen, world_size=len(self.members), members=list(self.members))
+        size = len(self.members)
+        if self.config.parallelism == "gossip" and size & (size - 1):
+            cube = 1 << (size - 1).bit_length()
+            self._event("gossip", self.committed, f"{size} members gossip on a {cube}-slot hypercube: a member whose "
+                        "partner slot is empty skips that round's average (the replicas' mean is kept)")
         self._event("generation", self.committed, f"generation {self.gen}: ranks {self.members}"
                     + (f" ({recovery})" if recovery else ""))
 

@@ -20,7 +20,7 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from workbench.config import STRATEGIES, RunConfig
+from workbench.config import PARALLELISMS, STRATEGIES, RunConfig
 from workbench.errors import WorkbenchError
 from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
@@ -49,7 +49,8 @@ class Lab:
                                   if base.dataset in ("digits", "synthetic") else "digits", description="dataset",
                                   style=style)
         self.world_size = w.BoundedIntText(value=base.world_size, min=1, max=16, description="world size", style=style)
-        self.parallelism = w.Dropdown(options=["data"], value="data", description="parallelism", style=style)
+        self.parallelism = w.Dropdown(options=list(PARALLELISMS), value=base.parallelism, description="parallelism",
+                                      style=style)
         self.strategy = w.Dropdown(options=list(STRATEGIES), value=base.strategy, description="strategy", style=style)
         self.regrow = w.Checkbox(value=base.regrow, description="regrow (warm spare)")
         self.checkpoint_every = w.BoundedIntText(value=base.checkpoint_every or 25, min=1, max=100_000,
@@ -96,7 +97,7 @@ class Lab:
 
     def config(self) -> RunConfig:
         return RunConfig(model=self.model.value, dataset=self.dataset.value, world_size=self.world_size.value,
-                         strategy=self.strategy.value, regrow=self.regrow.value,
+                         parallelism=self.parallelism.value, strategy=self.strategy.value, regrow=self.regrow.value,
                          checkpoint_every=self.checkpoint_every.value
                          if self.strategy.value in ("checkpoint_restart", "reinit") else None,
                          detect=list(self.detect.value), steps=self.steps.value, seed=self.seed.value,

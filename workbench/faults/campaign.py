@@ -17,6 +17,25 @@ def default_jobs(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(world_size, 1))
 
 
+def flip_plan(config: RunConfig, tensors: Iterable[str], bits: Iterable[int], step: int, per_bit: int = 1,
+              seed: int = 0) -> list[FaultSpec]:
+    """The same flips for any parallel mode: for each tensor (a parameter name, or a module name for its output
+    activation) and bit, ``per_bit`` flips of seeded random elements at ``step``, each on the rank that holds
+    the tensor (rank 0 of a data-parallel run, the owning stage's rank in a pipeline)."""
+    from workbench.faults.targets import model_tensors, rank_holding
+
+    params, _ = model_tensors(config)
+    plan = []
+    for tensor in tensors:
+        rank = rank_holding(config, tensor)
+        target = "weight" if tensor in params else "activation"
+        for bit in bits:
+            for k in range(per_bit):
+                plan.append(FaultSpec("flip", rank, step=step, target=target, tensor=tensor, bit=bit,
+                                      seed=seed * 1_000_003 + bit * 1000 + k))
+    return plan
+
+
 def campaign(config: RunConfig | dict[str, Any], injections: Iterable[FaultSpec | str | dict[str, Any]],
              tolerance: float = 0.01, jobs: int | None = None, out: str | os.PathLike | None = None) -> Any:
     """Run the golden run once, then each injection (added to the config's faults); returns a DataFrame with one

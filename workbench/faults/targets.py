@@ -9,29 +9,50 @@ from workbench.errors import ConfigError
 from workbench.faults.bitflip import width
 
 
-def model_tensors(config: RunConfig) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """(parameters by name, module names) of the run's model, built here without touching the caller's RNG."""
+def _model(config: RunConfig) -> torch.nn.Module:
+    """The run's model, built here without touching the caller's RNG."""
     from workbench.data import load_dataset
     from workbench.models import build_model
 
     data = load_dataset(config)
     with torch.random.fork_rng():
-        model = build_model(config, data.input_shape, data.num_classes)
+        return build_model(config, data.input_shape, data.num_classes)
+
+
+def model_tensors(config: RunConfig, rank: int | None = None) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """(parameters by name, module names) of the run's model, or of the pipeline stage ``rank`` holds."""
+    from workbench.models import split_stages, stage_module
+
+    model = _model(config)
+    if rank is not None and config.parallelism in ("pipeline", "hybrid"):
+        model = stage_module(model, split_stages(model, config.pipeline_stages)[config.stage_of(rank)])
     return dict(model.named_parameters()), {name for name, _ in model.named_modules() if name}
+
+
+def check_model(config: RunConfig) -> None:
+    """Pipeline and hybrid runs: the model must split into the requested stages (ConfigError otherwise)."""
+    if config.parallelism in ("pipeline", "hybrid"):
+        from workbench.models import split_stages
+
+        split_stages(_model(config), config.pipeline_stages)
 
 
 def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:
     if not faults:
         return
-    params, modules = model_tensors(config)
+    staged = config.parallelism in ("pipeline", "hybrid")
     for f in faults:
+        params, modules = model_tensors(config, f.rank if staged else None)
+        where = f" on stage {config.stage_of(f.rank)} (rank {f.rank})" if staged else ""
+        if f.target == "activation" and f.tensor is None:
+            continue  # the stage's boundary activation
         if f.target == "activation":
             if f.tensor not in modules:
                 raise ConfigError("fault", f"{f}: activation flips name a module; {f.tensor!r} is not one of "
-                                  f"{', '.join(sorted(modules))}")
+                                  f"{', '.join(sorted(modules))}{where}")
             continue
         if f.tensor not in params:
-            raise ConfigError("fault", f"{f}: {f.tensor!r} is not a parameter of the model; allowed "
+            raise ConfigError("fault", f"{f}: {f.tensor!r} is not a parameter of the model{where}; allowed "
                               f"{', '.join(params)}")
         tensor = params[f.tensor]
         if f.index is not None and f.index >= tensor.numel():
@@ -40,3 +61,16 @@ def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:
         if f.bit is not None and f.bit >= width(tensor.dtype):
             raise ConfigError("fault", f"{f}: bit {f.bit} is out of range for {str(tensor.dtype)[6:]}: allowed "
                               f"0..{width(tensor.dtype) - 1} (LSB-0)")
+
+
+def rank_holding(config: RunConfig, name: str) -> int:
+    """The first rank whose model holds parameter or module ``name``: rank 0 for data-parallel and gossip runs
+    (every rank a replica), the first replica of the stage that holds it in pipeline and hybrid runs."""
+    if config.parallelism not in ("pipeline", "hybrid"):
+        return 0
+    for stage in range(config.pipeline_stages):
+        rank = stage * config.replicas
+        params, modules = model_tensors(config, rank)
+        if name in params or name in modules:
+            return rank
+    raise ConfigError("fault", f"{name!r} is neither a parameter nor a module of the model")

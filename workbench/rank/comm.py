@@ -45,6 +45,7 @@ class Comm:
         self.size = 1
         self.group: dist.ProcessGroupGloo | None = None
         self._abandoned: list[Any] = []  # old groups, kept alive on purpose (see module docstring)
+        self._links: dict[str, Comm] = {}  # two-member groups of this generation (see link())
 
     def join(self, assignment: dict[str, Any]) -> None:
         """Build the group of ``assignment['gen']``, blocking until all its members have joined.
@@ -57,24 +58,38 @@ class Comm:
             self._abandoned.append(self.group)
             self.group = None
         self.gen, self.rank, self.size = assignment["gen"], assignment["rank"], assignment["size"]
-        prefix = dist.PrefixStore(f"gen{self.gen}", self.store)
+        self._links = {}
+        self.group = self._build(f"gen{self.gen}", self.rank, self.size)
+
+    def subgroup(self, name: str, rank: int, size: int) -> Comm:
+        """A group of some members of this generation (e.g. one pipeline stage's replicas), keyed
+        ``gen{g}/{name}``; it waits and notices new generations exactly like this one. Every member of the
+        subgroup must call this with the same ``name`` and ``size``."""
+        sub = Comm(self.store, self.channel, self.op_timeout)
+        sub.gen, sub.rank, sub.size = self.gen, rank, size
+        sub.group = self._build(f"gen{self.gen}/{name}", rank, size) if size > 1 else None
+        self._abandoned.append(sub)
+        return sub
+
+    def _build(self, prefix_key: str, rank: int, size: int) -> dist.ProcessGroupGloo:
+        prefix = dist.PrefixStore(prefix_key, self.store)
         built: dict[str, Any] = {}
         done = threading.Event()
 
         def build() -> None:
             try:
-                built["group"] = dist.ProcessGroupGloo(prefix, self.rank, self.size, _RENDEZVOUS_TIMEOUT)
+                built["group"] = dist.ProcessGroupGloo(prefix, rank, size, _RENDEZVOUS_TIMEOUT)
             except Exception as exc:  # noqa: BLE001 - handed to the waiting thread
                 built["error"] = exc
             done.set()
 
-        threading.Thread(target=build, name=f"wb-join-gen{self.gen}", daemon=True).start()
+        threading.Thread(target=build, name=f"wb-join-{prefix_key}", daemon=True).start()
         while not done.wait(0.005):
             if self.newer_generation():
                 raise GenerationChanged()
         if "error" in built:
-            raise CommError(f"could not join generation {self.gen}: {built['error']}")
-        self.group = built["group"]
+            raise CommError(f"could not join {prefix_key}: {built['error']}")
+        return built["group"]
 
     def newer_generation(self) -> bool:
         latest = self.channel.latest_generation
@@ -121,6 +136,46 @@ class Comm:
 
     def allreduce(self, tensor: torch.Tensor) -> dist.Work:
         return self.group.allreduce([tensor])
+
+    def allreduce_now(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` in place over the group and wait (a no-op in a group of one)."""
+        if self.size > 1:
+            self.wait(self.group.allreduce([tensor]))
+        return tensor
+
+    def link(self, peer: int) -> Comm:
+        """A two-member group of this rank and ``peer`` (built on first use in this generation, by both).
+
+        Point-to-point traffic goes through these links as broadcasts rather than gloo ``send``/``recv``: a gloo
+        send or recv whose wait times out closes its connection ("Application timeout caused pair closure"),
+        so those cannot be waited for in slices that watch for a new generation; a collective can.
+        Operations on one link must be issued in the same order by both members.
+        """
+        low, high = sorted((self.rank, peer))
+        key = f"link{low}-{high}"
+        if key not in self._links:
+            self._links[key] = self.subgroup(key, 0 if self.rank == low else 1, 2)
+        return self._links[key]
+
+    def prepare_links(self, peers: list[int]) -> None:
+        """Build the links to ``peers`` now, in one global order (by member pair), so that ranks building
+        several links at once never wait on each other in a cycle."""
+        for peer in sorted(set(peers) - {self.rank}, key=lambda q: (min(q, self.rank), max(q, self.rank))):
+            self.link(peer)
+
+    def send(self, tensor: torch.Tensor, dst: int) -> dist.Work:
+        """Start sending ``tensor`` to ``dst`` (keep it alive and unchanged until the returned work is waited)."""
+        link = self.link(dst)
+        return link.group.broadcast(tensor, link.rank)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """Receive into ``tensor`` from ``src`` and wait for it."""
+        self.wait(self.recv_async(tensor, src))
+        return tensor
+
+    def recv_async(self, tensor: torch.Tensor, src: int) -> dist.Work:
+        link = self.link(src)
+        return link.group.broadcast(tensor, 1 - link.rank)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
         self.wait(self.group.broadcast(tensor, root))

@@ -206,6 +206,12 @@ class DataParallel:
             self._apply(bucket)
         return self.buckets[0].buffer[-STATS_SLOTS:].clone()
 
+    def traffic(self) -> tuple[int, int]:
+        """Messages and bytes this rank sends in one step's exchange, counted on gloo's ring allreduce (each bucket:
+        a reduce-scatter and an allgather, 2(p-1) messages of 1/p of the bucket each)."""
+        return ring_allreduce_traffic([b.buffer.numel() * b.buffer.element_size() for b in self.buckets],
+                                      self.comm.size)
+
     # -- state ------------------------------------------------------------------------------------------------
     def optimizer_states(self) -> list[dict]:
         return [b.optimizer.state_dict() for b in self.buckets]
@@ -228,6 +234,13 @@ class DataParallel:
         for bucket in self.buckets:
             for name, param in zip(bucket.names, bucket.params):
                 bucket.optimizer.state[param] = {k: v.clone() for k, v in named.get(name, {}).items()}
+
+
+def ring_allreduce_traffic(bucket_bytes: list[int], size: int) -> tuple[int, int]:
+    """(messages, bytes) one rank sends for ring allreduces of buckets of these sizes over ``size`` ranks."""
+    if size <= 1:
+        return 0, 0
+    return 2 * (size - 1) * len(bucket_bytes), sum(2 * (size - 1) * -(-n // size) for n in bucket_bytes)
 
 
 def _clone_state(optimizer: torch.optim.Optimizer) -> dict:

@@ -59,7 +59,14 @@ def fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-class Trainer:
+class BaseTrainer:
+    """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints.
+
+    A mode implements ``join`` (settle a new generation), ``train_step``, ``evaluate_step`` (test accuracy at an
+    evaluation step, collective where the model is spread over ranks) and the state accessors used by
+    checkpoints and bit flips.
+    """
+
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
         self.channel = channel
@@ -68,6 +75,148 @@ class Trainer:
         self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
         self.model = build_model(config, self.data.input_shape, self.data.num_classes)
         self.comm = Comm(store, channel, config.op_timeout)
+        self.step = 0
+        self.trained = False  # holds a real training state (not a fresh replacement)
+        self.inflight: InFlight | None = None
+        self.step_faults: dict[int, FaultSpec] = {}
+        self.random_steps: set[int] = set()
+        self.memory_snapshot: bytes | None = None  # reinit: the last global snapshot
+        self._writer: threading.Thread | None = None
+        self.traffic = (0, 0)  # messages and bytes this rank sent in the last step (counted, see README)
+
+    def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
+        faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
+        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang")}
+        self.random_steps = set(a.get("random_steps", []))
+        return faults
+
+    # -- faults -------------------------------------------------------------------------------------------------
+    def _fault_point(self) -> None:
+        """Planned kill/hang of this step fires here, at the mode's mid-step point."""
+        fault = self.step_faults.pop(self.inflight.step, None)
+        if fault is None:
+            return
+        self._before_fault()
+        self.channel.send({"type": "fault", "kind": fault.kind, "step": self.inflight.step, "t": time.time(),
+                           "random": self.inflight.step in self.random_steps})
+        os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+
+    def _before_fault(self) -> None:
+        """Let the communication this step already started complete everywhere: the fault lands mid-exchange."""
+
+    def _report_flip(self, fault: FaultSpec, flip: Any, step: int) -> None:
+        self.channel.send({"type": "flip", "step": step, "target": fault.target, "tensor": flip.target,
+                           "index": flip.index, "bit": flip.bits[0] if flip.bits else -1, "old": flip.old,
+                           "new": flip.new, "planned": fault.step, "t": time.time()})
+
+    def _take_live_faults(self) -> None:
+        if self.channel.live_faults:
+            live, self.channel.live_faults[:] = list(self.channel.live_faults), []
+            self.injector.pending += [FaultSpec.parse(f) for f in live]
+
+    # -- reports ------------------------------------------------------------------------------------------------
+    def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,
+                     evaluation: dict[str, float] | None = None) -> None:
+        """Rank 0 of the generation reports the step's global figures (stats: loss sum, correct, samples)."""
+        report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen}
+        if self.comm.rank == 0:
+            samples = max(stats[2].item(), 1.0)
+            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
+                          step_time=time.perf_counter() - started, t=time.time(), messages=self.traffic[0],
+                          bytes_sent=self.traffic[1], **(extra or {}))
+            if evaluation:
+                report.update(evaluation)
+        self.channel.send(report)
+
+    def _evaluation_due(self) -> bool:
+        return self.step % self.config.eval_interval == 0 or self.step == self.config.steps
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        out = self.model(self.data.x_test)
+        loss = F.cross_entropy(out, self.data.y_test).item()
+        accuracy = (out.argmax(1) == self.data.y_test).float().mean().item()
+        return {"test_loss": loss, "test_acc": accuracy}
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """(model state, optimizer state per parameter name) of the whole model, cloned; collective where the
+        model is spread over ranks (every member calls it)."""
+        raise NotImplementedError
+
+    def _write_checkpoint(self, name: str | None = None,
+                          state: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
+        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor."""
+        started = time.perf_counter()
+        if self._writer is not None:
+            self._writer.join()  # one write at a time; the previous one is normally long done
+        model_state, optimizer_state = state if state is not None else self.checkpoint_state()
+        snapshot = ckpt.Checkpoint(self.step, model_state, optimizer_state, torch.get_rng_state(), self.config.seed,
+                                   self.config.to_dict())
+        stall = time.perf_counter() - started
+        path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
+
+        def write() -> None:
+            began = time.perf_counter()
+            ckpt.save(path, snapshot)
+            self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
+                               "write_s": time.perf_counter() - began})
+
+        self._writer = threading.Thread(target=write, name="wb-checkpoint", daemon=True)
+        self._writer.start()
+
+    def _final_checkpoint(self) -> None:
+        if self.comm.rank == 0:
+            self._write_checkpoint(FINAL_CHECKPOINT)
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def join(self, a: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def train_step(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        self.channel.send({"type": "ready"})
+        assignment = self._wait_assignment()
+        while True:
+            try:
+                if self.comm.gen != assignment["gen"]:
+                    self.join(assignment)
+                while self.step < self.config.steps:
+                    self.comm.check()
+                    try:
+                        self.train_step()
+                    except Detected as detected:
+                        self._recover_soft(detected)
+                self._final_checkpoint()
+                break
+            except GenerationChanged:
+                assignment = self.channel.latest_generation
+        if self._writer is not None:
+            self._writer.join()
+        self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model),
+                           "group": self.replica_group()})
+
+    def replica_group(self) -> int:
+        """Members with the same group hold replicas of the same parameters (a pipeline stage's replicas)."""
+        return 0
+
+    def _recover_soft(self, detected: Detected) -> None:
+        raise NotImplementedError
+
+    def _wait_assignment(self) -> dict[str, Any]:
+        while self.channel.latest_generation is None:  # a warm spare may wait here for the whole run
+            self.channel.wake.wait(0.5)
+        return self.channel.latest_generation
+
+
+class Trainer(BaseTrainer):
+    """Data parallel: every rank a full replica, bucketed allreduce of the gradients (:mod:`.data_parallel`)."""
+
+    def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
+        super().__init__(config, channel, store, checkpoint_dir)
         strategy = config.strategy
         self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
                                config.bucket_cap_mb, update_per_bucket=strategy != "shrink",
@@ -79,22 +228,12 @@ class Trainer:
         self.detectors = Detectors(config, self.model)
         self._detections: set[tuple[int, str]] = set()  # (step, detector) of every alarm seen
         self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
-        self.step = 0
-        self.trained = False  # holds a real training state (not a fresh replacement)
-        self.inflight: InFlight | None = None
-        self.step_faults: dict[int, FaultSpec] = {}
-        self.random_steps: set[int] = set()
-        self.memory_snapshot: bytes | None = None  # reinit: the last global snapshot, identical on every replica
-        self._writer: threading.Thread | None = None
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
         started = time.monotonic()
         recovery = a.get("recovery")
-        faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
-        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang")}
-        self.injector.set(faults)
-        self.random_steps = set(a.get("random_steps", []))
+        self.injector.set(self._set_faults(a))
         self.comm.join(a)
         if recovery == "rollback" and self.inflight is not None:
             self.dp.restore_applied()
@@ -162,22 +301,10 @@ class Trainer:
         self.dp.load_optimizer_states(state["optim"])
         return state
 
-    # -- faults -------------------------------------------------------------------------------------------------
-    def _fault_point(self) -> None:
-        fault = self.step_faults.pop(self.inflight.step, None)
-        if fault is None:
-            return
-        self.dp.wait_launched()  # let the buckets already started complete everywhere: the fault lands mid-exchange
-        self.channel.send({"type": "fault", "kind": fault.kind, "step": self.inflight.step, "t": time.time(),
-                           "random": self.inflight.step in self.random_steps})
-        os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+    def _before_fault(self) -> None:
+        self.dp.wait_launched()
 
     # -- soft errors --------------------------------------------------------------------------------------------
-    def _report_flip(self, fault: FaultSpec, flip: Any, step: int) -> None:
-        self.channel.send({"type": "flip", "step": step, "target": fault.target, "tensor": flip.target,
-                           "index": flip.index, "bit": flip.bits[0] if flip.bits else -1, "old": flip.old,
-                           "new": flip.new, "planned": fault.step, "t": time.time()})
-
     def _on_launch(self, bucket: Any) -> None:
         self.injector.into_bucket("grad", self.inflight.step, bucket.names, bucket.views)
 
@@ -235,9 +362,7 @@ class Trainer:
         step = self.step
         started = time.perf_counter()
         self.inflight = InFlight(step, self.comm.rank, self.comm.size)
-        if self.channel.live_faults:
-            live, self.channel.live_faults[:] = list(self.channel.live_faults), []
-            self.injector.pending += [FaultSpec.parse(f) for f in live]
+        self._take_live_faults()
         self.injector.at_step_start(step, self.dp.optimizer_state_of)
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.x_train[indices], self.data.y_train[indices]
@@ -254,14 +379,9 @@ class Trainer:
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         self.step = step + 1
-        report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen}
-        if self.comm.rank == 0:
-            samples = max(stats[2].item(), 1.0)
-            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
-                          step_time=time.perf_counter() - started, t=time.time())
-            if self.step % self.config.eval_interval == 0 or self.step == self.config.steps:
-                report.update(self.evaluate())
-        self.channel.send(report)
+        self.traffic = self.dp.traffic()
+        evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
+        self._report_step(step, stats, started, evaluation=evaluation)
         if self.detectors.active and self.step % self.detectors.every == 0:
             self._verify_replicas()
         every = self.config.checkpoint_every
@@ -271,60 +391,20 @@ class Trainer:
             elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
                 self._write_checkpoint()
 
-    def _write_checkpoint(self, name: str | None = None) -> None:
-        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor."""
-        started = time.perf_counter()
-        if self._writer is not None:
-            self._writer.join()  # one write at a time; the previous one is normally long done
-        snapshot = ckpt.Checkpoint(
-            self.step, {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            self.dp.named_optimizer_state(), torch.get_rng_state(), self.config.seed, self.config.to_dict())
-        stall = time.perf_counter() - started
-        path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}, self.dp.named_optimizer_state()
 
-        def write() -> None:
-            began = time.perf_counter()
-            ckpt.save(path, snapshot)
-            self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
-                               "write_s": time.perf_counter() - began})
 
-        self._writer = threading.Thread(target=write, name="wb-checkpoint", daemon=True)
-        self._writer.start()
+def trainer_class(config: RunConfig) -> type[BaseTrainer]:
+    if config.parallelism == "gossip":
+        from workbench.rank.gossip import GossipTrainer
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        out = self.model(self.data.x_test)
-        loss = F.cross_entropy(out, self.data.y_test).item()
-        accuracy = (out.argmax(1) == self.data.y_test).float().mean().item()
-        return {"test_loss": loss, "test_acc": accuracy}
+        return GossipTrainer
+    if config.parallelism in ("pipeline", "hybrid"):
+        from workbench.rank.pipeline import PipelineTrainer
 
-    def run(self) -> None:
-        self.channel.send({"type": "ready"})
-        assignment = self._wait_assignment()
-        while True:
-            try:
-                if self.comm.gen != assignment["gen"]:
-                    self.join(assignment)
-                while self.step < self.config.steps:
-                    self.comm.check()
-                    try:
-                        self.train_step()
-                    except Detected as detected:
-                        self._recover_soft(detected)
-                break
-            except GenerationChanged:
-                assignment = self.channel.latest_generation
-        if self.comm.rank == 0:
-            self._write_checkpoint(FINAL_CHECKPOINT)
-        if self._writer is not None:
-            self._writer.join()
-        self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model)})
-
-    def _wait_assignment(self) -> dict[str, Any]:
-        while self.channel.latest_generation is None:  # a warm spare may wait here for the whole run
-            self.channel.wake.wait(0.5)
-        return self.channel.latest_generation
+        return PipelineTrainer
+    return Trainer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -343,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
         store_host, _, store_port = start["store"].rpartition(":")
         store = dist.TCPStore(store_host, int(store_port), is_master=False,
                               timeout=timedelta(seconds=config.startup_timeout))
-        Trainer(config, channel, store, Path(start["checkpoint_dir"])).run()
+        trainer_class(config)(config, channel, store, Path(start["checkpoint_dir"])).run()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported in one line, then the process ends
         code = 1
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

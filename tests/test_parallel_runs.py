@@ -1,0 +1,124 @@
+"""Every fault strategy that applies to the pipeline, hybrid and gossip modes, on small multi-process runs."""
+
+import math
+
+import pytest
+
+import workbench
+from workbench import checkpoint
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+STEPS = 60
+
+
+def final_weights(result):
+    return checkpoint.load(result.summary["final_checkpoint"]).model
+
+
+def max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def completed(tmp_path, **settings):
+    result = workbench.run(**{"steps": STEPS, "eval_interval": 30, **settings}, out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    return result
+
+
+# -- pipeline: a stage has no copy, only restarts recover it -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pipeline_golden(tmp_path_factory):
+    return completed(tmp_path_factory.mktemp("pipeline"), world_size=2, parallelism="pipeline")
+
+
+@pytest.mark.parametrize("strategy,redone", [("checkpoint_restart", 40 - 25), ("reinit", 40 - 25)])
+def test_pipeline_restarts_redo_the_steps_since_the_snapshot_exactly(pipeline_golden, tmp_path, strategy, redone):
+    result = completed(tmp_path, world_size=2, parallelism="pipeline", strategy=strategy, checkpoint_every=25,
+                       faults=["kill:rank=1,step=40"])
+    assert [f["steps_redone"] for f in result.failures] == [redone]
+    assert result.summary["world_size_final"] == 2
+    # the checkpoints gather every stage: the final one holds the whole model, equal to the no-fault run's
+    weights = final_weights(result)
+    assert set(weights) == {f"fc{i}.{k}" for i in (1, 2, 3) for k in ("weight", "bias")}
+    assert max_diff(weights, final_weights(pipeline_golden)) == 0.0
+
+
+def test_pipeline_takes_flips_into_boundary_activations_and_stage_weights(tmp_path):
+    result = completed(tmp_path, world_size=2, parallelism="pipeline", steps=10, faults=[
+        "flip:target=activation,stage=0,step=3,index=5,bit=30",
+        "flip:target=weight,stage=1,tensor=fc3.weight,step=4,index=0,bit=22"])
+    flips = sorted((e["step"], e["rank"], e["detail"].split(" bit")[0]) for e in result.events if e["kind"] == "flip")
+    assert flips == [(3, 0, "activation relu1:output[5]"), (4, 1, "weight fc3.weight[0]")]
+
+
+def test_pipeline_refuses_shrink_before_starting():
+    with pytest.raises(workbench.ConfigError, match="a dead stage cannot be shrunk away"):
+        workbench.run(world_size=2, parallelism="pipeline", strategy="shrink")
+
+
+# -- hybrid: replicated stages shrink inside their stage ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hybrid_golden(tmp_path_factory):
+    return completed(tmp_path_factory.mktemp("hybrid"), world_size=4, parallelism="hybrid", pipeline_stages=2)
+
+
+def test_hybrid_shrinks_a_stage_replica_and_regrows_it_without_losing_a_sample(hybrid_golden, tmp_path):
+    result = completed(tmp_path, world_size=4, parallelism="hybrid", pipeline_stages=2, strategy="shrink",
+                       regrow=True, faults=["kill:rank=3,step=30"])
+    (failure,) = result.failures
+    assert failure["samples_lost"] == 0 and result.summary["world_size_final"] == 4
+    assert result.summary["replicas_identical"]  # each stage's replicas agree bitwise
+    assert any(e["kind"] == "spare" for e in result.events)
+    # the failed step was redone by the survivors: the same training as without the fault, up to summation order
+    assert max_diff(final_weights(result), final_weights(hybrid_golden)) < 1e-5
+
+
+def test_hybrid_without_regrow_keeps_the_pipeline_running_on_fewer_replicas(tmp_path):
+    result = completed(tmp_path, world_size=4, parallelism="hybrid", pipeline_stages=2, strategy="shrink",
+                       faults=["kill:rank=2,step=30"])
+    assert result.summary["world_size_final"] == 3
+    assert all(r["samples"] == 64 for r in result.metrics), "every step still trains on the whole global batch"
+
+
+def test_hybrid_losing_a_stage_s_last_replica_ends_with_the_reason(tmp_path):
+    result = workbench.run(world_size=4, steps=STEPS, parallelism="hybrid", pipeline_stages=2, strategy="shrink",
+                           faults=["kill:rank=3,step=20", "kill:rank=2,step=40"], out=tmp_path)
+    assert result.outcome == "failed"
+    assert "the last replica of pipeline stage 1" in result.summary["reason"]
+
+
+def test_hybrid_reinit_restores_the_world(tmp_path):
+    result = completed(tmp_path, world_size=4, parallelism="hybrid", pipeline_stages=2, strategy="reinit",
+                       checkpoint_every=20, faults=["kill:rank=1,step=30"])
+    assert result.summary["world_size_final"] == 4 and result.failures[0]["steps_redone"] == 10
+
+
+# -- gossip ------------------------------------------------------------------------------------------------------
+
+def test_gossip_shrink_goes_on_with_three_and_says_how(tmp_path):
+    result = completed(tmp_path, world_size=4, parallelism="gossip", strategy="shrink", faults=["kill:rank=3,step=30"])
+    assert result.summary["world_size_final"] == 3
+    assert any(e["kind"] == "gossip" and "3 members gossip on a 4-slot hypercube" in e["detail"]
+               for e in result.events)
+    distances = [r["consensus_distance"] for r in result.metrics]
+    assert all(math.isfinite(d) and d >= 0 for d in distances)
+    # O(1): the exchange (2 half-messages) and the shuffle whatever the world size; an idle member only shuffles
+    assert {r["messages"] for r in result.metrics} <= {1, 3}
+
+
+def test_gossip_regrow_gives_the_replacement_a_peer_s_state(tmp_path):
+    result = completed(tmp_path, world_size=4, parallelism="gossip", strategy="shrink", regrow=True,
+                       faults=["kill:rank=1,step=30"])
+    assert result.summary["world_size_final"] == 4
+    assert result.summary["final_test_accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("strategy", ["checkpoint_restart", "reinit"])
+def test_gossip_restarts(tmp_path, strategy):
+    result = completed(tmp_path, world_size=2, parallelism="gossip", strategy=strategy, checkpoint_every=20,
+                       faults=["kill:rank=1,step=30"])
+    assert result.summary["world_size_final"] == 2 and result.failures[0]["steps_redone"] == 10

@@ -1,0 +1,294 @@
+"""GossipGraD (DESIGN §6, from MaTEx-Caffe's ``mpi_gossip_params_cpu7``): O(1) gossip SGD instead of allreduce.
+
+Protocol of one step ``t`` on a member at position ``r`` of a generation of ``p`` members:
+  1. partner = ``r XOR 2^h`` with ``h = t mod log2(p)`` (cube mode), read through the current partner order:
+     after each full cycle of ``log2(p)`` steps the next of ``p`` seeded random orders (rotation) relabels the
+     members, so over time every rank meets every other.
+  2. At the start of the step the rank starts the exchange of its parameters and optimizer history (one flat
+     vector) with the partner, non-blocking: an allreduce over their two-member link (:meth:`Comm.link`), so
+     both get the pair's sum bitwise alike; the ring shuffle sends the batch it trains on to its right
+     neighbour and receives the left neighbour's, also non-blocking.
+  3. Local forward, backward and optimizer step on its own batch (no collective).
+  4. Completes the exchange before the next step and averages with the partner:
+     ``θ ← (θ' − θ_t) + ½(θ_t + θ_partner)`` where ``θ_t`` is what was sent and ``θ'`` the locally updated value:
+     the pairwise average of the step-start states plus this rank's own update (the D-PSGD form, so the update
+     is not halved). Same for the history. ``gossip_sync`` instead exchanges after the update, blocking:
+     ``θ ← ½(θ' + θ'_partner)``.
+  Without updates in between, ``log2(p)`` rounds of one cycle give every rank exactly the global mean.
+
+Messages per rank per step: 2 (parameters + history, and the shuffled batch's indices), whatever ``p``; an
+allreduce sends ``2(p-1)`` per bucket. The consensus distance (mean L2 distance of the replicas to their mean)
+is a measurement: its allreduce is not counted as traffic nor in the step time.
+
+Failures (``shrink``): a dead partner breaks only its partners' exchanges; the rank keeps its local update,
+skips that average and waits for the next generation. Survivors keep their own replicas (gossip replicas are
+never identical) and take the step of the most advanced one; a replacement (``regrow``) receives the state of
+the most advanced member. A generation whose size is not a power of two gossips over the members placed on the
+smallest cube that holds them: a member whose cube partner is absent skips that round's average. Every round is
+still a matching, so the replicas' mean is preserved and, with the rotation, consensus still contracts; only the
+exact-mean-after-one-cycle property needs a power of two.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workbench.data import LocalPartition
+from workbench.rank import state as st
+from workbench.rank.comm import Comm
+from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
+from workbench.rank.main import BaseTrainer
+from workbench.rank.recovery import InFlight
+from workbench.rank.soft_errors import Injector
+
+ORDER_SEED = 0x905519  # partner orders depend on the run's seed and this constant only
+
+
+class GossipSchedule:
+    """Partners of every member at every step: a hypercube over ``2^k >= size`` slots, relabelled after every
+    cycle of ``k`` steps by the next of ``2^k`` seeded orders (the first is the identity)."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.k = max(1, (size - 1).bit_length())
+        slots = 1 << self.k
+        rng = np.random.default_rng((seed, ORDER_SEED))
+        self.orders = [np.arange(slots)] + [rng.permutation(slots) for _ in range(slots - 1)]
+
+    @property
+    def cycle_steps(self) -> int:
+        """Steps until the partner orders repeat: every partner a member will ever have appears within them."""
+        return self.k * len(self.orders)
+
+    def partner(self, step: int, position: int) -> int | None:
+        """Position of ``position``'s partner at ``step``, or None when its cube partner slot is empty."""
+        cycle, h = divmod(step, self.k)
+        order = self.orders[cycle % len(self.orders)]  # order[position] = the member's slot on the cube
+        slot = int(order[position]) ^ (1 << h)
+        partner = int(np.flatnonzero(order[: self.size] == slot)[0]) if slot in order[: self.size] else None
+        return partner
+
+
+def gossip_average(current: torch.Tensor, sent: torch.Tensor, pair_sum: torch.Tensor) -> torch.Tensor:
+    """``(current − sent) + ½ pair_sum``: the pairwise average of the step-start states (their sum comes from an
+    allreduce over the two partners, bitwise the same on both) plus this rank's local update."""
+    return (current - sent) + 0.5 * pair_sum
+
+
+class PairExchange:
+    """The exchange of one flat state vector (parameters and history) with a partner.
+
+    ``start`` sends what the vector is now and begins the pair's allreduce (non-blocking); ``finish`` waits and
+    applies :func:`gossip_average` to whatever the vector has become meanwhile (the local update). ``blocking``
+    is the synchronous variant: exchange now, then ``θ ← ½(θ + θ_partner)``. ``read``/``write`` give and take the
+    flat vector.
+    """
+
+    def __init__(self, comm: Comm, read: Callable[[], torch.Tensor], write: Callable[[torch.Tensor], None]) -> None:
+        self.comm = comm
+        self.read = read
+        self.write = write
+        self.sent: torch.Tensor | None = None
+        self.summed: torch.Tensor | None = None
+        self.work: dist.Work | None = None
+
+    def start(self, partner: int) -> tuple[int, int]:
+        """Begin the exchange; returns the (messages, bytes) this rank sends for it."""
+        self.sent = self.read()
+        self.summed = self.sent.clone()
+        self.work = self.comm.link(partner).group.allreduce([self.summed])
+        return ring_allreduce_traffic([self.sent.numel() * self.sent.element_size()], 2)
+
+    def finish(self) -> None:
+        self.comm.wait(self.work)
+        self.write(gossip_average(self.read(), self.sent, self.summed))
+        self.sent = self.summed = self.work = None
+
+    def blocking(self, partner: int) -> tuple[int, int]:
+        mine = self.read()
+        summed = mine.clone()
+        self.comm.wait(self.comm.link(partner).group.allreduce([summed]))
+        self.write(0.5 * summed)
+        return ring_allreduce_traffic([mine.numel() * mine.element_size()], 2)
+
+
+class GossipTrainer(BaseTrainer):
+    def __init__(self, config: Any, channel: Any, store: dist.Store, checkpoint_dir: Any) -> None:
+        super().__init__(config, channel, store, checkpoint_dir)
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.optimizer = make_optimizer(config.optimizer, self.params, config.lr, config.momentum)
+        st.init_history(self.optimizer)
+        self.injector = Injector(self.model, self._report_flip)
+        self.exchange = PairExchange(self.comm, self._flat, self._unflat)
+        self.schedule: GossipSchedule | None = None
+        self.partition: LocalPartition | None = None
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def _flat(self) -> torch.Tensor:
+        tensors = [p.detach().reshape(-1) for p in self.params]
+        tensors += [h.reshape(-1) for h in st.history(self.optimizer, self.params)]
+        return torch.cat(tensors)
+
+    @torch.no_grad()
+    def _unflat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for tensor in [p.data for p in self.params] + st.history(self.optimizer, self.params):
+            tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+    def _state_bytes(self) -> bytes:
+        return st.to_bytes({"step": self.step, "model": self.model.state_dict(),
+                            "optim": self.optimizer.state_dict()})
+
+    def _load_state_bytes(self, payload: bytes) -> None:
+        state = st.from_bytes(payload)
+        self.step = int(state["step"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                st.named_optimizer_state(self.optimizer, self.named))
+
+    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
+        return self.optimizer.state.get(dict(self.named)[name], {})
+
+    # -- generations --------------------------------------------------------------------------------------------
+    def join(self, a: dict[str, Any]) -> None:
+        started = time.monotonic()
+        recovery = a.get("recovery")
+        self.injector.set(self._set_faults(a))
+        self.comm.join(a)
+        source = a["source"]
+        if a.get("resume") or recovery == "reinit":
+            payload = None
+            if self.comm.rank == source:
+                payload = (self.memory_snapshot or self._state_bytes()) if recovery == "reinit" \
+                    else self._resumed_bytes(a["resume"])
+            self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
+        elif source is None:
+            # survivors keep their own replicas; a replacement takes the most advanced member's
+            everyone = torch.zeros(self.comm.size, dtype=torch.float64)
+            everyone[self.comm.rank] = self.step + 1.0 if self.trained else 0.0  # 0: a replacement, no state
+            self.comm.allreduce_now(everyone)
+            best = int(torch.argmax(everyone).item())
+            if (everyone == 0).any():
+                payload = self._state_bytes() if self.comm.rank == best else None
+                received = self.comm.broadcast_bytes(payload, best)
+                if not self.trained:
+                    self._load_state_bytes(received)
+            self.step = int(everyone[best].item()) - 1
+        self.schedule = GossipSchedule(self.comm.size, self.config.seed)
+        peers = {self.schedule.partner(t, self.comm.rank) for t in range(self.schedule.cycle_steps)}
+        if self.config.shuffle == "ring":
+            peers |= {(self.comm.rank + 1) % self.comm.size, (self.comm.rank - 1) % self.comm.size}
+        self.comm.prepare_links([q for q in peers if q is not None])  # out of the steps' timings
+        self.partition = LocalPartition(len(self.data.y_train), self.comm.rank, self.comm.size, self.local_batch,
+                                        self.config.seed, self.comm.gen)
+        report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
+                                  "sync_s": time.monotonic() - started}
+        if recovery and self.comm.rank == 0:
+            report.update(recovery=recovery, resume_step=self.step, retried=recovery == "shrink")
+        self.channel.send(report)
+        self.trained = True
+
+    def _resumed_bytes(self, path: str) -> bytes:
+        from workbench import checkpoint as ckpt
+
+        restored = ckpt.load(path, check=self.config.resume_verify)
+        self.model.load_state_dict(restored.model)
+        st.load_named_optimizer_state(self.optimizer, self.named, restored.optimizer)
+        st.init_history(self.optimizer)
+        self.step = restored.step
+        return self._state_bytes()
+
+    @property
+    def local_batch(self) -> int:
+        return max(1, self.config.batch_size // self.comm.size)
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def train_step(self) -> None:
+        step = self.step
+        started = time.perf_counter()
+        self.inflight = InFlight(step, self.comm.rank, self.comm.size)
+        self._take_live_faults()
+        self.injector.at_step_start(step, self.optimizer_state_of)
+        partner = self.schedule.partner(step, self.comm.rank)
+        batch = self.partition.next_batch()
+        messages, sent_bytes = 0, 0
+        pending: list[dist.Work] = []
+        overlapped = partner is not None and not self.config.gossip_sync
+        if overlapped:
+            messages, sent_bytes = self.exchange.start(partner)
+        shuffle_in = None
+        if self.config.shuffle == "ring" and self.comm.size > 1:
+            right, left = (self.comm.rank + 1) % self.comm.size, (self.comm.rank - 1) % self.comm.size
+            shuffle_out = torch.from_numpy(batch.astype(np.int64))
+            shuffle_in = torch.empty_like(shuffle_out)
+            ops = [(self.comm.rank, lambda: self.comm.send(shuffle_out, right)),
+                   (left, lambda: self.comm.recv_async(shuffle_in, left))]
+            for _, post in sorted(ops, key=lambda op: op[0]):  # by root: the same order on both ends of a link
+                pending.append(post())
+            messages, sent_bytes = messages + 1, sent_bytes + shuffle_out.numel() * 8
+        self._fault_point()  # a planned fault lands with this step's exchange under way
+
+        indices = torch.from_numpy(batch)
+        x, y = self.data.x_train[indices], self.data.y_train[indices]
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        out = self.model(x)
+        loss_sum = F.cross_entropy(out, y, reduction="sum")
+        (loss_sum / len(y)).backward()
+        self.optimizer.step()
+        stats = torch.tensor([loss_sum.item(), (out.detach().argmax(1) == y).sum().item(), float(len(y))])
+        self.step = step + 1  # the local update is in: a failed exchange below only loses the average
+        self.inflight = None
+
+        if overlapped:
+            self.exchange.finish()
+        elif partner is not None:
+            m, b = self.exchange.blocking(partner)
+            messages, sent_bytes = messages + m, sent_bytes + b
+        for work in pending:
+            self.comm.wait(work)
+        if shuffle_in is not None:
+            self.partition.replace(shuffle_in.numpy())
+        else:
+            self.partition.skip()
+        self.traffic = (messages, sent_bytes)
+        self._commit(step, stats, started)
+
+    def _before_fault(self) -> None:
+        pass  # the exchange is posted; the partner finds it broken
+
+    def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
+        extra: dict[str, Any] = {}
+        if self.step % self.config.consensus_every == 0 or self.step == self.config.steps:
+            measured = time.perf_counter()
+            distance, stats = self.consensus(stats)
+            extra["consensus_distance"] = distance
+            started += time.perf_counter() - measured  # a measurement, not part of the step
+        evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
+        self._report_step(step, stats, started, extra=extra, evaluation=evaluation)
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
+            if self.config.strategy == "reinit":
+                self.memory_snapshot = self._state_bytes()
+            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
+                self._write_checkpoint()
+
+    def consensus(self, stats: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Mean L2 distance of the replicas' parameters to their mean, and the stats summed over all replicas."""
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        total = self.comm.allreduce_now(flat.clone())
+        distance = torch.linalg.vector_norm(flat - total / self.comm.size).reshape(1)
+        summed = self.comm.allreduce_now(torch.cat([stats, distance]))
+        return summed[3].item() / self.comm.size, summed[:3]

@@ -1,0 +1,391 @@
+"""Model-parallel pipeline (GPipe) and hybrid parallelism: stages of the model on different ranks.
+
+Layout. The model (an ``nn.Sequential``) is split into ``S`` contiguous stages balanced by parameters
+(:func:`workbench.models.split_stages`). Rank number ``k`` holds stage ``k // R`` where ``R`` is the number of
+replicas per stage (1 for ``pipeline``, ``world/S`` for ``hybrid``). The global batch is split into ``R``
+lanes, each lane into ``M`` micro-batches; lane ``l`` of stage ``s`` is computed by the stage's member
+``l mod n_s`` (``n_s`` = the stage's live members), so when a replica dies its lanes move to the others and no
+sample is dropped.
+
+Protocol of one step (GPipe: all forwards, then all backwards, then one synchronous update):
+  1. forward: for each micro-batch, for each lane this member computes: receive the activation from the
+     previous stage (stage 0 reads the data), run the stage, send the output to the next stage (non-blocking);
+     the last stage computes the loss ``sum / global batch``.
+  2. backward, micro-batches in reverse: receive the output's gradient from the next stage (the last stage
+     starts from its loss), backpropagate, send the input's gradient to the previous stage. Parameter
+     gradients accumulate over micro-batches and lanes: their sum is the gradient of the whole global batch.
+  3. a stage's replicas allreduce their gradients in the stage group (hybrid); every member then allreduces
+     the step's statistics (loss, correct, samples) in the generation's group, which is also the step's
+     commit point; then each stage applies its optimizer.
+Activations and gradients travel between neighbouring members over two-member links of the generation
+(:meth:`Comm.link`, broadcasts that can be waited for in slices), the stage groups are subgroups of the
+generation (``gen{g}/stage{s}``).
+
+Failures. A pipeline stage has no copy elsewhere: ``checkpoint_restart`` restarts the world from the last HDF5
+checkpoint (gathered from every stage into one file with the whole model's names), ``reinit`` returns everyone
+to the last in-memory snapshot (also gathered, so any survivor can hand a replacement its stage). In ``hybrid``
+a dead replica is shrunk away inside its stage while the pipeline goes on (``shrink``): members that already
+applied the failed step undo it from their pre-update copy, the step is redone by the survivors (no sample
+lost), and a replacement (``regrow``) receives its stage's state from a replica. A stage with no replica left
+ends the run unless the strategy restarts it (the supervisor decides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.config import FaultSpec, RunConfig
+from workbench.models import split_stages, stage_module
+from workbench.rank import state as st
+from workbench.rank.comm import Comm, CommError
+from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
+from workbench.rank.main import BaseTrainer
+from workbench.rank.recovery import InFlight
+from workbench.rank.soft_errors import Injector
+
+
+class Layout:
+    """Who computes what in one generation: stage of each member, and the owner of each (stage, lane)."""
+
+    def __init__(self, config: RunConfig, members: list[int], position: int) -> None:
+        self.stages = config.pipeline_stages
+        self.lanes = config.replicas
+        self.stage_members = [[p for p, label in enumerate(members) if config.stage_of(label) == s]
+                              for s in range(self.stages)]
+        empty = [s for s, m in enumerate(self.stage_members) if not m]
+        if empty:
+            raise CommError(f"stages {empty} have no member left in generation ranks {members}")
+        self.position = position
+        self.stage = config.stage_of(members[position])
+        self.stage_rank = self.stage_members[self.stage].index(position)
+
+    def owner(self, stage: int, lane: int) -> int:
+        members = self.stage_members[stage]
+        return members[lane % len(members)]
+
+    @property
+    def my_lanes(self) -> list[int]:
+        return [lane for lane in range(self.lanes) if self.owner(self.stage, lane) == self.position]
+
+    def peers(self) -> list[int]:
+        """Members this one exchanges activations and gradients with in this generation."""
+        peers = set()
+        for lane in range(self.lanes):
+            for s in range(self.stages - 1):
+                a, b = self.owner(s, lane), self.owner(s + 1, lane)
+                if self.position in (a, b):
+                    peers.add(b if a == self.position else a)
+        return sorted(peers)
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+class StagePipeline:
+    """The GPipe schedule of one stage member: forward and backward of its lanes' micro-batches."""
+
+    def __init__(self, stage: nn.Module, layout: Layout, comm: Comm, in_shape: tuple[int, ...],
+                 out_shape: tuple[int, ...]) -> None:
+        self.stage = stage
+        self.layout = layout
+        self.comm = comm
+        self.in_shape = in_shape
+        self.out_shape = out_shape
+        self.sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.messages = 0
+        self.bytes_sent = 0
+        self.between_phases: Callable[[], None] | None = None  # planned faults fire here
+
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        tensor = tensor.contiguous()
+        self.sends.append((self.comm.send(tensor, dst), tensor))  # the tensor lives until the send is done
+        self.messages += 1
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+
+    def wait_sends(self) -> None:
+        for work, _ in self.sends:
+            self.comm.wait(work)
+        self.sends = []
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, micro: list[list[np.ndarray]],
+                         loss_scale: float) -> torch.Tensor:
+        """One step's forwards and backwards; ``micro[l][m]`` are the indices of lane l's micro-batch m.
+        Returns (loss sum, correct, samples) of what this member's last stage computed (zeros elsewhere)."""
+        layout, s = self.layout, self.layout.stage
+        self.messages = self.bytes_sent = 0
+        stats = torch.zeros(3)
+        saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        lanes = layout.my_lanes
+        micro_batches = len(micro[0])
+        self.stage.train()
+        for m in range(micro_batches):
+            for lane in lanes:
+                index = torch.from_numpy(micro[lane][m])
+                if layout.first:
+                    inputs = x[index]
+                else:
+                    inputs = torch.empty(len(index), *self.in_shape)
+                    self.comm.recv(inputs, layout.owner(s - 1, lane))
+                    inputs.requires_grad_(True)
+                out = self.stage(inputs)
+                if layout.last:
+                    target = y[index]
+                    loss = F.cross_entropy(out, target, reduction="sum")
+                    stats += torch.tensor([loss.item(), (out.detach().argmax(1) == target).sum().item(),
+                                           float(len(index))])
+                    out = loss
+                else:
+                    self._send(out.detach(), layout.owner(s + 1, lane))
+                saved[(lane, m)] = (inputs, out)
+        if self.between_phases is not None:
+            self.between_phases()
+        for m in reversed(range(micro_batches)):
+            for lane in lanes:
+                inputs, out = saved.pop((lane, m))
+                if layout.last:
+                    (out * loss_scale).backward()
+                else:
+                    grad = torch.empty_like(out)
+                    self.comm.recv(grad, layout.owner(s + 1, lane))
+                    out.backward(grad)
+                if not layout.first:
+                    self._send(inputs.grad, layout.owner(s - 1, lane))
+        self.wait_sends()
+        return stats
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward of the test set through lane 0's members; (loss sum, correct, samples) on its last stage."""
+        layout, s = self.layout, self.layout.stage
+        stats = torch.zeros(3)
+        if layout.owner(s, 0) != layout.position:
+            return stats
+        self.stage.eval()
+        inputs = x if layout.first else self.comm.recv(torch.empty(len(y), *self.in_shape), layout.owner(s - 1, 0))
+        out = self.stage(inputs)
+        if layout.last:
+            stats += torch.tensor([F.cross_entropy(out, y, reduction="sum").item(),
+                                   (out.argmax(1) == y).sum().item(), float(len(y))])
+        else:
+            self.comm.wait(self.comm.send(out.contiguous(), layout.owner(s + 1, 0)))
+        return stats
+
+
+def boundary_shapes(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> list[tuple[int, ...]]:
+    """Per-sample shape of each stage's output (what crosses to the next stage)."""
+    shapes, out = [], sample[:1]
+    with torch.no_grad():
+        for names in stages:
+            out = stage_module(model, names)(out)
+            shapes.append(tuple(out.shape[1:]))
+    return shapes
+
+
+class PipelineTrainer(BaseTrainer):
+    def __init__(self, config: RunConfig, channel: Any, store: dist.Store, checkpoint_dir: Any) -> None:
+        super().__init__(config, channel, store, checkpoint_dir)
+        self.stage_names = split_stages(self.model, config.pipeline_stages)
+        self.shapes = boundary_shapes(self.model, self.stage_names, self.data.x_train)
+        self.full_model = self.model
+        self.stage_index: int | None = None  # known once the first generation says which rank this is
+        self.layout: Layout | None = None
+        self.pipe: StagePipeline | None = None
+        self.stage_comm: Comm | None = None
+        self.pre_update: dict[str, Any] | None = None  # hybrid shrink: this step's state before its update
+        self.keep_pre_update = config.parallelism == "hybrid" and config.strategy == "shrink"
+        # the stage is known only at the first generation; building an optimizer the first time imports a few
+        # seconds of torch machinery: pay that now, during start-up, not inside the first join
+        make_optimizer(config.optimizer, [nn.Parameter(torch.zeros(1))], config.lr, config.momentum)
+
+    # -- the stage this process holds ---------------------------------------------------------------------------
+    def _take_stage(self, stage: int) -> None:
+        """Keep only ``stage``'s modules (a rank's stage never changes: stable rank numbers, stable stages)."""
+        if self.stage_index == stage:
+            return
+        self.stage_index = stage
+        self.model = stage_module(self.full_model, self.stage_names[stage])
+        self.full_model = None
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.optimizer = make_optimizer(self.config.optimizer, self.params, self.config.lr, self.config.momentum)
+        numel = sum(p.numel() for p in self.params)
+        self.grads = torch.zeros(numel)  # gradients live in one flat buffer: one allreduce per stage
+        self.views, offset = [], 0
+        for p in self.params:
+            view = self.grads[offset: offset + p.numel()].view_as(p)
+            p.grad = view
+            self.views.append(view)
+            offset += p.numel()
+        self.injector = Injector(self.model, self._report_flip)
+
+    def _stage_faults(self, faults: list[FaultSpec]) -> list[FaultSpec]:
+        """An activation flip that names only its stage hits what that stage sends on (its last module)."""
+        boundary = self.stage_names[self.stage_index][-1]
+        return [dataclasses.replace(f, tensor=boundary) if f.kind == "flip" and f.tensor is None else f
+                for f in faults]
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def stage_state(self) -> dict[str, Any]:
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                "optim": st.named_optimizer_state(self.optimizer, self.named)}
+
+    def load_stage_state(self, state: dict[str, Any]) -> None:
+        mine = self.model.state_dict().keys()
+        self.model.load_state_dict({k: v for k, v in state["model"].items() if k in mine})
+        st.load_named_optimizer_state(self.optimizer, self.named, state["optim"])
+
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The whole model: each stage's first member broadcasts its stage's state (collective)."""
+        model: dict[str, torch.Tensor] = {}
+        optim: dict[str, dict[str, torch.Tensor]] = {}
+        for members in self.layout.stage_members:
+            head = members[0]
+            payload = st.to_bytes(self.stage_state()) if self.comm.rank == head else None
+            part = st.from_bytes(self.comm.broadcast_bytes(payload, head))
+            model.update(part["model"])
+            optim.update(part["optim"])
+        return model, optim
+
+    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
+        return self.optimizer.state.get(dict(self.named)[name], {})
+
+    # -- generations --------------------------------------------------------------------------------------------
+    def join(self, a: dict[str, Any]) -> None:
+        started = time.monotonic()
+        recovery = a.get("recovery")
+        self._take_stage(self.config.stage_of(a["members"][a["rank"]]))
+        self.injector.set(self._stage_faults(self._set_faults(a)))
+        self.comm.join(a)
+        self.layout = Layout(self.config, a["members"], self.comm.rank)
+        members = self.layout.stage_members[self.layout.stage]
+        self.stage_comm = self.comm.subgroup(f"stage{self.layout.stage}", self.layout.stage_rank, len(members))
+        stage = self.layout.stage
+        in_shape = self.shapes[stage - 1] if stage else tuple(self.data.input_shape)
+        self.pipe = StagePipeline(self.model, self.layout, self.comm, in_shape, self.shapes[stage])
+        self.pipe.between_phases = self._fault_point
+        self.comm.prepare_links(self.layout.peers())
+        if a.get("resume"):
+            from workbench import checkpoint as ckpt
+
+            restored = ckpt.load(a["resume"], check=self.config.resume_verify)
+            self.load_stage_state({"model": restored.model, "optim": restored.optimizer})
+            self.step = restored.step
+        elif recovery == "reinit":
+            snapshot = st.from_bytes(self.comm.broadcast_bytes(
+                self.memory_snapshot if self.comm.rank == a["source"] else None, a["source"]))
+            self.memory_snapshot = st.to_bytes(snapshot)
+            self.load_stage_state(snapshot)
+            self.step = int(snapshot["step"])
+        elif a["source"] is None:
+            self._settle_replicas()
+        if self.config.strategy == "reinit" and a["gen"] == 0:
+            self._snapshot_in_memory()  # the initial state is the first snapshot to return to
+        report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
+                                  "sync_s": time.monotonic() - started}
+        if recovery and self.comm.rank == 0:
+            report.update(recovery=recovery, resume_step=self.step, retried=False)
+        self.channel.send(report)
+        self.inflight = None
+        self.trained = True
+
+    def _settle_replicas(self) -> None:
+        """Hybrid shrink/regrow: bring every member to the last step all of them committed, then give each
+        stage's replacements the state of a replica of that stage."""
+        steps = torch.zeros(self.comm.size, dtype=torch.float64)
+        steps[self.comm.rank] = self.step + 1.0 if self.trained else 0.0  # 0: a replacement without state
+        self.comm.allreduce_now(steps)
+        trained = steps > 0
+        target = int(steps[trained].min().item()) - 1
+        if self.trained and self.step > target:
+            if self.pre_update is None or self.pre_update["step"] != target:
+                raise CommError(f"rank at step {self.step} cannot return to step {target}: no pre-update copy")
+            self.load_stage_state(self.pre_update)  # undo the failed step's update: the survivors redo it
+        self.step = target
+        members = self.layout.stage_members[self.layout.stage]
+        holders = [i for i, position in enumerate(members) if trained[position]]
+        if not holders:
+            raise CommError(f"stage {self.layout.stage} has no replica with its layers left")
+        if len(holders) < len(members):
+            source = holders[0]
+            payload = st.to_bytes(self.stage_state()) if self.stage_comm.rank == source else None
+            received = self.stage_comm.broadcast_bytes(payload, source)
+            if not self.trained:
+                self.load_stage_state(st.from_bytes(received))
+
+    # -- one step -----------------------------------------------------------------------------------------------
+    def train_step(self) -> None:
+        step = self.step
+        started = time.perf_counter()
+        self.inflight = InFlight(step, self.comm.rank, self.comm.size)
+        self._take_live_faults()
+        self.injector.at_step_start(step, self.optimizer_state_of)
+        lanes = np.array_split(self.batches(step), self.layout.lanes)
+        micro = [np.array_split(lane, self.config.micro_batches) for lane in lanes]
+        self.grads.zero_()
+        stats = self.pipe.forward_backward(self.data.x_train, self.data.y_train, micro, 1.0 / self.config.batch_size)
+        for p, view in zip(self.params, self.views):
+            if p.grad is not view:  # autograd replaced the gradient tensor: bring it back into the flat buffer
+                view.copy_(p.grad)
+                p.grad = view
+        messages, sent = self.pipe.messages, self.pipe.bytes_sent
+        self.injector.into_bucket("grad", step, [n for n, _ in self.named], self.views)
+        self.stage_comm.allreduce_now(self.grads)
+        self.injector.into_bucket("grad_local", step, [n for n, _ in self.named], self.views)
+        self.comm.allreduce_now(stats)  # every stage's gradient is complete: the step's commit point
+        for m, b in (ring_allreduce_traffic([self.grads.numel() * 4], self.stage_comm.size),
+                     ring_allreduce_traffic([stats.numel() * 4], self.comm.size)):
+            messages, sent = messages + m, sent + b
+        if self.keep_pre_update:
+            self.pre_update = {"step": step, **self.stage_state()}
+        self.optimizer.step()
+        self.step = step + 1
+        self.inflight = None
+        self.traffic = (messages, sent)
+        self._commit(step, stats, started)
+
+    def _before_fault(self) -> None:
+        self.pipe.wait_sends()  # the activations already sent arrive: the fault lands in the backward phase
+
+    def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
+        evaluation = self.evaluate() if self._evaluation_due() else None  # collective: every member takes part
+        self._report_step(step, stats, started, evaluation=evaluation)
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
+            if self.config.strategy == "reinit":
+                self._snapshot_in_memory()
+            elif self.config.strategy == "checkpoint_restart":
+                state = self.checkpoint_state()
+                if self.comm.rank == 0:
+                    self._write_checkpoint(state=state)
+
+    def _snapshot_in_memory(self) -> None:
+        """reinit: every member keeps the whole model's state, so any survivor can restore any stage."""
+        model, optim = self.checkpoint_state()
+        self.memory_snapshot = st.to_bytes({"step": self.step, "model": model, "optim": optim})
+
+    def _final_checkpoint(self) -> None:
+        state = self.checkpoint_state()
+        if self.comm.rank == 0:
+            self._write_checkpoint("final.h5", state=state)
+
+    def evaluate(self) -> dict[str, float]:
+        stats = self.comm.allreduce_now(self.pipe.evaluate(self.data.x_test, self.data.y_test))
+        samples = max(stats[2].item(), 1.0)
+        return {"test_loss": stats[0].item() / samples, "test_acc": stats[1].item() / samples}
+
+    def replica_group(self) -> int:
+        return self.stage_index or 0
