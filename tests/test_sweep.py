@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_fixtures import fake_sweep, fake_trials
+from sweep_fixtures import fake_result, fake_sweep, fake_trials
 
 import workbench
 from workbench import cli
@@ -18,8 +18,8 @@ from workbench.errors import SweepError
 from workbench.faults import load_trials, save_trials
 from workbench.report import report
 from workbench.results import load_table
-from workbench.sweep import grid_points, load_sweep, notebook_parameters, parse_value, point_id, sweep
-from workbench.sweep_point import alive, descendants
+from workbench.sweep import grid_points, is_complete, load_sweep, notebook_parameters, parse_value, point_id, sweep
+from workbench.sweep_point import alive, descendants, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
@@ -161,7 +161,7 @@ def test_report_picks_the_figures_that_fit(tmp_path):
     assert trials.equals(fake_trials())
     page = report(tmp_path / "s", out=tmp_path / "r.html").read_text()
     for title in ("Strategy trade-off", "Recovery timeline: checkpoint_restart", "Recovery timeline: shrink",
-                  "Bit sensitivity (8 trials from 1 points)", "Gossip vs allreduce"):
+                  "Bit sensitivity (8 trials from 1 points)", "Gossip vs allreduce (mean over 12 runs)"):
         assert f"<h3>{title}" in page, title
     assert page.count("<tr class=\"completed\">") == len(ids)
     assert page.count("Plotly.newPlot") == 6 and "<script src=" not in page  # plotly.js inlined, once
@@ -177,6 +177,17 @@ def test_report_picks_the_figures_that_fit(tmp_path):
     assert "Recovery timeline: shrink" in page and page.count("<tr class=\"failed\">") == len(ids) - 1
     both = report(tmp_path / "s", one, out=tmp_path / "both.html").read_text()  # one section per sweep
     assert both.count("<h2>") == 2 and both.count("<h3>Points</h3>") == 2 and both.count("/**\n* plotly.js") == 1
+
+
+def test_complete_with_several_runs_below_out(tmp_path):
+    point = tmp_path / "p"
+    (point / "nb.ipynb").parent.mkdir(parents=True)
+    (point / "nb.ipynb").write_text("{}")
+    write_json(point / "point.json", {"status": "completed", "notebook": str(point / "nb.ipynb"),
+                                      "parameters": {"seed": 0, "out": str(point)}})
+    assert not is_complete(point)
+    fake_result("shrink", 0, "gossip").save(point / "gossip-p4")  # a notebook saving one run per mode
+    assert is_complete(point)
 
 
 def test_report_cli_errors(tmp_path, capsys):

@@ -8,8 +8,9 @@ Which figures (each only when its data is there; the page says when none fits):
 - **recovery timelines** (``plots.recovery_timeline``): per strategy, the first completed point that had failures;
 - **bit sensitivity** (``plots.bit_sensitivity``): the per-bit trials that points saved as ``sensitivity.h5``
   (the soft-errors notebook), all points' trials together;
-- **gossip vs allreduce** (``plots.gossip_vs_allreduce``): when the ``parallelism`` column (a parameter or
-  ``config.parallelism``) holds ``gossip`` and another mode; per-step metrics averaged over the points of a mode.
+- **gossip vs allreduce** (``plots.gossip_vs_allreduce``): when the runs saved under the completed points (a point
+  may save several, as ``gossip_vs_allreduce.ipynb`` does) have ``config.parallelism`` ``gossip`` and another mode;
+  per-step metrics of the largest world size, averaged per mode.
 plotly.js is inlined once (no network needed to view the page); the page is written atomically.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.faults.sensitivity import SENSITIVITY_FILE, load_trials
-from workbench.results import RunResult
+from workbench.results import RESULT_FILE, RunResult
 from workbench.sweep import load_sweep
 
 if TYPE_CHECKING:
@@ -66,26 +67,48 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
 
         fig = plots.bit_sensitivity(pd.concat(trials, ignore_index=True))
         found.append((f"Bit sensitivity ({sum(len(t) for t in trials)} trials from {len(trials)} points)", fig))
-    group = "parallelism" if "parallelism" in done.columns else "config.parallelism"
-    if group in done.columns and "gossip" in set(done[group]) and done[group].nunique() >= 2:
-        found.append(("Gossip vs allreduce", plots.gossip_vs_allreduce(_mean_metrics(done, group))))
+    runs = _runs_by_mode(done)
+    if "gossip" in runs and len(runs) >= 2:
+        found.append((f"Gossip vs {', '.join(sorted(m for m in runs if m != 'gossip'))} (mean over "
+                      f"{sum(len(r) for r in runs.values())} runs)", plots.gossip_vs_allreduce(_mean_metrics(runs))))
     return found
 
 
-def _mean_metrics(done: pd.DataFrame, group: str) -> pd.DataFrame:
-    """Per-step metrics of every point, time from each run's start, averaged per (mode, step)."""
+def _runs_by_mode(done: pd.DataFrame) -> dict[str, list[RunResult]]:
+    """Every run saved under the completed points (a point may save several, e.g. one per mode), by
+    ``config.parallelism``; only the largest world size, as the runs of different sizes do not average."""
+    runs: list[RunResult] = []
+    for notebook in done.get("notebook", []):
+        if isinstance(notebook, str):
+            for path in sorted(Path(notebook).parent.rglob(RESULT_FILE)):
+                result = RunResult.load(path)
+                if result.config.get("parallelism"):
+                    runs.append(result)
+    if not runs:
+        return {}
+    largest = max(r.config.get("world_size", 0) for r in runs)
+    by_mode: dict[str, list[RunResult]] = {}
+    for r in runs:
+        if r.config.get("world_size", 0) == largest:
+            by_mode.setdefault(str(r.config["parallelism"]), []).append(r)
+    return by_mode
+
+
+def _mean_metrics(runs: dict[str, list[RunResult]]) -> pd.DataFrame:
+    """Per-step metrics of every run, time from each run's first step, averaged per (mode, step)."""
     import pandas as pd
 
     frames = []
-    for _, row in done.iterrows():
-        metrics = RunResult.load(row.path).to_dataframe()
-        if "consensus_distance" not in metrics:
-            metrics["consensus_distance"] = float("nan")
-        metrics["time"] = metrics["time"] - metrics["time"].min()
-        metrics[group] = row[group]
-        frames.append(metrics)
+    for mode, results in runs.items():
+        for result in results:
+            metrics = result.to_dataframe()
+            if "consensus_distance" not in metrics:
+                metrics["consensus_distance"] = float("nan")
+            metrics["time"] = metrics["time"] - metrics["time"].min()
+            metrics["parallelism"] = mode
+            frames.append(metrics)
     data = pd.concat(frames, ignore_index=True)
-    return data.groupby([group, "step"], as_index=False)[["time", "test_acc", "consensus_distance"]].mean()
+    return data.groupby(["parallelism", "step"], as_index=False)[["time", "test_acc", "consensus_distance"]].mean()
 
 
 def _table(frame: pd.DataFrame, parameters: list[str], base: Path) -> str:

@@ -13,7 +13,9 @@ Protocol of ``sweep(notebook, parameters, grid, out, jobs)``:
   (its status) and ``point.log``.
 - **Resume.** A point is complete when its ``point.json`` says ``completed``, which :mod:`workbench.sweep_point`
   writes only after the notebook ran to its end and its ``result.h5`` (written atomically by
-  ``RunResult.save``) is there. Every other point — never run, interrupted, or failed — runs on the next
+  ``RunResult.save``) is there — ``DIR/<id>/result.h5``, or for a notebook that saves several runs under
+  ``out`` (``gossip_vs_allreduce``), one below it; such a point's row has no run summary.
+  Every other point — never run, interrupted, or failed — runs on the next
   invocation (failed points are retried since a failure may have been an interruption; ``retry_failed=False``
   skips them). A point whose notebook fails is recorded as ``failed`` with a one-line error; the others go on.
 - **Processes.** Points run in worker processes (``python -m workbench.sweep_point``), each in a session of its
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.errors import ResultsError, SweepError
 from workbench.results import RESULT_FILE, RunResult, load_table, save_table
-from workbench.sweep_point import LOG_FILE, POINT_FILE, descendants, kill_all, write_json
+from workbench.sweep_point import LOG_FILE, POINT_FILE, descendants, has_result, kill_all, write_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,7 +197,7 @@ def is_complete(directory: str | os.PathLike) -> bool:
     status = point_status(directory)
     if not status or status.get("status") != "completed" or not Path(status.get("notebook", "")).is_file():
         return False
-    return "out" not in status.get("parameters", {}) or (Path(directory) / RESULT_FILE).is_file()
+    return "out" not in status.get("parameters", {}) or has_result(Path(directory))
 
 
 def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None = None, *,

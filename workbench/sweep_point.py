@@ -13,7 +13,8 @@ worker, not once per point); it gets SIGTERM when the sweep's process dies. Prot
   returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
   of papermill). Files of an earlier attempt are removed first.
 - a point is ``completed`` when the notebook ran to its end and, if the notebook declares ``out``, wrote
-  ``result.h5`` there; otherwise ``failed`` with a one-line error. The worker then goes on with the next point.
+  ``result.h5`` there (or, for a notebook saving several runs, below it); otherwise ``failed`` with a one-line
+  error. The worker then goes on with the next point.
 On SIGTERM (the sweep being interrupted) the worker SIGKILLs every process below it — the kernel and the kernel's
 rank processes, which are in sessions of their own — removes the temporary notebook and exits at once; the
 point's ``point.json`` stays ``running``, so the next sweep runs the point again.
@@ -61,6 +62,12 @@ def descendants(pid: int) -> list[tuple[int, int]]:
         found.extend(below)
         frontier = [c for c, _ in below]
     return found
+
+
+def has_result(directory: Path) -> bool:
+    """``directory/result.h5`` exists — or, for a notebook that saves several runs under ``out`` (e.g. one per
+    parallel mode), a ``result.h5`` somewhere below it."""
+    return (directory / RESULT_FILE).is_file() or next(directory.rglob(RESULT_FILE), None) is not None
 
 
 def alive(pid: int, started: int) -> bool:
@@ -155,8 +162,8 @@ class Worker:
             if tmp.exists():
                 os.replace(tmp, executed)
             self.current_tmp = None
-        if error is None and "out" in task["parameters"] and not (directory / RESULT_FILE).is_file():
-            error = f"the notebook completed but wrote no {RESULT_FILE} to out={task['parameters']['out']}"
+        if error is None and "out" in task["parameters"] and not has_result(directory):
+            error = f"the notebook completed but wrote no {RESULT_FILE} under out={task['parameters']['out']}"
         cpu1 = _cpu()
         status.update(status="failed" if error else "completed", error=error, wall_s=round(time.monotonic() - t0, 3),
                       finished=time.time(), worker_cpu_s=round(cpu1[0] - cpu0[0], 3),
