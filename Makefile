@@ -19,8 +19,16 @@ $(STAMP): pyproject.toml
 setup-browser: setup
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
+# The paper workflow in a few minutes: every recovery strategy x 2 seeds on 2 ranks, rank 1 killed at step 60,
+# then a small bit-flip campaign, then one HTML report. Resumable: run it again and only unfinished points run.
+# A failed point does not stop the demo (the report shows it).
+DEMO ?= runs/demo
 demo: setup
-	$(VENV)/bin/workbench run --world-size 4 --steps 300 --strategy rollback --regrow --fault kill:rank=2,step=120 --out runs/demo
+	-$(VENV)/bin/workbench sweep notebooks/permanent_faults.ipynb --out $(DEMO)/permanent_faults \
+		-p strategy none checkpoint_restart shrink rollback forward reinit -p seed 0 1 \
+		-p world_size 2 -p fault kill:rank=1,step=60
+	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
+	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
 
 test: setup
 	$(VENV)/bin/pytest -q -rs tests
@@ -34,6 +42,7 @@ lab: setup
 
 bench: setup
 	$(PY) benchmarks/bench_overhead.py
+	$(PY) benchmarks/bench_sweep.py
 
 clean:
 	rm -rf runs .pytest_cache

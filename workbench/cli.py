@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true")
     verify = sub.add_parser("verify", help="check datasets against their checksums (exit 1 if any fails)")
     verify.add_argument("checkpoint", type=Path)
+    _add_sweep_parsers(sub)
     return parser
 
 
@@ -197,6 +198,78 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.completed else 1
 
 
+def _add_sweep_parsers(sub: Any) -> None:
+    sweep = sub.add_parser("sweep", help="run a notebook over a grid of parameters (papermill), resumable",
+                           description="Run NOTEBOOK at every point of the grid that is not complete under --out: "
+                           "each point in its own papermill run, at most --jobs at a time; DIR/<point id>/ gets the "
+                           "executed notebook and result.h5, DIR/results.h5 the table of all points.")
+    sweep.add_argument("notebook", type=Path)
+    sweep.add_argument("-p", "--parameter", dest="parameters", nargs="+", action="append", default=[],
+                       metavar=("NAME", "VALUE"), help="a parameter and its values (read as YAML: 0 is an int, "
+                       "true a bool, [1, 2] a list); repeat for the cartesian product")
+    sweep.add_argument("--grid", type=Path, help="YAML file: a mapping name: [values] (cartesian product) or a "
+                       "list of mappings (points); combined with every -p point")
+    sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
+    sweep.add_argument("--jobs", type=int, help="points at a time (default: min(cores, 2 x cores / the points' "
+                       "world_size), at least 1)")
+    sweep.add_argument("--skip-failed", action="store_true", help="do not retry points that failed before")
+    sweep.add_argument("--timeout", type=float, help="seconds a cell may run before its point fails")
+    sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")
+    sweep.add_argument("--dry-run", action="store_true", help="print the points and which would run, run nothing")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    report = sub.add_parser("report", help="one self-contained HTML page of sweeps' figures and points",
+                            description="Render the plotly figures that fit each sweep DIR (strategy trade-off, "
+                            "bit sensitivity, gossip vs allreduce, recovery timelines) and its table of points, "
+                            "into one page that needs no network.")
+    report.add_argument("directories", type=Path, nargs="+", metavar="DIR",
+                        help="sweep directories (one section each)")
+    report.add_argument("--out", type=Path, help="HTML file (default: report.html in the first DIR)")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.errors import SweepError
+    from workbench.sweep import grid_points, is_complete, parse_value, point_id, sweep
+
+    parameters: dict[str, list[Any]] = {}
+    for name, *values in args.parameters:
+        if name in parameters:
+            raise SweepError(f"parameter {name!r} given twice")
+        if not values:
+            raise SweepError(f"parameter {name!r} has no values (-p {name} V1 V2 ...)")
+        parameters[name] = [parse_value(v) for v in values]
+    if args.dry_run:
+        from workbench.sweep import notebook_parameters
+
+        declared = notebook_parameters(args.notebook)
+        points = grid_points(parameters, args.grid)
+        unknown = sorted({k for p in points for k in p} - set(declared))
+        if unknown:
+            raise SweepError(f"{args.notebook.name} has no parameter {', '.join(map(repr, unknown))}")
+        for p in points:
+            done = is_complete(args.out / point_id(p))
+            print(f"{'complete' if done else 'to run  '}  {point_id(p)}  {json.dumps(p)}")
+        return 0
+    frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
+                  retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
+                  kernel_name=args.kernel, timeout=args.timeout)
+    attrs = frame.attrs
+    for pid in attrs["failed"]:
+        row = frame[frame.point == pid].iloc[0]
+        print(f"failed: {pid}: {row.error}")
+    print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
+          f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
+          f"complete; table: {args.out / 'results.h5'}")
+    return 1 if attrs["failed"] else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from workbench.report import report
+
+    path = report(*args.directories, out=args.out)
+    print(f"report: {path.resolve()}")
+    return 0
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # run.wait() stops the run and kills every rank on the way out
 
@@ -206,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify}[args.command](args)
+        return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify, "sweep": cmd_sweep,
+                "report": cmd_report}[args.command](args)
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 2

@@ -25,3 +25,7 @@ class RunStartError(WorkbenchError):
 
 class ResultsError(WorkbenchError):
     """A result file or directory cannot be read."""
+
+
+class SweepError(WorkbenchError):
+    """A sweep's notebook, parameters, grid or output directory is invalid (raised before any point runs)."""

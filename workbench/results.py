@@ -203,3 +203,67 @@ def load_results(where: str | os.PathLike, metrics: bool = False) -> pd.DataFram
         else:
             frames.append(pd.DataFrame([row]))
     return pd.concat(frames, ignore_index=True)
+
+
+def save_table(frame: pd.DataFrame, path: str | os.PathLike, **attrs: Any) -> Path:
+    """Write a DataFrame to HDF5 atomically, one dataset per column (in a ``columns`` group, order kept).
+
+    A column of numbers (None allowed: stored as NaN) is stored as float64 or int64, a column of booleans as
+    bool, anything else as UTF-8 JSON strings (attribute ``json`` set on the dataset); ``attrs`` (JSON) become
+    root attributes. :func:`load_table` reads it back."""
+    import h5py
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["columns"] = json.dumps([str(c) for c in frame.columns])
+        for key, value in attrs.items():
+            f.attrs[key] = json.dumps(value)
+        group = f.create_group("columns")
+        for i, column in enumerate(frame.columns):
+            values = [_scalar(v) for v in frame[column].tolist()]
+            name = f"{i:04d}"
+            present = [v for v in values if v is not None]
+            if present and all(isinstance(v, bool) for v in values):
+                group.create_dataset(name, data=np.array(values, dtype=bool))
+            elif present and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                group.create_dataset(name, data=np.array(values, dtype=np.int64))
+            elif all(isinstance(v, (int, float)) and not isinstance(v, bool) or v is None for v in values):
+                group.create_dataset(name, data=np.array([math.nan if v is None else v for v in values],
+                                                         dtype=np.float64))
+            else:
+                group.create_dataset(name, data=[json.dumps(v) for v in values], dtype=h5py.string_dtype())
+                group[name].attrs["json"] = True
+    os.replace(tmp, path)
+    return path
+
+
+def load_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Read a table written by :func:`save_table`: the DataFrame and the root attributes."""
+    import h5py
+    import pandas as pd
+
+    try:
+        with h5py.File(path, "r") as f:
+            columns = json.loads(f.attrs["columns"])
+            data = {}
+            for i, column in enumerate(columns):
+                dataset = f["columns"][f"{i:04d}"]
+                data[column] = ([json.loads(v) for v in dataset.asstr()[()]] if dataset.attrs.get("json")
+                                else dataset[()])
+            attrs = {k: json.loads(v) for k, v in f.attrs.items() if k not in ("format", "columns")}
+    except (OSError, KeyError, ValueError) as exc:
+        raise ResultsError(f"{path} is not a workbench table: {exc}") from None
+    return pd.DataFrame(data, columns=columns), attrs
+
+
+def _scalar(value: Any) -> Any:
+    """numpy scalars to Python ones; NaN to None."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value

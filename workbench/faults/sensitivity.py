@@ -24,6 +24,8 @@ from workbench.faults.bitflip import apply_masks, bit_field
 from workbench.faults.outcomes import classify_values
 from workbench.models import build_model
 
+SENSITIVITY_FILE = "sensitivity.h5"
+
 
 class LocalResume:
     """Resume a checkpoint of a run in-process and train ``steps`` more steps; returns (accuracy, losses)."""
@@ -105,3 +107,20 @@ def outcome_shares(frame: Any, z: float = 1.96) -> Any:
             rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": p,
                          "low": max(0.0, centre - half), "high": min(1.0, centre + half)})
     return pd.DataFrame(rows)
+
+
+def save_trials(frame: Any, path: str | os.PathLike) -> Any:
+    """Write the trials of :func:`bit_sensitivity` to HDF5 (atomically; ``golden_accuracy`` kept), e.g. as
+    ``out/sensitivity.h5`` of a sweep point, where ``workbench report`` finds them."""
+    from workbench.results import save_table
+
+    return save_table(frame, path, golden_accuracy=frame.attrs.get("golden_accuracy"))
+
+
+def load_trials(path: str | os.PathLike) -> Any:
+    """The trials saved by :func:`save_trials`, as a DataFrame."""
+    from workbench.results import load_table
+
+    frame, attrs = load_table(path)
+    frame.attrs["golden_accuracy"] = attrs.get("golden_accuracy")
+    return frame

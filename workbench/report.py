@@ -1,0 +1,185 @@
+"""One self-contained HTML page of a sweep: the figures of :mod:`workbench.plots` that fit its columns, and a table
+of its points.
+
+Which figures (each only when its data is there; the page says when none fits):
+- **strategy trade-off** (``plots.strategy_tradeoff``): completed points of at least two recovery strategies
+  (``config.strategy``, ``+regrow`` appended where set), some with failures, with ``overhead_s`` and
+  ``baseline_accuracy`` in their summary (the permanent-faults notebook sets them);
+- **recovery timelines** (``plots.recovery_timeline``): per strategy, the first completed point that had failures;
+- **bit sensitivity** (``plots.bit_sensitivity``): the per-bit trials that points saved as ``sensitivity.h5``
+  (the soft-errors notebook), all points' trials together;
+- **gossip vs allreduce** (``plots.gossip_vs_allreduce``): when the runs saved under the completed points (a point
+  may save several, as ``gossip_vs_allreduce.ipynb`` does) have ``config.parallelism`` ``gossip`` and another mode;
+  per-step metrics of the largest world size, averaged per mode.
+plotly.js is inlined once (no network needed to view the page); the page is written atomically.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workbench.faults.sensitivity import SENSITIVITY_FILE, load_trials
+from workbench.results import RESULT_FILE, RunResult
+from workbench.sweep import load_sweep
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+TABLE_COLUMNS = ("status", "outcome", "final_test_accuracy", "baseline_accuracy", "overhead_s", "n_failures",
+                 "steps_redone_total", "samples_lost_total", "world_size_final", "point_wall_s", "error")
+
+
+def strategy_label(row: Any) -> str:
+    regrow = row.get("config.regrow")
+    return f"{row['config.strategy']}+regrow" if regrow is True or regrow == 1 else str(row["config.strategy"])
+
+
+def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
+    """(title, figure) for each figure that fits the sweep's table (see the module docstring)."""
+    from workbench import plots
+
+    done = frame[frame.status == "completed"].copy()
+    found: list[tuple[str, Any]] = []
+    if {"config.strategy", "overhead_s", "baseline_accuracy", "final_test_accuracy"} <= set(done.columns):
+        done["strategy_label"] = [strategy_label(r) for _, r in done.iterrows()]
+        usable = done.dropna(subset=["overhead_s", "baseline_accuracy", "final_test_accuracy"])
+        if usable.strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum() > 0:
+            found.append(("Strategy trade-off: accuracy lost vs runtime overhead (mean ± sd over points)",
+                          plots.strategy_tradeoff(usable, strategy="strategy_label")))
+    if "config.strategy" in done.columns and "n_failures" in done.columns:
+        faulty = done[done.n_failures.fillna(0) > 0].copy()
+        faulty["strategy_label"] = [strategy_label(r) for _, r in faulty.iterrows()]
+        for label, rows in faulty.groupby("strategy_label", sort=True):
+            first = rows.iloc[0]
+            fig = plots.recovery_timeline(RunResult.load(first.path))
+            fig.update_layout(title=f"{label}: ranks over the run ({first.point})")
+            found.append((f"Recovery timeline: {label}", fig))
+    trials = [load_trials(Path(p).parent / SENSITIVITY_FILE) for p in done.get("path", [])
+              if isinstance(p, str) and (Path(p).parent / SENSITIVITY_FILE).is_file()]
+    if trials:
+        import pandas as pd
+
+        fig = plots.bit_sensitivity(pd.concat(trials, ignore_index=True))
+        found.append((f"Bit sensitivity ({sum(len(t) for t in trials)} trials from {len(trials)} points)", fig))
+    runs = _runs_by_mode(done)
+    if "gossip" in runs and len(runs) >= 2:
+        found.append((f"Gossip vs {', '.join(sorted(m for m in runs if m != 'gossip'))} (mean over "
+                      f"{sum(len(r) for r in runs.values())} runs)", plots.gossip_vs_allreduce(_mean_metrics(runs))))
+    return found
+
+
+def _runs_by_mode(done: pd.DataFrame) -> dict[str, list[RunResult]]:
+    """Every run saved under the completed points (a point may save several, e.g. one per mode), by
+    ``config.parallelism``; only the largest world size, as the runs of different sizes do not average."""
+    runs: list[RunResult] = []
+    for notebook in done.get("notebook", []):
+        if isinstance(notebook, str):
+            for path in sorted(Path(notebook).parent.rglob(RESULT_FILE)):
+                result = RunResult.load(path)
+                if result.config.get("parallelism"):
+                    runs.append(result)
+    if not runs:
+        return {}
+    largest = max(r.config.get("world_size", 0) for r in runs)
+    by_mode: dict[str, list[RunResult]] = {}
+    for r in runs:
+        if r.config.get("world_size", 0) == largest:
+            by_mode.setdefault(str(r.config["parallelism"]), []).append(r)
+    return by_mode
+
+
+def _mean_metrics(runs: dict[str, list[RunResult]]) -> pd.DataFrame:
+    """Per-step metrics of every run, time from each run's first step, averaged per (mode, step)."""
+    import pandas as pd
+
+    frames = []
+    for mode, results in runs.items():
+        for result in results:
+            metrics = result.to_dataframe()
+            if "consensus_distance" not in metrics:
+                metrics["consensus_distance"] = float("nan")
+            metrics["time"] = metrics["time"] - metrics["time"].min()
+            metrics["parallelism"] = mode
+            frames.append(metrics)
+    data = pd.concat(frames, ignore_index=True)
+    return data.groupby(["parallelism", "step"], as_index=False)[["time", "test_acc", "consensus_distance"]].mean()
+
+
+def _table(frame: pd.DataFrame, parameters: list[str], base: Path) -> str:
+    columns = ["point", *parameters, *[c for c in TABLE_COLUMNS if c in frame.columns]]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for _, row in frame.iterrows():
+        cells = []
+        for c in columns:
+            value = row.get(c)
+            if c == "point" and isinstance(row.get("notebook"), str):
+                link = os.path.relpath(row["notebook"], base)
+                cells.append(f'<td><a href="{html.escape(link)}">{html.escape(str(value))}</a></td>')
+                continue
+            if isinstance(value, float):
+                text = "" if value != value else f"{value:.4g}"
+            else:
+                text = "" if value is None else str(value)
+            cells.append(f"<td>{html.escape(text)}</td>")
+        body.append(f"<tr class=\"{html.escape(str(row.get('status')))}\">{''.join(cells)}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
+table {{ border-collapse: collapse; font-size: 0.85em; }} td, th {{ border: 1px solid #ccc; padding: 2px 6px; }}
+tr.failed {{ background: #fdd; }} tr.pending {{ background: #eee; }} .figure {{ margin: 1.5em 0; }}
+</style></head><body>
+<h1>{title}</h1>
+<p>Generated {generated}.</p>
+{sections}
+</body></html>
+"""
+
+
+def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Write the report of one or more sweeps (default ``DIR/report.html`` of the first) and return its path.
+
+    Each sweep gets its own section — its figures, then its table of points (each point linked to its executed
+    notebook) — so figures never mix points of different notebooks."""
+    directories = [Path(d) for d in (directory, *more)]
+    out = Path(out) if out is not None else directories[0] / "report.html"
+    sections, k = [], 0
+    for d in directories:
+        frame = load_sweep(d)
+        spec = json.loads((d / "sweep.json").read_text())
+        parameters = sorted({key for p in spec["points"] for key in p["parameters"]})
+        counts = frame.status.value_counts().to_dict()
+        parts = [f"<h2>{html.escape(Path(spec['notebook']).stem)}: <code>{html.escape(str(d))}</code></h2>",
+                 f"<p>Notebook <code>{html.escape(spec['notebook'])}</code>, {len(frame)} points: "
+                 + ", ".join(f"{n} {html.escape(str(s))}" for s, n in sorted(counts.items())) + ".</p>"]
+        found = figures(frame)
+        for title, fig in found:
+            div = fig.to_html(full_html=False, include_plotlyjs=k == 0, div_id=f"figure-{k}")
+            parts.append(f'<div class="figure"><h3>{html.escape(title)}</h3>{div}</div>')
+            k += 1
+        if not found:
+            parts.append("<p>No figure fits this sweep's columns (see <code>workbench.report</code>).</p>")
+        parts.append(f'<h3>Points</h3><div style="overflow-x: auto">'
+                     f'{_table(frame, parameters, out.resolve().parent)}</div>')
+        sections.append("\n".join(parts))
+    name = ", ".join(d.resolve().name for d in directories)
+    page = PAGE.format(title=html.escape(f"Sweep report: {name}"), generated=time.strftime("%Y-%m-%d %H:%M:%S"),
+                       sections="\n".join(sections))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+__all__ = ["figures", "report"]

@@ -1,0 +1,222 @@
+"""A sweep worker: executes sweep points with papermill, one after another, in this process.
+
+Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD --parent PID``, in a
+session of its own, one worker per job slot (so papermill's imports — 2–3 s on this machine — are paid once per
+worker, not once per point); it gets SIGTERM when the sweep's process dies. Protocol:
+- stdin: one JSON line per point, ``{"id", "dir", "notebook", "parameters", "kernel_name", "timeout"}``; EOF ends
+  the worker.
+- file descriptor FD: JSON lines ``{"id", "event": "start"}``, ``{"id", "event": "cell", "index", "total"}``
+  (a code or markdown cell starts), ``{"id", "event": "done", "status", "error"}``.
+- per point, in ``dir``: ``point.json`` (written atomically: ``running`` at the start, ``completed`` or ``failed``
+  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end), the
+  executed notebook (executed under a hidden temporary name, renamed when papermill
+  returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
+  of papermill). Files of an earlier attempt are removed first.
+- a point is ``completed`` when the notebook ran to its end and, if the notebook declares ``out``, wrote
+  ``result.h5`` there (or, for a notebook saving several runs, below it); otherwise ``failed`` with a one-line
+  error. The worker then goes on with the next point.
+On SIGTERM (the sweep being interrupted) the worker SIGKILLs every process below it — the kernel and the kernel's
+rank processes, which are in sessions of their own — removes the temporary notebook and exits at once; the
+point's ``point.json`` stays ``running``, so the next sweep runs the point again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.results import RESULT_FILE
+
+POINT_FILE = "point.json"
+LOG_FILE = "point.log"
+ENGINE = "workbench_sweep"
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process below ``pid``, read from /proc (Linux); children before grandchildren."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append((int(entry), int(fields[19])))
+    found, frontier = [], [pid]
+    while frontier:
+        below = [c for p in frontier for c in children.get(p, [])]
+        found.extend(below)
+        frontier = [c for c, _ in below]
+    return found
+
+
+def has_result(directory: Path) -> bool:
+    """``directory/result.h5`` exists — or, for a notebook that saves several runs under ``out`` (e.g. one per
+    parallel mode), a ``result.h5`` somewhere below it."""
+    return (directory / RESULT_FILE).is_file() or next(directory.rglob(RESULT_FILE), None) is not None
+
+
+def alive(pid: int, started: int) -> bool:
+    """The process (pid, start time) exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] not in ("Z", "X") and int(fields[19]) == started
+
+
+def kill_all(processes: list[tuple[int, int]], wait: float = 5.0) -> list[tuple[int, int]]:
+    """SIGKILL each (pid, start time) still alive (a reused pid is left alone), then wait up to ``wait`` seconds
+    until they are gone; returns those still alive (none, unless a process is stuck in the kernel)."""
+    for pid, started in processes:
+        if alive(pid, started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    deadline = time.monotonic() + wait
+    left = [p for p in processes if alive(*p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.01)
+        left = [p for p in left if alive(*p)]
+    return left
+
+
+class Worker:
+    def __init__(self, events_fd: int) -> None:
+        self.events = os.fdopen(events_fd, "w", buffering=1)
+        self.current_tmp: Path | None = None
+
+    def emit(self, **event: Any) -> None:
+        self.events.write(json.dumps(event) + "\n")
+
+    def terminate(self, signum: int, frame: object) -> None:
+        kill_all(descendants(os.getpid()))
+        if self.current_tmp is not None:
+            self.current_tmp.unlink(missing_ok=True)
+        os._exit(128 + signum)
+
+    def serve(self, parent: int | None = None) -> None:
+        signal.signal(signal.SIGTERM, self.terminate)
+        signal.signal(signal.SIGINT, self.terminate)
+        _die_with_parent(parent)
+        _register_engine(self)
+        for line in sys.stdin:
+            if line.strip():
+                self.run_point(json.loads(line))
+
+    def run_point(self, task: dict[str, Any]) -> None:
+        import papermill
+        from papermill.exceptions import PapermillExecutionError
+
+        directory = Path(task["dir"])
+        directory.mkdir(parents=True, exist_ok=True)
+        executed = directory / Path(task["notebook"]).name
+        tmp = directory / f".running-{executed.name}"
+        for stale in (directory / RESULT_FILE, executed, tmp, *directory.glob(".*.tmp")):
+            stale.unlink(missing_ok=True)
+        status = {"id": task["id"], "parameters": task["parameters"], "notebook": str(executed),
+                  "status": "running", "error": None, "started": time.time(), "wall_s": None}
+        write_json(directory / POINT_FILE, status)
+        self.emit(id=task["id"], event="start")
+        self.current_id, self.current_tmp = task["id"], tmp
+        log = open(directory / LOG_FILE, "ab", buffering=0)
+        saved = os.dup(1), os.dup(2)
+        os.dup2(log.fileno(), 1)  # the kernel inherits these: its stray output lands in point.log
+        os.dup2(log.fileno(), 2)
+        t0 = time.monotonic()
+        cpu0 = _cpu()
+        error = None
+        try:
+            papermill.execute_notebook(task["notebook"], str(tmp), parameters=task["parameters"], engine_name=ENGINE,
+                                       kernel_name=task.get("kernel_name"), progress_bar=False,
+                                       execution_timeout=task.get("timeout"))
+        except PapermillExecutionError as exc:
+            error = f"{exc.ename}: {exc.evalue}".splitlines()[0] + f" (cell [{exc.exec_count}])"
+        except Exception as exc:  # kernel died, timeout, bad kernel name ...: this point fails, the next goes on
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            log.close()
+            kill_all(descendants(os.getpid()))  # nothing of this point outlives it
+            if tmp.exists():
+                os.replace(tmp, executed)
+            self.current_tmp = None
+        if error is None and "out" in task["parameters"] and not has_result(directory):
+            error = f"the notebook completed but wrote no {RESULT_FILE} under out={task['parameters']['out']}"
+        cpu1 = _cpu()
+        status.update(status="failed" if error else "completed", error=error, wall_s=round(time.monotonic() - t0, 3),
+                      finished=time.time(), worker_cpu_s=round(cpu1[0] - cpu0[0], 3),
+                      kernel_cpu_s=round(cpu1[1] - cpu0[1], 3))
+        write_json(directory / POINT_FILE, status)
+        self.emit(id=task["id"], event="done", status=status["status"], error=error)
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this worker, and of its finished descendants (the kernel and the ranks it reaped)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def _register_engine(worker: Worker) -> None:
+    """papermill's nbclient engine, telling the sweep when each cell starts (the notebook-aware progress)."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class Engine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
+            cell_start = nb_man.cell_start
+            total = len(nb_man.nb.cells)
+
+            def on_cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                worker.emit(id=worker.current_id, event="cell", index=cell_index, total=total)
+                return cell_start(cell, cell_index=cell_index, **kw)
+
+            nb_man.cell_start = on_cell_start
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    papermill_engines.register(ENGINE, Engine)
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """SIGTERM this worker when the sweep's process dies, even by SIGKILL (Linux parent-death signal)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parent = int(argv[argv.index("--parent") + 1]) if "--parent" in argv else None
+    Worker(int(argv[argv.index("--events") + 1])).serve(parent)
+
+
+if __name__ == "__main__":
+    main()
