@@ -126,7 +126,9 @@ def test_sigint_stops_every_process_and_resumes(tmp_path):
     out = tmp_path / "sweep"
     argv = [sys.executable, "-m", "workbench", "sweep", str(TINY), "-p", "a", "0", "1", "2", "-p", "train", "true",
             "-p", "steps", "300", "--out", str(out), "--no-progress"]
-    proc = subprocess.Popen([*argv, "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as in a terminal: a shell without job control (CI, a background job) starts children with SIGINT ignored
+    proc = subprocess.Popen([*argv, "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: dict = {}
     deadline = time.monotonic() + 90
     try:
