@@ -399,29 +399,32 @@ def shrink(model: nn.Module, pairs: list[Pair], removals: Mapping[str, torch.Ten
 @torch.no_grad()
 def group_lasso_(model: nn.Module, pairs: list[Pair], strength: float, lr: float, gamma: float = 0.0) -> None:
     """Proximal step of a (reweighted) group-lasso penalty on every unit's incoming and outgoing weights, in place:
-    a group's RMS shrinks by ``lr * strength * (mean / rms) ** gamma`` (mean: the layer's mean group RMS), to
-    exactly zero when it is smaller. With ``gamma`` > 0 weak units are pressed harder than strong ones, so the
-    units the loss does not need fade to zero while the others are barely touched. Deterministic: replicas that
-    apply it to identical parameters stay bitwise identical."""
+    a group's RMS shrinks by ``lr * strength * (mean / rms) ** gamma`` (mean: the layer's mean group RMS over its
+    non-zero groups), to exactly zero when it is smaller. With ``gamma`` > 0 weak units are pressed harder than
+    strong ones, so the units the loss does not need fade to zero while the others are barely touched.
+    Deterministic: replicas that apply it to identical parameters stay bitwise identical."""
     base = lr * strength
 
-    def factor(rms: torch.Tensor) -> torch.Tensor:
-        alive = rms[rms > 0]
-        weight = (alive.mean() / rms.clamp_min(1e-12)) ** gamma if gamma and len(alive) else 1.0
-        return (1 - base * weight / rms.clamp_min(1e-12)).clamp_min(0)
+    def keep(square_sum: torch.Tensor, count: int) -> torch.Tensor:
+        rms = square_sum.div_(count).sqrt_().clamp_min_(1e-12)
+        scale = base
+        if gamma:
+            alive = (rms > 1e-12).sum().clamp_min(1)
+            scale = base * (rms.sum() / alive) ** gamma
+            rms = rms.pow_(gamma + 1)  # step / rms = base * mean**gamma / rms**(gamma + 1)
+        return (1 - scale / rms).clamp_min_(0)
 
     for pair in pairs:
         producer, consumer = pair.producer_module(model), pair.consumer_module(model)
         units = producer.weight.shape[0]
         rows = producer.weight.view(units, -1)
-        square = rows.pow(2).sum(1)
-        count = rows.shape[1]
+        square = rows.square().sum(1)
         if producer.bias is not None:
-            square, count = square + producer.bias.pow(2), count + 1
-        keep = factor((square / count).sqrt())
-        rows.mul_(keep.unsqueeze(1))
-        if producer.bias is not None:
-            producer.bias.mul_(keep)
-        cols = consumer.weight.view(consumer.weight.shape[0], units, pair.block(model), -1)
-        keep = factor(cols.pow(2).mean((0, 2, 3)).sqrt())
-        cols.mul_(keep.view(1, units, 1, 1))
+            factor = keep(square.add_(producer.bias.square()), rows.shape[1] + 1)
+            producer.bias.mul_(factor)
+        else:
+            factor = keep(square, rows.shape[1])
+        rows.mul_(factor.unsqueeze(1))
+        cols = consumer.weight.view(consumer.weight.shape[0], units, -1)
+        factor = keep(cols.square().sum((0, 2)), cols.shape[0] * cols.shape[2])
+        cols.mul_(factor.view(1, units, 1))
