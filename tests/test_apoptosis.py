@@ -198,6 +198,9 @@ def test_group_lasso_kills_weak_units_spares_strong_ones_deterministically():
     assert change[torch.arange(128) != 3].max().item() < 0.1
     rule = apo.ApoptosisConfig(lasso=0.01, until=0.5)
     assert rule.pressure(0, 100) == 0.01 and rule.pressure(25, 100) == 0.005 and rule.pressure(60, 100) == 0.0
+    every = apo.PRESSURE_EVERY
+    assert rule.pressure_due(0, 100) == 0.0 or every == 1
+    assert rule.pressure_due(every - 1, 100) == pytest.approx(sum(rule.pressure(s, 100) for s in range(every)))
 
 
 # -- state that travels ---------------------------------------------------------------------------------------------

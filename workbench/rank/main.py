@@ -455,7 +455,7 @@ class Trainer(BaseTrainer):
         self.step = step + 1
         if self.rule is not None:
             # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same
-            pressure = self.rule.pressure(step, self.config.steps)
+            pressure = self.rule.pressure_due(step, self.config.steps)
             if pressure > 0:
                 apo.group_lasso_(self.model, self.pairs, pressure, self.config.lr, self.rule.gamma)
         self.traffic = self.dp.traffic()
