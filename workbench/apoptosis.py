@@ -20,6 +20,8 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
   its RMS) ** gamma`` per step (applied every ``PRESSURE_EVERY`` steps with their summed strength), so weak units
   die (exactly zero) while strong ones are hardly touched. The strength fades linearly to zero at ``until`` of
   the run, so the surviving units are fine-tuned without it.
+  Ranks of an apoptosis run flush subnormal floats to zero (``torch.set_flush_denormal``): fading units leave
+  subnormals behind, which made every CPU operation that touched them several times slower.
   The threshold rule is what removes units; the pressure is what makes them stop contributing.
 
 Data-parallel protocol (``workbench.rank.main.Trainer``): the norms are computed on replicated parameters
