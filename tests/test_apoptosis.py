@@ -57,6 +57,15 @@ def test_models_it_cannot_shrink_are_refused_before_start():
         workbench.start(model="user_code:Broken", apoptosis="on", world_size=1)
 
 
+def test_cli_flag_reaches_the_config():
+    from workbench.cli import _config_from_args, build_parser
+
+    args = build_parser().parse_args(["run", "--apoptosis", "tol=0.01,window=3"])
+    rule = _config_from_args(args).apoptosis_rule
+    assert (rule.tol, rule.window) == (0.01, 3)
+    assert _config_from_args(build_parser().parse_args(["run", "--apoptosis", "off"])).apoptosis is None
+
+
 # -- which units exist ---------------------------------------------------------------------------------------------
 def test_pairs_of_the_mlp_and_the_cnn():
     assert [(p.layer, p.consumer) for p in apo.find_pairs(mlp((1, 8, 8), 10))] == [("fc1", "fc2"), ("fc2", "fc3")]
@@ -262,3 +271,4 @@ def test_a_warm_spare_regrows_into_the_shrunk_model(tmp_path):
     assert summary["failures"][0]["world_size_after"] == 2 and summary["failures"][0]["samples_lost"] == 0
     assert summary["replicas_identical"]  # the spare started full-size and now holds the same shrunk parameters
     assert summary["hidden_units"]["end"] < 192 and summary["parameters"]["end"] < summary["parameters"]["start"]
+
