@@ -72,3 +72,22 @@ def test_outcome_comparison_stacks_shares():
     fig = plots.outcome_comparison(frame)
     shares = {t.name: list(t.y) for t in fig.data}
     assert shares == {"masked": [0.75, 0.5], "degraded": [0.0, 0.5], "nonfinite": [0.25, 0.0]}
+
+
+def test_apoptosis_panels_and_removal_marks():
+    from workbench.results import RunResult
+
+    def result(shrinks):
+        metrics = [{"step": s, "time": s * 0.01, "loss": 1.0, "train_acc": 0.5, "samples": 64,
+                    "test_acc": 0.9 if s % 5 == 4 else float("nan"), "step_time": 0.01 - 0.005 * (s > 5 and shrinks),
+                    "parameters": 1000 - 600 * (s > 5 and shrinks), "hidden_units": 100} for s in range(10)]
+        events = [{"time": 0.05, "step": 5, "rank": -1, "kind": "apoptosis", "detail": "fc1: 6 units removed"}] \
+            if shrinks else []
+        return RunResult({}, metrics, events, [], {})
+
+    fig = plots.apoptosis({"apoptosis": result(True), "baseline": result(False)})
+    lines = [t for t in fig.data if t.mode != "markers"]
+    assert len(lines) == 6 and {t.name for t in lines} == {"apoptosis", "baseline"}
+    (mark,) = [t for t in fig.data if t.mode == "markers"]
+    assert list(mark.x) == [5] and list(mark.y) == [1000] and "6 units" in mark.hovertext[0]
+    assert list(lines[0].y)[-1] == 400 and list(lines[3].y)[-1] == 1000

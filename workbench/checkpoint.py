@@ -5,7 +5,11 @@ Layout (``format`` 1)::
     model/<name>                  every entry of model.state_dict() (parameters by their named_parameters() name)
     optimizer/<name>/<key>        optimizer state of parameter <name> (momentum_buffer; exp_avg, exp_avg_sq, step)
     rng/torch                     torch's CPU generator state
-    attrs: format, step, data_cursor, seed, config (JSON)
+    attrs: format, step, data_cursor, seed, config (JSON), apoptosis (JSON: the apoptosis rule's state, if on;
+           an attribute like step, not a dataset, so bit-flip campaigns over the float datasets never meet it)
+
+The model datasets hold the model's *current* shapes: under apoptosis a layer may be narrower than the
+configured model, and whoever loads the checkpoint shapes its model after them (``apoptosis.resize_to``).
 
 ``data_cursor`` is the step: the batch sequence depends only on (seed, step), so a restart from this file
 resumes the exact data order. Every dataset carries ``sha256`` of its bytes; :func:`verify` lists those whose
@@ -46,6 +50,7 @@ class Checkpoint:
     rng: torch.Tensor | None = None
     seed: int = 0
     config: dict[str, Any] = field(default_factory=dict)
+    apoptosis: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def checksum(array: np.ndarray) -> str:
@@ -73,6 +78,9 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
                 _write(f, f"optimizer/{name}/{key}", value)
         if ckpt.rng is not None:
             _write(f, "rng/torch", ckpt.rng)
+        if ckpt.apoptosis:
+            f.attrs["apoptosis"] = json.dumps({k: [str(v.dtype).removeprefix("torch."), v.tolist()]
+                                               for k, v in ckpt.apoptosis.items()})
     os.replace(tmp, path)
     return path
 
@@ -126,7 +134,9 @@ def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
                 for name, group in f["optimizer"].items():
                     optimizer[name] = {key: torch.from_numpy(np.array(d[()])) for key, d in group.items()}
             rng = torch.from_numpy(np.array(f["rng/torch"][()])) if "rng/torch" in f else None
+            apoptosis = {key: torch.tensor(value, dtype=getattr(torch, dtype)) for key, (dtype, value)
+                         in json.loads(f.attrs.get("apoptosis", "{}")).items()}
             return Checkpoint(int(f.attrs["step"]), model, optimizer, rng, int(f.attrs.get("seed", 0)),
-                              json.loads(f.attrs.get("config", "{}")))
+                              json.loads(f.attrs.get("config", "{}")), apoptosis)
     except (OSError, KeyError) as exc:
         raise CheckpointCorrupt(path, [f"<layout: {exc}>"]) from None

@@ -40,6 +40,8 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--pipeline-stages", "pipeline_stages", int, "hybrid: number of stages, each replicated over world/stages ranks"),
     ("--shuffle", "shuffle", str, "gossip: ring (samples move between neighbours) or none"),
     ("--consensus-every", "consensus_every", int, "gossip: steps between consensus-distance measurements"),
+    ("--apoptosis", "apoptosis", str, "adaptive neuron apoptosis: on, off, or tol=T,window=W,delta=D[,grow=,shrink=,"
+     "min=,lasso=,gamma=,until=]"),
 ]
 
 

@@ -250,6 +250,9 @@ class RunConfig:
     gossip_sync: bool = False  # gossip: blocking exchange after the update instead of overlapping the step
     shuffle: str = "ring"  # gossip: ring sample shuffle between neighbours, or none (fixed local partitions)
     consensus_every: int = 1  # gossip: steps between measurements of the consensus distance (a measurement only)
+    # adaptive neuron apoptosis (workbench/apoptosis.py): None/"off", "on" (tuned defaults) or "tol=..,window=..";
+    # kept as the canonical "key=value,..." text of every setting so ranks and result files read the same rule
+    apoptosis: str | None = None
     bucket_cap_mb: float = 1.0
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
@@ -310,6 +313,7 @@ class RunConfig:
                 raise ConfigError("resume", f"checkpoint {self.resume!r} fails its checksums in {', '.join(bad)} "
                                   "(resume_verify=False / --no-verify resumes from it anyway)")
         self._check_parallelism()
+        self._check_apoptosis()
         _positive("bucket_cap_mb", self.bucket_cap_mb)
         _positive("heartbeat_timeout", self.heartbeat_timeout)
         _positive("startup_timeout", self.startup_timeout)
@@ -369,6 +373,28 @@ class RunConfig:
         if mode != "data" and self.detect:
             raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
                               "takes bit flips without detectors (outcomes are classified against a golden run)")
+
+    def _check_apoptosis(self) -> None:
+        if self.apoptosis is None or self.apoptosis is False or self.apoptosis == "off":
+            self.apoptosis = None
+            return
+        from workbench.apoptosis import ApoptosisConfig
+
+        rule = ApoptosisConfig.parse(self.apoptosis)
+        self.apoptosis = None if rule is None else str(rule)
+        if rule is not None and self.parallelism != "data":
+            raise ConfigError("apoptosis", f"works with parallelism 'data' only, not {self.parallelism!r}: removing "
+                              "units changes the shapes every rank holds, which pipeline stages and gossip replicas "
+                              "(each with its own parameters) would have to agree on first")
+
+    @property
+    def apoptosis_rule(self) -> Any:
+        """The parsed :class:`~workbench.apoptosis.ApoptosisConfig`, or None when apoptosis is off."""
+        if self.apoptosis is None:
+            return None
+        from workbench.apoptosis import ApoptosisConfig
+
+        return ApoptosisConfig.parse(self.apoptosis)
 
     @property
     def replicas(self) -> int:

@@ -239,3 +239,50 @@ def outcome_comparison(frame: Any, group: str = "parallelism", by: str = "target
     fig.update_layout(barmode="stack", template="plotly_white", yaxis_title="share of injections",
                       yaxis_tickformat=".0%", title=f"outcomes per {group} and {by}")
     return fig
+
+
+def apoptosis(runs: Any, group: str = "run", smooth: int = 10) -> go.Figure:
+    """Parameters, test accuracy and step time vs step, one line per run (e.g. with and without apoptosis);
+    removals marked on the parameter panel. ``runs``: a mapping of label to :class:`RunResult`, or per-step rows
+    (``load_results(..., metrics=True)``) with columns ``step``, ``parameters``, ``test_acc``, ``step_time`` and
+    the ``group`` column. Step time is a rolling median over ``smooth`` steps (single steps are noisy)."""
+    import pandas as pd
+
+    removals: dict[str, list[dict[str, Any]]] = {}
+    if isinstance(runs, dict):
+        frames = []
+        for label, result in runs.items():
+            frame = result.to_dataframe()
+            frame[group] = label
+            frames.append(frame)
+            removals[label] = [e for e in result.events if e["kind"] == "apoptosis"]
+        frame = pd.concat(frames, ignore_index=True)
+    else:
+        frame = runs
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("parameters", "test accuracy", f"step time (median of {smooth} steps)"))
+    palette = ["crimson", "grey", "royalblue", "seagreen", "darkorange"]
+    for k, (name, rows) in enumerate(frame.groupby(group, sort=False)):
+        style = {"color": palette[k % len(palette)]}
+        rows = rows.sort_values("step", kind="stable")
+        evals = rows[rows.test_acc.notna()]
+        fig.add_trace(go.Scatter(x=rows.step, y=rows.parameters, name=str(name), legendgroup=str(name),
+                                 line={**style, "shape": "hv"}), 1, 1)
+        fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=str(name), legendgroup=str(name),
+                                 showlegend=False, mode="lines+markers", line=style), 2, 1)
+        fig.add_trace(go.Scatter(x=rows.step, y=rows.step_time.rolling(smooth, min_periods=1).median() * 1e3,
+                                 name=str(name), legendgroup=str(name), showlegend=False, line=style), 3, 1)
+        marks = removals.get(name, [])
+        if marks:
+            at = rows.drop_duplicates("step", keep="last").set_index("step").parameters
+            fig.add_trace(go.Scatter(
+                x=[e["step"] for e in marks], y=[at.get(e["step"], None) for e in marks], mode="markers",
+                marker={"symbol": "triangle-down", "size": 9, **style}, name=f"{name}: removal",
+                legendgroup=str(name), showlegend=False, hovertext=[e["detail"] for e in marks], hoverinfo="text"),
+                1, 1)
+    fig.update_yaxes(title_text="parameters", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="accuracy", row=2, col=1)
+    fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=1)
+    fig.update_xaxes(title_text="step", row=3, col=1)
+    fig.update_layout(template="plotly_white", height=750, title="adaptive neuron apoptosis")
+    return fig

@@ -2,8 +2,9 @@
 
 Layout of ``result.h5``: root attributes ``config`` and ``summary`` (JSON), ``format`` (int); group ``metrics``
 with one 1-D dataset per column (step, time, loss, train_acc, samples — how many samples of the global batch
-entered the update —, test_acc, test_loss, world_size, generation, step_time; NaN where a step had no
-evaluation); ``events`` and ``failures``, one JSON string per row.
+entered the update —, test_acc, test_loss, world_size, generation, step_time, ..., parameters and hidden_units
+of the model that trained the step; NaN where a step had no evaluation or a mode does not report a column);
+``events`` and ``failures``, one JSON string per row.
 Files are written to a temporary name and renamed, so a result is never half-written.
 """
 
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 FORMAT = 1
 RESULT_FILE = "result.h5"
 METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "world_size",
-                  "generation", "step_time", "messages", "bytes_sent", "consensus_distance")
+                  "generation", "step_time", "messages", "bytes_sent", "consensus_distance", "parameters",
+                  "hidden_units")
 
 
 @dataclass
@@ -69,6 +71,7 @@ class RunResult:
             "failures": failures,
             "result_path": None,
         }
+        summary.update(_model_size(sup.metrics))
         return cls(sup.config.to_dict(), sup.metrics, sup.events, failures, summary)
 
     @property
@@ -164,9 +167,21 @@ def _replicas_identical(sup: Supervisor) -> bool:
     return all(len(prints) == 1 for prints in groups.values())
 
 
+def _model_size(metrics: list[dict[str, Any]]) -> dict[str, dict[str, int] | None]:
+    """``hidden_units`` and ``parameters`` of the model at the first and the last step (each row holds the size
+    of the model that trained that step; apoptosis never removes units after the last step), None when the rows
+    do not say (parallel modes other than data)."""
+    size: dict[str, dict[str, int] | None] = {}
+    for key in ("hidden_units", "parameters"):
+        known = [r[key] for r in metrics if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        size[key] = {"start": int(known[0]), "end": int(known[-1])} if known else None
+    return size
+
+
 def _plain(value: Any, column: str) -> Any:
     value = float(value)
-    integral = column in ("step", "samples", "world_size", "generation") and math.isfinite(value)
+    integral = column in ("step", "samples", "world_size", "generation", "parameters", "hidden_units") \
+        and math.isfinite(value)
     return int(value) if integral else value
 
 

@@ -362,6 +362,12 @@ class Supervisor:
         elif kind == "detected":
             self._event("detected", m["step"], f"{m['detector']}: {m['detail']}")
             self._event("recovered", m["to_step"], f"soft error: {m['action']} (resumed at step {m['to_step']})")
+        elif kind == "apoptosis":
+            for layer, removed in m["removed"].items():
+                before, after = m["widths"][layer]
+                self._event("apoptosis", m["step"], f"{layer}: {removed} units removed ({before} -> {after}), "
+                            f"tau {m['tau']:.4g}; model now {m['hidden_units']} hidden units, "
+                            f"{m['parameters']} parameters")
         elif kind == "done":
             w.done = True
             w.fingerprint = m.get("fingerprint")
@@ -382,7 +388,8 @@ class Supervisor:
                "test_acc": m.get("test_acc", float("nan")), "test_loss": m.get("test_loss", float("nan")),
                "world_size": len(self.members), "generation": self.gen, "step_time": m["step_time"],
                "messages": m.get("messages", float("nan")), "bytes_sent": m.get("bytes_sent", float("nan")),
-               "consensus_distance": m.get("consensus_distance", float("nan"))}
+               "consensus_distance": m.get("consensus_distance", float("nan")),
+               "parameters": m.get("parameters", float("nan")), "hidden_units": m.get("hidden_units", float("nan"))}
         self.metrics.append(row)
         self.status.update(step=m["step"] + 1)
         if self.on_event:

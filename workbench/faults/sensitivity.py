@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
+from workbench.apoptosis import resize_to
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, load_dataset
 from workbench.faults.bitflip import apply_masks, bit_field
@@ -40,7 +41,9 @@ class LocalResume:
     def run(self, steps: int, model_state: dict[str, torch.Tensor] | None = None) -> tuple[float, list[float]]:
         cfg = self.config
         model = build_model(cfg, self.data.input_shape, self.data.num_classes)
-        model.load_state_dict(model_state or self.base.model)
+        state = model_state or self.base.model
+        resize_to(model, {k: v.shape for k, v in state.items()})  # a checkpoint of a model shrunk by apoptosis
+        model.load_state_dict(state)
         params = dict(model.named_parameters())
         optimizer = (torch.optim.Adam(params.values(), lr=cfg.lr) if cfg.optimizer == "adam"
                      else torch.optim.SGD(params.values(), lr=cfg.lr, momentum=cfg.momentum))

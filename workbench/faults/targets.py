@@ -30,11 +30,16 @@ def model_tensors(config: RunConfig, rank: int | None = None) -> tuple[dict[str,
 
 
 def check_model(config: RunConfig) -> None:
-    """Pipeline and hybrid runs: the model must split into the requested stages (ConfigError otherwise)."""
+    """Pipeline and hybrid runs: the model must split into the requested stages; apoptosis: the model must have
+    layers it can shrink (ConfigError otherwise)."""
     if config.parallelism in ("pipeline", "hybrid"):
         from workbench.models import split_stages
 
         split_stages(_model(config), config.pipeline_stages)
+    if config.apoptosis is not None:
+        from workbench.apoptosis import require_pairs
+
+        require_pairs(_model(config))
 
 
 def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
@@ -176,7 +177,7 @@ class BaseTrainer:
             self._writer.join()  # one write at a time; the previous one is normally long done
         model_state, optimizer_state = state if state is not None else self.checkpoint_state()
         snapshot = ckpt.Checkpoint(self.step, model_state, optimizer_state, torch.get_rng_state(), self.config.seed,
-                                   self.config.to_dict())
+                                   self.config.to_dict(), self.extra_state())
         stall = time.perf_counter() - started
         path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
 
@@ -188,6 +189,10 @@ class BaseTrainer:
 
         self._writer = threading.Thread(target=write, name="wb-checkpoint", daemon=True)
         self._writer.start()
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """Training state beyond model and optimizer that a checkpoint keeps (the apoptosis rule's)."""
+        return {}
 
     def _final_checkpoint(self) -> None:
         if self.comm.rank == 0:
@@ -240,17 +245,84 @@ class Trainer(BaseTrainer):
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         super().__init__(config, channel, store, checkpoint_dir)
-        strategy = config.strategy
+        self.rule = config.apoptosis_rule
+        self.pairs = apo.require_pairs(self.model) if self.rule is not None else apo.find_pairs(self.model)
+        if self.rule is not None:
+            # dying units leave subnormal floats in activations, gradients and momentum, which slow every CPU op
+            # that touches them 3-5x (measured); flushed to zero they are what they mean: nothing
+            torch.set_flush_denormal(True)
+        self.apoptosis = self._fresh_rule()
+        self._build_dp()
+        self.injector = Injector(self.model, self._report_flip)
+        self.detectors = Detectors(config, self.model)
+        self._detections: set[tuple[int, str]] = set()  # (step, detector) of every alarm seen
+        self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
+
+    def _build_dp(self) -> None:
+        """Gradient buckets, hooks and optimizers for the model's current parameters (again after every change of
+        shapes: the parameters are new objects then)."""
+        config, strategy = self.config, self.config.strategy
         self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
                                config.bucket_cap_mb, update_per_bucket=strategy != "shrink",
                                keep_local=strategy in ("shrink", "forward"), snapshot_buckets=strategy == "rollback")
         self.dp.before_last_launch = self._fault_point
         self.dp.on_launch = self._on_launch
         self.dp.on_reduced = self._on_reduced
-        self.injector = Injector(self.model, self._report_flip)
-        self.detectors = Detectors(config, self.model)
-        self._detections: set[tuple[int, str]] = set()  # (step, detector) of every alarm seen
-        self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
+        self.size = {"parameters": apo.parameter_count(self.model),
+                     "hidden_units": apo.hidden_units(self.model, self.pairs)}
+
+    # -- apoptosis ------------------------------------------------------------------------------------------------
+    def _fresh_rule(self) -> apo.Apoptosis | None:
+        if self.rule is None:
+            return None
+        return apo.Apoptosis(self.rule, {p.layer: p.units(self.model) for p in self.pairs})
+
+    def _adopt_shapes(self, model_state: dict[str, torch.Tensor]) -> None:
+        """Make the model match the shapes of a state about to be loaded (a full-size fresh or replacement rank
+        receiving a shrunk state, a rollback to before a removal) and rebuild the exchange if anything changed."""
+        if apo.resize_to(self.model, {k: v.shape for k, v in model_state.items()}):
+            self._build_dp()
+            self.injector.refresh()
+            self.detectors.refresh()
+
+    def _load_rule(self, state: dict[str, torch.Tensor] | None) -> None:
+        if self.rule is None:
+            return
+        self.apoptosis = self._fresh_rule()  # widths of the current shapes (a state that predates the rule)
+        if state:
+            self.apoptosis.load_state_dict(state)
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return self.apoptosis.state_dict() if self.apoptosis is not None else {}
+
+    def _apoptosis_step(self, evaluation: dict[str, float] | None) -> None:
+        """At an evaluation: rank 0 (which holds the test accuracy) observes the replicated parameters' unit
+        norms and decides; the rule's state and the removal flags are broadcast, so every rank removes the same
+        units at the same step, then rebuilds its buckets and optimizers for the new shapes. A generation change
+        during the broadcast is harmless: the new generation adopts its source's model, shapes and rule state."""
+        if self.comm.rank == 0:
+            removals = self.apoptosis.observe(apo.unit_norms(self.model, self.pairs), evaluation["test_acc"])
+            packed = self.apoptosis.pack(removals)
+        else:
+            packed = torch.zeros(self.apoptosis.packed_size(), dtype=torch.float64)
+        if self.comm.size > 1:
+            self.comm.broadcast(packed, 0)
+        removals = self.apoptosis.unpack(packed)
+        removals = {layer: gone for layer, gone in removals.items() if len(gone)}
+        if not removals:
+            return
+        widths = {p.layer: p.units(self.model) for p in self.pairs}
+        optimizer_state = apo.shrink(self.model, self.pairs, removals, self.dp.named_optimizer_state())
+        self.apoptosis.forget(removals)
+        self._build_dp()
+        self.dp.load_named_optimizer_state(optimizer_state)
+        self.injector.refresh()
+        self.detectors.refresh()
+        if self.comm.rank == 0:
+            self.channel.send({"type": "apoptosis", "step": self.step - 1, "tau": self.apoptosis.tau,
+                               "removed": {layer: len(gone) for layer, gone in removals.items()},
+                               "widths": {layer: [widths[layer], widths[layer] - len(gone)]
+                                          for layer, gone in removals.items()}, **self.size})
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
@@ -291,8 +363,10 @@ class Trainer(BaseTrainer):
             return self.memory_snapshot
         if a.get("resume"):
             restored = ckpt.load(a["resume"], check=self.config.resume_verify)
+            self._adopt_shapes(restored.model)  # a checkpoint of a shrunk model: its shapes first
             self.model.load_state_dict(restored.model)
             self.dp.load_named_optimizer_state(restored.optimizer)
+            self._load_rule(restored.apoptosis)
             self.step = restored.step
             self.inflight = None
         return self._state_bytes()
@@ -303,25 +377,29 @@ class Trainer(BaseTrainer):
             inflight = {"step": self.step, "applied": self.dp.applied}
         buffer = io.BytesIO()
         torch.save({"step": self.step, "model": self.model.state_dict(), "optim": self.dp.optimizer_states(),
-                    "inflight": inflight}, buffer)
+                    "inflight": inflight, "apoptosis": self.extra_state()}, buffer)
         return buffer.getvalue()
 
     def _snapshot(self) -> dict[str, Any]:
         """In-memory copy of the training state (tensors cloned, nothing serialised)."""
         return {"step": self.step, "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optim": [_clone_state(b.optimizer) for b in self.dp.buckets]}
+                "optim": [_clone_state(b.optimizer) for b in self.dp.buckets], "apoptosis": self.extra_state()}
 
     def _restore(self, snapshot: dict[str, Any]) -> None:
         self.step = snapshot["step"]
+        self._adopt_shapes(snapshot["model"])  # the snapshot may predate a removal
         self.model.load_state_dict(snapshot["model"])
         # the optimizer adopts the tensors it is given: hand it copies, the snapshot may serve again
         self.dp.load_optimizer_states(copy.deepcopy(snapshot["optim"]))
+        self._load_rule(snapshot.get("apoptosis"))
 
     def _load_state_bytes(self, payload: bytes) -> dict[str, Any]:
         state = torch.load(io.BytesIO(payload), weights_only=True)
         self.step = int(state["step"])
+        self._adopt_shapes(state["model"])  # e.g. a full-size replacement receiving a shrunk model
         self.model.load_state_dict(state["model"])
         self.dp.load_optimizer_states(state["optim"])
+        self._load_rule(state.get("apoptosis"))
         return state
 
     def _before_fault(self) -> None:
@@ -398,9 +476,16 @@ class Trainer(BaseTrainer):
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         self.step = step + 1
+        if self.rule is not None:
+            # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same
+            pressure = self.rule.pressure_due(step, self.config.steps)
+            if pressure > 0:
+                apo.group_lasso_(self.model, self.pairs, pressure, self.config.lr, self.rule.gamma)
         self.traffic = self.dp.traffic()
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
-        self._report_step(step, stats, started, evaluation=evaluation)
+        self._report_step(step, stats, started, extra=dict(self.size), evaluation=evaluation)
+        if self.rule is not None and self._evaluation_due() and self.step < self.config.steps:
+            self._apoptosis_step(evaluation)  # never at the last evaluation: the final accuracy is the model's
         if self.detectors.active and self.step % self.detectors.every == 0:
             self._verify_replicas()
         self._replica_snapshot()

@@ -70,14 +70,27 @@ class Injector:
         self.pending: list[FaultSpec] = []
         self.params = dict(model.named_parameters())
         self.modules = dict(model.named_modules())
-        self._hooked: set[str] = set()
+        self._hooked: dict[str, torch.nn.Module] = {}  # module name -> the module object that carries our hook
+
+    def refresh(self) -> None:
+        """Re-read the model after its modules were replaced (apoptosis shrinks layers): parameters by name, and
+        the activation hooks moved to the new module objects."""
+        self.params = dict(self.model.named_parameters())
+        self.modules = dict(self.model.named_modules())
+        for name in list(self._hooked):
+            if name in self.modules and self.modules[name] is not self._hooked[name]:
+                self._hook(name)
 
     def set(self, faults: list[FaultSpec]) -> None:
         self.pending = [f for f in faults if f.kind == "flip"]
         for f in self.pending:
-            if f.target == "activation" and f.tensor not in self._hooked and f.tensor in self.modules:
-                self.modules[f.tensor].register_forward_hook(self._activation_hook(f.tensor))
-                self._hooked.add(f.tensor)
+            if f.target == "activation" and f.tensor in self.modules and self._hooked.get(f.tensor) is not \
+                    self.modules[f.tensor]:
+                self._hook(f.tensor)
+
+    def _hook(self, name: str) -> None:
+        self.modules[name].register_forward_hook(self._activation_hook(name))
+        self._hooked[name] = self.modules[name]
 
     def due(self, target: str, step: int, tensor: str | None = None) -> list[FaultSpec]:
         """Flips of ``target`` due at ``step`` (a live flip with step -1 is due at once); removed when taken."""
@@ -132,6 +145,10 @@ class Detectors:
     @property
     def active(self) -> bool:
         return bool(self.on)
+
+    def refresh(self) -> None:
+        """Re-read the parameters after the model's layers were replaced (apoptosis)."""
+        self.params = list(self.model.parameters())
 
     def local_alarms(self, loss: float) -> list[float]:
         """[guard, spike] alarms of this rank for this step (1.0 = alarm), sent with the gradients."""

@@ -1,0 +1,274 @@
+"""Adaptive neuron apoptosis: the spec, the rule, the shrinking (in-process), and a few multi-process runs that
+remove units and then survive a failure with the shrunk shapes."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import workbench
+from workbench import ConfigError, RunConfig, checkpoint
+from workbench import apoptosis as apo
+from workbench.models import cnn, mlp
+from workbench.results import _model_size
+
+
+# -- the spec -------------------------------------------------------------------------------------------------------
+def test_spec_forms_and_canonical_text():
+    assert apo.ApoptosisConfig.parse("off") is None and apo.ApoptosisConfig.parse(None) is None
+    assert apo.ApoptosisConfig.parse("on") == apo.ApoptosisConfig() == apo.ApoptosisConfig.parse(True)
+    rule = apo.ApoptosisConfig.parse("tol=0.01, window=3,delta=0.005")
+    assert (rule.tol, rule.window, rule.delta, rule.lasso) == (0.01, 3, 0.005, apo.ApoptosisConfig().lasso)
+    assert apo.ApoptosisConfig.parse(str(rule)) == rule == apo.ApoptosisConfig.parse({"tol": 0.01, "window": 3,
+                                                                                     "delta": 0.005})
+    config = RunConfig(apoptosis="window=3")
+    assert config.apoptosis == str(apo.ApoptosisConfig(window=3)) and config.apoptosis_rule.window == 3
+    assert RunConfig.from_dict(config.to_dict()).apoptosis == config.apoptosis
+    assert RunConfig(apoptosis="off").apoptosis is None and RunConfig().apoptosis_rule is None
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("tol=abc", "tol='abc' is not a number"),
+    ("speed=2", "'speed' is not a setting: allowed tol, window, delta"),
+    ("window=0", "window=0 must be an integer >= 1"),
+    ("window=1.5", "not an integer"),
+    ("delta=1.5", "delta=1.5 must be a fraction"),
+    ("tol", "is not key=value"),
+])
+def test_bad_spec_names_the_setting(spec, needle):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(apoptosis=spec)
+    assert info.value.field == "apoptosis" and needle in str(info.value)
+
+
+@pytest.mark.parametrize("mode,extra", [("pipeline", {}), ("gossip", {}), ("hybrid", {"world_size": 4})])
+def test_refused_outside_data_parallelism(mode, extra):
+    with pytest.raises(ConfigError, match="parallelism 'data' only"):
+        RunConfig(**{"world_size": 2, "parallelism": mode, "apoptosis": "on", **extra})
+
+
+def test_models_it_cannot_shrink_are_refused_before_start():
+    with pytest.raises(ConfigError, match="cannot shrink this model"):
+        apo.require_pairs(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    with pytest.raises(ConfigError, match="cannot shrink"):
+        workbench.start(model="user_code:Broken", apoptosis="on", world_size=1)
+
+
+def test_cli_flag_reaches_the_config():
+    from workbench.cli import _config_from_args, build_parser
+
+    args = build_parser().parse_args(["run", "--apoptosis", "tol=0.01,window=3"])
+    rule = _config_from_args(args).apoptosis_rule
+    assert (rule.tol, rule.window) == (0.01, 3)
+    assert _config_from_args(build_parser().parse_args(["run", "--apoptosis", "off"])).apoptosis is None
+
+
+# -- which units exist ---------------------------------------------------------------------------------------------
+def test_pairs_of_the_mlp_and_the_cnn():
+    assert [(p.layer, p.consumer) for p in apo.find_pairs(mlp((1, 8, 8), 10))] == [("fc1", "fc2"), ("fc2", "fc3")]
+    model = cnn((1, 8, 8), 10)
+    pairs = apo.find_pairs(model)
+    assert [(p.layer, p.consumer) for p in pairs] == [("1", "3"), ("3", "7"), ("7", "9")]
+    assert [p.block(model) for p in pairs] == [1, 16, 1]  # a conv channel feeds 4x4 positions of the Linear
+    assert apo.hidden_units(model) == 16 + 32 + 64
+
+
+# -- shrinking -------------------------------------------------------------------------------------------------------
+def silence(model, pairs, removals):
+    """Zero the removed units' incoming and outgoing weights: they then contribute nothing, now or after a step."""
+    with torch.no_grad():
+        for pair in pairs:
+            gone = removals.get(pair.layer)
+            if gone is None:
+                continue
+            producer, consumer = pair.producer_module(model), pair.consumer_module(model)
+            producer.weight[gone] = 0
+            producer.bias[gone] = 0
+            block = pair.block(model)
+            view = consumer.weight.view(consumer.weight.shape[0], producer.weight.shape[0], block, -1)
+            view[:, gone] = 0
+
+
+@pytest.mark.parametrize("build,removals", [
+    (lambda: mlp((1, 8, 8), 10), {"fc1": torch.tensor([0, 5, 127]), "fc2": torch.tensor([3, 4])}),
+    (lambda: cnn((1, 8, 8), 10), {"1": torch.tensor([2, 7]), "3": torch.tensor([0, 31]), "7": torch.tensor([1])}),
+])
+def test_shrink_keeps_the_function_of_the_remaining_units(build, removals):
+    torch.manual_seed(0)
+    model = build()
+    pairs = apo.find_pairs(model)
+    silence(model, pairs, removals)
+    x = torch.rand(32, 1, 8, 8)
+    before = model(x)
+    widths = {p.layer: p.units(model) for p in pairs}
+    params = apo.parameter_count(model)
+    apo.shrink(model, pairs, removals)
+    torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-6)
+    assert {p.layer: p.units(model) for p in pairs} == {k: w - len(removals.get(k, [])) for k, w in widths.items()}
+    assert apo.parameter_count(model) < params
+    # a full-size model (a fresh rank) takes the shrunk shapes from the state alone
+    fresh = build()
+    assert apo.resize_to(fresh, {k: v.shape for k, v in model.state_dict().items()})
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(fresh(x), before, rtol=1e-5, atol=1e-6)
+    assert not apo.resize_to(fresh, {k: v.shape for k, v in model.state_dict().items()})
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_optimizer_state_is_sliced_with_the_units(kind):
+    """Removed units silenced from the start: one more step of the shrunk model (with its sliced momentum or Adam
+    moments) equals that step of the full model on the kept weights."""
+    torch.manual_seed(0)
+    full = mlp((1, 8, 8), 10)
+    pairs = apo.find_pairs(full)
+    removals = {"fc1": torch.tensor([1, 2, 90]), "fc2": torch.tensor([0, 63])}
+    silence(full, pairs, removals)
+    make = (lambda ps: torch.optim.Adam(ps, lr=0.01)) if kind == "adam" else \
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    optimizer = make(full.parameters())
+    x, y = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+
+    def step(model, opt):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step(full, optimizer)
+    small = copy.deepcopy(full)
+    named = dict(full.named_parameters())
+    state = {n: {k: v.clone() for k, v in optimizer.state[p].items()} for n, p in named.items()}
+    sliced = apo.shrink(small, pairs, removals, state)
+    assert sliced["fc2.weight"]["exp_avg" if kind == "adam" else "momentum_buffer"].shape == small.fc2.weight.shape
+    if kind == "adam":
+        assert sliced["fc1.weight"]["step"].item() == 1  # scalars are not sliced
+    small_optimizer = make(small.parameters())
+    for n, p in small.named_parameters():
+        small_optimizer.state[p] = sliced[n]
+    step(full, optimizer)
+    step(small, small_optimizer)
+    plan = apo.slice_plan(full, pairs, removals)
+    expected = apo.apply_plan(full.state_dict(), plan)
+    for name, value in small.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-7)
+
+
+# -- the rule --------------------------------------------------------------------------------------------------------
+def norms_of(values):
+    return {layer: (torch.tensor(v, dtype=torch.float64), torch.tensor(v, dtype=torch.float64))
+            for layer, v in values.items()}
+
+
+def test_rule_counts_consecutive_strikes_adapts_tau_and_keeps_a_minimum():
+    rule = apo.Apoptosis(apo.ApoptosisConfig(tol=0.1, window=2, delta=0.02, grow=2.0, shrink=0.5, min=2),
+                         {"a": 4, "b": 3})
+    low = norms_of({"a": [0.01, 0.01, 0.5, 0.01], "b": [0.01, 0.01, 0.01]})
+    gone = rule.observe(low, accuracy=0.9)
+    assert rule.tau == 0.2 and all(len(g) == 0 for g in gone.values())  # one strike is not enough
+    gone = rule.observe(norms_of({"a": [0.01, 0.5, 0.5, 0.01], "b": [0.01, 0.02, 0.03]}), accuracy=0.95)
+    assert rule.tau == 0.4 and gone["a"].tolist() == [0, 3]  # unit 1 lost its strike when it rose above tau
+    assert gone["b"].tolist() == [0]  # 3 due, but min=2 allows one removal: the weakest
+    assert rule.strikes["a"].tolist() == [2, 0, 0, 2]
+    packed = rule.pack(gone)
+    twin = apo.Apoptosis(rule.config, {"a": 4, "b": 3})
+    assert {k: v.tolist() for k, v in twin.unpack(packed).items()} == {k: v.tolist() for k, v in gone.items()}
+    assert twin.tau == rule.tau and twin.best == rule.best and twin.strikes["a"].tolist() == [2, 0, 0, 2]
+    rule.forget(gone)
+    assert rule.strikes["a"].tolist() == [0, 0] and rule.strikes["b"].tolist() == [2, 2]
+    rule.observe(norms_of({"a": [1.0, 1.0], "b": [1.0, 1.0]}), accuracy=0.90)  # fell more than delta below 0.95
+    assert rule.tau == 0.2 and rule.best == 0.95
+    restored = apo.Apoptosis(rule.config, {"a": 2, "b": 2})
+    restored.load_state_dict(rule.state_dict())
+    assert restored.pack().tolist() == rule.pack().tolist()
+
+
+def test_min_units_keeps_the_strongest_of_the_due():
+    rule = apo.Apoptosis(apo.ApoptosisConfig(tol=1.0, window=1, grow=1.0, min=2), {"a": 4})
+    gone = rule.observe(norms_of({"a": [0.3, 0.1, 0.2, 0.4]}), accuracy=0.5)
+    assert gone["a"].tolist() == [1, 2]
+
+
+def test_group_lasso_kills_weak_units_spares_strong_ones_deterministically():
+    torch.manual_seed(0)
+    model = mlp((1, 8, 8), 10)
+    pairs = apo.find_pairs(model)
+    with torch.no_grad():
+        model.fc1.weight[3] *= 1e-3
+        model.fc1.bias[3] = 0
+    twin = copy.deepcopy(model)
+    before = model.fc1.weight.detach().clone()
+    apo.group_lasso_(model, pairs, strength=0.05, lr=0.05, gamma=2.0)
+    apo.group_lasso_(twin, pairs, strength=0.05, lr=0.05, gamma=2.0)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+    assert model.fc1.weight[3].abs().max().item() == 0 and model.fc1.bias[3].item() == 0
+    change = (model.fc1.weight - before).norm(dim=1) / before.norm(dim=1)
+    assert change[torch.arange(128) != 3].max().item() < 0.1
+    rule = apo.ApoptosisConfig(lasso=0.01, until=0.5)
+    assert rule.pressure(0, 100) == 0.01 and rule.pressure(25, 100) == 0.005 and rule.pressure(60, 100) == 0.0
+    every = apo.PRESSURE_EVERY
+    assert rule.pressure_due(0, 100) == 0.0 or every == 1
+    assert rule.pressure_due(every - 1, 100) == pytest.approx(sum(rule.pressure(s, 100) for s in range(every)))
+
+
+# -- state that travels ---------------------------------------------------------------------------------------------
+def test_checkpoint_keeps_shrunk_shapes_and_the_rule_state(tmp_path):
+    torch.manual_seed(0)
+    model = mlp((1, 8, 8), 10)
+    pairs = apo.find_pairs(model)
+    apo.shrink(model, pairs, {"fc1": torch.arange(100)})
+    rule = apo.Apoptosis(apo.ApoptosisConfig(), {"fc1": 28, "fc2": 64})
+    rule.observe(apo.unit_norms(model, pairs), 0.8)
+    path = checkpoint.save(tmp_path / "c.h5", checkpoint.Checkpoint(5, model.state_dict(), {}, None,
+                                                                     apoptosis=rule.state_dict()))
+    assert not any(d.startswith("apoptosis") for d in checkpoint.datasets(path))  # an attribute, not a dataset
+    loaded = checkpoint.load(path)
+    assert loaded.model["fc1.weight"].shape == (28, 64)
+    twin = apo.Apoptosis(apo.ApoptosisConfig(), {"fc1": 28, "fc2": 64})
+    twin.load_state_dict(loaded.apoptosis)
+    assert twin.pack().tolist() == rule.pack().tolist()
+
+
+def test_summary_sizes_from_the_rows():
+    rows = [{"hidden_units": 192, "parameters": 17226}, {"hidden_units": 192, "parameters": 17226},
+            {"hidden_units": 60, "parameters": 5000}, {"hidden_units": math.nan, "parameters": math.nan}]
+    assert _model_size(rows) == {"hidden_units": {"start": 192, "end": 60}, "parameters": {"start": 17226,
+                                                                                           "end": 5000}}
+    assert _model_size([{"step": 0}]) == {"hidden_units": None, "parameters": None}
+
+
+# -- multi-process runs ---------------------------------------------------------------------------------------------
+FAST = "lasso=0.05,tol=0.005,window=1,until=0.5"  # units die and go within the first few evaluations
+
+
+def removals_before(result, step):
+    return [e for e in result.events if e["kind"] == "apoptosis" and e["step"] < step]
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_checkpoint_restart_after_a_removal_resumes_with_the_shrunk_shapes(tmp_path):
+    result = workbench.run(world_size=2, steps=100, eval_interval=10, apoptosis=FAST, strategy="checkpoint_restart",
+                           checkpoint_every=40, faults=["kill:rank=1,step=90"], out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    summary = result.summary
+    assert summary["replicas_identical"] and summary["failures"][0]["steps_redone"] == 10
+    assert summary["hidden_units"]["end"] < summary["hidden_units"]["start"] == 192
+    assert removals_before(result, 80), "no unit was removed before the checkpoint the restart resumes from"
+    saved = checkpoint.load(tmp_path / "checkpoints" / "step_000080.h5")
+    assert saved.model["fc1.weight"].shape[0] < 128 and saved.apoptosis
+    final = checkpoint.load(summary["final_checkpoint"]).model
+    assert sum(v.numel() for k, v in final.items()) == summary["parameters"]["end"]
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_a_warm_spare_regrows_into_the_shrunk_model(tmp_path):
+    result = workbench.run(world_size=2, steps=100, eval_interval=10, apoptosis=FAST, strategy="rollback",
+                           regrow=True, faults=["kill:rank=1,step=70"], out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    summary = result.summary
+    assert removals_before(result, 70) and summary["world_size_final"] == 2
+    assert summary["failures"][0]["world_size_after"] == 2 and summary["failures"][0]["samples_lost"] == 0
+    assert summary["replicas_identical"]  # the spare started full-size and now holds the same shrunk parameters
+    assert summary["hidden_units"]["end"] < 192 and summary["parameters"]["end"] < summary["parameters"]["start"]
+
