@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workbench.rank import state as st
 from workbench.rank.comm import Comm
 
 ALARM_SLOTS = 2  # guard and spike alarms of the soft-error detectors (soft_errors.py), last in the stats
@@ -224,16 +225,12 @@ class DataParallel:
         """Optimizer state per parameter name (checkpoint layout ``optimizer/<name>/<key>``), cloned."""
         named = {}
         for bucket in self.buckets:
-            for name, param in zip(bucket.names, bucket.params):
-                state = bucket.optimizer.state.get(param, {})
-                named[name] = {k: (v.detach().clone() if torch.is_tensor(v) else torch.tensor(v))
-                               for k, v in state.items() if v is not None}
+            named.update(st.named_optimizer_state(bucket.optimizer, list(zip(bucket.names, bucket.params))))
         return named
 
     def load_named_optimizer_state(self, named: dict[str, dict[str, torch.Tensor]]) -> None:
         for bucket in self.buckets:
-            for name, param in zip(bucket.names, bucket.params):
-                bucket.optimizer.state[param] = {k: v.clone() for k, v in named.get(name, {}).items()}
+            st.load_named_optimizer_state(bucket.optimizer, list(zip(bucket.names, bucket.params)), named)
 
 
 def ring_allreduce_traffic(bucket_bytes: list[int], size: int) -> tuple[int, int]:

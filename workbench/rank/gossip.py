@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from workbench.data import LocalPartition
 from workbench.rank import state as st
 from workbench.rank.comm import Comm
-from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
+from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.main import BaseTrainer
 from workbench.rank.soft_errors import Injector
 
@@ -121,9 +121,7 @@ class PairExchange:
 class GossipTrainer(BaseTrainer):
     def __init__(self, config: Any, channel: Any, store: dist.Store, checkpoint_dir: Any) -> None:
         super().__init__(config, channel, store, checkpoint_dir)
-        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in self.named]
-        self.optimizer = make_optimizer(config.optimizer, self.params, config.lr, config.momentum)
+        self._own_optimizer()
         st.init_history(self.optimizer)
         self.injector = Injector(self.model, self._report_flip)
         self.exchange = PairExchange(self.comm, self._flat, self._unflat)
@@ -154,11 +152,7 @@ class GossipTrainer(BaseTrainer):
         self.optimizer.load_state_dict(state["optim"])
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                st.named_optimizer_state(self.optimizer, self.named))
-
-    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
-        return self.optimizer.state.get(dict(self.named)[name], {})
+        return self._local_state()
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
@@ -228,10 +222,13 @@ class GossipTrainer(BaseTrainer):
             right, left = (self.comm.rank + 1) % self.comm.size, (self.comm.rank - 1) % self.comm.size
             shuffle_out = torch.from_numpy(batch.astype(np.int64))
             shuffle_in = torch.empty_like(shuffle_out)
-            ops = [(self.comm.rank, lambda: self.comm.send(shuffle_out, right)),
-                   (left, lambda: self.comm.recv_async(shuffle_in, left))]
-            for _, post in sorted(ops, key=lambda op: op[0]):  # by root: the same order on both ends of a link
-                pending.append(post())
+            # with two ranks both go over one link: post them in order of their root on both ends
+            send_first = self.comm.rank < left
+            if not send_first:
+                pending.append(self.comm.recv_async(shuffle_in, left))
+            pending.append(self.comm.send(shuffle_out, right))
+            if send_first:
+                pending.append(self.comm.recv_async(shuffle_in, left))
             messages, sent_bytes = messages + 1, sent_bytes + shuffle_out.numel() * 8
         self._fault_point()  # a planned fault lands with this step's exchange under way
 

@@ -13,7 +13,6 @@ import argparse
 import copy
 import ctypes
 import hashlib
-import io
 import os
 import signal
 import sys
@@ -33,9 +32,10 @@ from workbench import checkpoint as ckpt
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
+from workbench.rank import state as st
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
-from workbench.rank.data_parallel import ALARM_SLOTS, STATS_SLOTS, DataParallel, _clone_state
+from workbench.rank.data_parallel import ALARM_SLOTS, STATS_SLOTS, DataParallel, _clone_state, make_optimizer
 from workbench.rank.recovery import InFlight, most_advanced
 from workbench.rank.soft_errors import Detected, Detectors, Injector
 
@@ -63,9 +63,9 @@ def fingerprint(model: torch.nn.Module) -> str:
 class BaseTrainer:
     """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints.
 
-    A mode implements ``join`` (settle a new generation), ``train_step``, ``evaluate_step`` (test accuracy at an
-    evaluation step, collective where the model is spread over ranks) and the state accessors used by
-    checkpoints and bit flips.
+    A mode implements ``join`` (settle a new generation), ``train_step``, and the state accessors used by
+    checkpoints and bit flips (``checkpoint_state``, ``optimizer_state_of``); ``evaluate`` is overridden where the
+    model is spread over ranks (then every member takes part).
     """
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
@@ -122,8 +122,19 @@ class BaseTrainer:
         self.injector.at_step_start(self.step, self.optimizer_state_of)
         return self.step, time.perf_counter()
 
+    # -- one optimizer over this rank's parameters (gossip replicas, pipeline stages) ------------------------------
+    def _own_optimizer(self) -> None:
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.optimizer = make_optimizer(self.config.optimizer, self.params, self.config.lr, self.config.momentum)
+
     def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        return self.optimizer.state.get(dict(self.named)[name], {})
+
+    def _local_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """(model state, optimizer state per parameter name) of what this rank holds, cloned."""
+        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                st.named_optimizer_state(self.optimizer, self.named))
 
     def _replica_snapshot(self) -> None:
         """Every ``checkpoint_every`` steps of a replicated mode: reinit keeps this replica's state in memory,
@@ -375,10 +386,8 @@ class Trainer(BaseTrainer):
         inflight = None
         if self.inflight is not None and self.inflight.step == self.step:
             inflight = {"step": self.step, "applied": self.dp.applied}
-        buffer = io.BytesIO()
-        torch.save({"step": self.step, "model": self.model.state_dict(), "optim": self.dp.optimizer_states(),
-                    "inflight": inflight, "apoptosis": self.extra_state()}, buffer)
-        return buffer.getvalue()
+        return st.to_bytes({"step": self.step, "model": self.model.state_dict(), "optim": self.dp.optimizer_states(),
+                            "inflight": inflight, "apoptosis": self.extra_state()})
 
     def _snapshot(self) -> dict[str, Any]:
         """In-memory copy of the training state (tensors cloned, nothing serialised)."""
@@ -394,7 +403,7 @@ class Trainer(BaseTrainer):
         self._load_rule(snapshot.get("apoptosis"))
 
     def _load_state_bytes(self, payload: bytes) -> dict[str, Any]:
-        state = torch.load(io.BytesIO(payload), weights_only=True)
+        state = st.from_bytes(payload)
         self.step = int(state["step"])
         self._adopt_shapes(state["model"])  # e.g. a full-size replacement receiving a shrunk model
         self.model.load_state_dict(state["model"])

@@ -218,9 +218,7 @@ class PipelineTrainer(BaseTrainer):
         self.stage_index = stage
         self.model = stage_module(self.full_model, self.stage_names[stage])
         self.full_model = None
-        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in self.named]
-        self.optimizer = make_optimizer(self.config.optimizer, self.params, self.config.lr, self.config.momentum)
+        self._own_optimizer()
         numel = sum(p.numel() for p in self.params)
         self.grads = torch.zeros(numel)  # gradients live in one flat buffer: one allreduce per stage
         self.views, offset = [], 0
@@ -239,8 +237,8 @@ class PipelineTrainer(BaseTrainer):
 
     # -- state --------------------------------------------------------------------------------------------------
     def stage_state(self) -> dict[str, Any]:
-        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optim": st.named_optimizer_state(self.optimizer, self.named)}
+        model, optim = self._local_state()
+        return {"model": model, "optim": optim}
 
     def load_stage_state(self, state: dict[str, Any]) -> None:
         mine = self.model.state_dict().keys()
@@ -258,9 +256,6 @@ class PipelineTrainer(BaseTrainer):
             model.update(part["model"])
             optim.update(part["optim"])
         return model, optim
-
-    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
-        return self.optimizer.state.get(dict(self.named)[name], {})
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
