@@ -10,6 +10,7 @@ from workbench.rank.comm import Comm
 
 class FakeChannel:
     latest_generation = None
+    local_address = "127.0.0.1"
 
     def __init__(self):
         self.wake = threading.Event()

@@ -1,10 +1,11 @@
-"""Command line: ``workbench run``. Exit codes: 0 completed, 1 failed or stopped, 2 usage or configuration error
-(one line on stderr, no traceback)."""
+"""Command line: ``workbench run | rank | sweep | report | flip | compare | verify``. Exit codes: 0 completed,
+1 failed or stopped, 2 usage or configuration error (one line on stderr, no traceback)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -34,6 +35,10 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--bucket-cap-mb", "bucket_cap_mb", float, "gradient bucket size in MB"),
     ("--detect", "detect", str, "soft-error detectors, comma-separated: fingerprint, guard, spike"),
     ("--detect-every", "detect_every", int, "steps between fingerprints and verified snapshots"),
+    ("--bind", "bind", str, "address the store and control server listen on (default 127.0.0.1, or the hosts "
+     "file's first host)"),
+    ("--store-port", "store_port", int, "port of the store (default: a free one); ranks started elsewhere join it "
+     "with workbench rank --store ADDRESS:PORT"),
     ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
     ("--parallelism", "parallelism", str, "data, pipeline (a stage per rank), gossip (GossipGraD), hybrid"),
     ("--micro-batches", "micro_batches", int, "pipeline/hybrid: micro-batches per step (GPipe)"),
@@ -67,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="gossip: blocking exchange after the update (default: overlapped with the step)")
     run.add_argument("--no-verify", dest="resume_verify", action="store_false", default=argparse.SUPPRESS,
                      help="resume from a checkpoint even if its checksums fail (altered checkpoints)")
+    run.add_argument("--hosts-file", type=Path, help="one line per host: ADDRESS SLOTS [LAUNCH ...]; the first is "
+                     "this machine (README: Runs beyond one machine)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -90,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true")
     verify = sub.add_parser("verify", help="check datasets against their checksums (exit 1 if any fails)")
     verify.add_argument("checkpoint", type=Path)
+    rank = sub.add_parser("rank", help="join a run started elsewhere as one of its ranks",
+                          description="Start one rank process that joins the run whose store listens at --store "
+                          "(workbench run --bind ADDRESS --store-port PORT, or a hosts file). It takes rank "
+                          "--rank-hint (default $RANK, as set by torchrun), or any free slot of a host whose ranks "
+                          "join by themselves; it ends with the run.")
+    rank.add_argument("--store", required=True, metavar="HOST:PORT", help="the run's store")
+    rank.add_argument("--rank-hint", type=int, help="the rank number to take (default: $RANK if set)")
+    rank.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the run's store")
     _add_sweep_parsers(sub)
     return parser
 
@@ -163,6 +178,14 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         values["resume_verify"] = False
     if hasattr(args, "faults"):
         values["faults"] = args.faults
+    if args.hosts_file is not None:
+        from workbench.hosts import read_hosts_file
+
+        values["hosts"] = read_hosts_file(args.hosts_file)
+        if not hasattr(args, "bind"):
+            values.pop("bind", None)  # the first host's address
+        if not hasattr(args, "world_size"):
+            values["world_size"] = sum(h["slots"] for h in values["hosts"])
     return RunConfig.from_dict(values)
 
 
@@ -272,6 +295,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rank(args: argparse.Namespace) -> int:
+    from workbench.rank.main import main as rank_main
+
+    argv = ["--store", args.store, "--connect-timeout", str(args.connect_timeout)]
+    hint = args.rank_hint if args.rank_hint is not None else os.environ.get("RANK")
+    if hint is not None:
+        argv += ["--rank-hint", str(hint)]
+    rank_main(argv)  # ends the process (os._exit) when the run ends
+    return 0
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # run.wait() stops the run and kills every rank on the way out
 
@@ -282,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify, "sweep": cmd_sweep,
-                "report": cmd_report}[args.command](args)
+                "report": cmd_report, "rank": cmd_rank}[args.command](args)
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 2

@@ -257,6 +257,10 @@ class RunConfig:
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
     op_timeout: float = 60.0
+    # where the ranks live (workbench/hosts.py): None = every rank on this machine; else hosts in file order
+    hosts: list[dict[str, Any]] | None = None
+    bind: str | None = None  # address of the store and control server; default the first host's, or 127.0.0.1
+    store_port: int = 0  # 0: any free port (ranks started elsewhere need a known one: workbench rank --store)
 
     def __post_init__(self) -> None:
         self.faults = [parse_fault(f) for f in (self.faults or [])]
@@ -318,6 +322,7 @@ class RunConfig:
         _positive("heartbeat_timeout", self.heartbeat_timeout)
         _positive("startup_timeout", self.startup_timeout)
         _positive("op_timeout", self.op_timeout)
+        self._check_hosts()
         self.faults = [self._resolve_stage(f) for f in self.faults]
         for fault in self.faults:
             if isinstance(fault, RandomFailures):
@@ -373,6 +378,26 @@ class RunConfig:
         if mode != "data" and self.detect:
             raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
                               "takes bit flips without detectors (outcomes are classified against a golden run)")
+
+    def _check_hosts(self) -> None:
+        from workbench.hosts import Host, check_address
+
+        _int_in("store_port", self.store_port, 0, 65535)
+        if self.hosts is None:
+            self.bind = check_address("bind", self.bind or "127.0.0.1")
+            return
+        if not isinstance(self.hosts, (list, tuple)) or not self.hosts:
+            raise ConfigError("hosts", f"{self.hosts!r} must be a non-empty list of hosts (first: this machine)")
+        hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(self.hosts)]
+        slots = sum(h.slots for h in hosts)
+        if slots != self.world_size:
+            raise ConfigError("hosts", f"the hosts hold {slots} ranks but world_size={self.world_size}: give each "
+                              "rank a slot (one line per host: ADDRESS SLOTS [LAUNCH ...])")
+        self.hosts = [h.to_dict() for h in hosts]
+        self.bind = check_address("bind", self.bind or hosts[0].address)
+        if self.bind != hosts[0].address:
+            raise ConfigError("bind", f"{self.bind} is not the first host's address {hosts[0].address}: the first "
+                              "host is this machine, where the store and control server listen")
 
     def _check_apoptosis(self) -> None:
         if self.apoptosis is None or self.apoptosis is False or self.apoptosis == "off":

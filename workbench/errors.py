@@ -16,6 +16,7 @@ class ConfigError(WorkbenchError, ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 

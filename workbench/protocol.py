@@ -1,7 +1,9 @@
 """The control channel between the supervisor and its ranks: JSON lines over one TCP connection per rank.
 
 Rank -> supervisor
-    ``hello {id, pid}``            first message after connecting (``id``: the spawn id the supervisor gave it)
+    ``hello {id, pid, rank_hint}`` first message after connecting (``id``: the spawn id the supervisor gave it;
+                                   None for a rank started elsewhere that joins through the store, which asks
+                                   for rank ``rank_hint`` or, None, any free slot of a host whose ranks join)
     ``ready {}``                   data and model built: it may be put in a generation (a warm spare waits here)
     ``hb {}``                      heartbeat, every ``HEARTBEAT_PERIOD`` s from a thread of its own
     ``joined {gen, step, sync_s}`` the rank is in generation ``gen`` and holds the state of ``step``; rank 0 of a
@@ -19,7 +21,9 @@ Supervisor -> rank
                                                    join generation ``gen``; ``source`` None: the members pick
                                                    the most advanced one; ``faults``: this rank's pending faults
     ``faults_add {faults}``                        live faults (``run.flip``), due at the rank's next step
-    ``stop {reason}``                              leave now
+    ``stop {reason}``                              leave now (exit code 2 with ``refused``: a join was refused)
+    ``signal {name}``                              send yourself this signal (SIGKILL, SIGSTOP): faults injected
+                                                   into ranks that are not the supervisor's own children
 
 The supervisor notices a dead rank by the end of its connection (and by its exit status), a frozen one by
 missing heartbeats. A rank that loses its connection exits at once: ranks never outlive their supervisor.
@@ -31,6 +35,7 @@ import json
 from typing import Any
 
 HEARTBEAT_PERIOD = 0.25
+CONTROL_KEY = "workbench/control"  # store key holding the control server's HOST:PORT (for ranks that join)
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -28,7 +28,7 @@ Listener = Callable[[str, dict[str, Any]], None]
 
 # settings whose default follows from others: re-derived when one of those is overridden
 _DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
-            "pipeline_stages": ("parallelism", "world_size")}
+            "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",)}
 
 
 def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:

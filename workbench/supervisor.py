@@ -21,6 +21,15 @@ after which it is SIGKILLed before anything else happens. Then the strategy deci
 
 Ranks have stable numbers (labels): a replacement takes the number of the rank it replaces.
 
+Several hosts (``RunConfig.hosts``, :mod:`workbench.hosts`). The store and the control server bind to
+``config.bind`` (127.0.0.1 unless a hosts file names this machine's address); the store holds the control
+server's address under ``workbench/control``. A rank placed on another host is either started through that
+host's launcher (``ssh HOST``, ``ip netns exec NS``: the supervisor keeps the launcher's process) or started there
+by someone else and joins with ``workbench rank --store ADDR:PORT --rank-hint K`` (its slot waits for it, bounded
+by ``startup_timeout``). Remote ranks are watched like local ones — their connection closes when they die, their
+heartbeats stop when they freeze — and faults reach them as ``signal`` messages (they cannot be signalled from
+here). A remote rank exits when its connection to the supervisor ends, so it never outlives the run either.
+
 No orphans: ranks run in sessions of their own, are started from the monitor thread (their parent-death
 signal fires when it ends), exit when the control channel closes, and every exit path of the monitor thread —
 completion, failure, ``stop()``, an exception, interpreter exit — kills each rank's process group and reaps it.
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import selectors
 import signal
 import socket
@@ -45,7 +55,7 @@ from typing import Any
 
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
-from workbench.protocol import LineDecoder, encode
+from workbench.protocol import CONTROL_KEY, LineDecoder, encode
 from workbench.results import RunResult
 
 EventCallback = Callable[[str, dict[str, Any]], None]
@@ -65,6 +75,8 @@ class Worker:
     alive: bool = True
     fingerprint: str | None = None  # hash of the final parameters, sent with "done"
     group: int = 0  # members of one group hold the same parameters (a pipeline stage's replicas)
+    host: str = "local"  # address of the host it runs on (multi-host runs)
+    remote: bool = False  # not a child process of this machine: signals travel as control messages
     fault: dict[str, Any] | None = None  # the fault that hit this rank: kind, step, wall-clock time
 
 
@@ -99,11 +111,14 @@ class Failure:
 class Supervisor:
     """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`."""
 
-    def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
+        from workbench.hosts import Host, placement
+
         self.config = config
         self.out_dir = out_dir
-        self.host = host
+        self.host = config.bind
+        hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
+        self.placement = placement(hosts)  # rank number -> host; empty: every rank on this machine
         self.on_event = on_event
         self.spawned: dict[int, Worker] = {}
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -176,19 +191,30 @@ class Supervisor:
     def _start(self) -> None:
         import torch.distributed as dist
 
-        listen = socket.socket()
-        listen.bind((self.host, 0))
+        listen = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listen.bind((self.host, self.config.store_port))
+        except OSError as exc:
+            listen.close()
+            raise RunStartError(f"cannot listen on {self.host}:{self.config.store_port} ({exc.strerror}): choose "
+                                "another --store-port, or a --bind address of this machine") from None
         listen.listen(256)
         self._store_socket = listen
         self.store = dist.TCPStore(self.host, listen.getsockname()[1], is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=self.config.startup_timeout),
                                    master_listen_fd=listen.fileno())
-        self.server = socket.socket()
+        self.server = socket.socket(listen.family)
         self.server.bind((self.host, 0))
         self.server.listen(256)
         self.server.setblocking(False)
         self._sel.register(self.server, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.store.set(CONTROL_KEY, f"{self.host}:{self.server.getsockname()[1]}")
+        self.store_address = f"{self.host}:{listen.getsockname()[1]}"
+        if self.placement:
+            self._event("store", -1, f"store at {self.store_address}; ranks on "
+                        + ", ".join(f"{h.address} ({h.slots})" for h in dict.fromkeys(self.placement.values())))
         self.log_dir = (self.out_dir / "logs") if self.out_dir else None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -203,10 +229,13 @@ class Supervisor:
         while not all(w.ready for w in workers):
             if time.monotonic() > deadline:
                 missing = [w.label if w.label is not None else "spare" for w in workers if not w.ready]
-                raise RunStartError(f"ranks {missing} were not ready within {self.config.startup_timeout:g} s")
+                joining = [w.label for w in workers if not w.ready and w.remote and w.proc is None]
+                hint = (f"; ranks {joining} are to join from their hosts: workbench rank --store "
+                        f"{self.store_address} --rank-hint K" if joining else "")
+                raise RunStartError(f"ranks {missing} were not ready within {self.config.startup_timeout:g} s{hint}")
             self._poll(0.05)
             for w in workers:
-                if w.proc.poll() is not None and not w.ready:
+                if w.proc is not None and w.proc.poll() is not None and not w.ready:
                     who = f"rank {w.label}" if w.label is not None else "a warm spare"
                     raise RunStartError(f"{who} exited during start-up with code {w.proc.returncode}"
                                         + (f" (see {self.log_dir}/spawn{w.spawn_id}.log)" if self.log_dir else ""))
@@ -214,22 +243,36 @@ class Supervisor:
                 raise RunStartError(self._outcome[1])
 
     def _spawn(self, label: int | None) -> Worker:
+        """Start the process for rank ``label`` (None: a warm spare, on this machine) on the host that holds it:
+        here, through the host's launcher, or — for a host whose ranks join by themselves — a slot that waits."""
         spawn_id = len(self.spawned)
+        host = self.placement.get(label) if label is not None and self.placement else None
+        first = next(iter(self.placement.values()), None)
+        if host is not None and host is not first and not host.launch:
+            worker = Worker(spawn_id, label, last_heard=time.monotonic(), host=host.address, remote=True)
+            self.spawned[spawn_id] = worker
+            self._event("waiting", -1, f"rank {label} is to join from {host.address}: workbench rank --store "
+                        f"{self.store_address} --rank-hint {label}", rank=label)
+            return worker
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # the ranks must import what this process can (a notebook's working directory, the user's package)
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        prefix = list(host.launch) if host is not None and host.launch else []
         out = open(self.log_dir / f"spawn{spawn_id}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "workbench.rank", "--control", f"{self.host}:{self.server.getsockname()[1]}",
-                 "--id", str(spawn_id)],
+                prefix + [sys.executable, "-m", "workbench.rank", "--control",
+                          f"{self.host}:{self.server.getsockname()[1]}", "--id", str(spawn_id)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            raise RunStartError(f"cannot start rank {label} with {' '.join(prefix) or sys.executable}: "
+                                f"{exc.strerror}") from None
         finally:
             if self.log_dir:
                 out.close()
-        worker = Worker(spawn_id, label, proc=proc, last_heard=time.monotonic())
+        worker = Worker(spawn_id, label, proc=proc, last_heard=time.monotonic(),
+                        host=host.address if host is not None else "local", remote=bool(prefix))
         self.spawned[spawn_id] = worker
         return worker
 
@@ -243,7 +286,9 @@ class Supervisor:
                 if not w.alive or w.done:
                     continue
                 if w.proc is not None and w.proc.poll() is not None:
-                    self._on_death(w, self._exit_cause(w))
+                    self._drain(w)  # its last messages ("done") may still be in the socket
+                    if not w.done and w.alive:
+                        self._on_death(w, self._exit_cause(w))
                 elif w.conn is not None and now - w.last_heard > self.config.heartbeat_timeout:
                     self._kill(w)
                     self._on_death(w, f"froze (no heartbeat for {self.config.heartbeat_timeout:g} s)")
@@ -298,6 +343,18 @@ class Supervisor:
         for message in worker.decoder.feed(data):
             self._handle(worker, message)
 
+    def _drain(self, w: Worker) -> None:
+        """Handle whatever an exited rank sent before it ended."""
+        while w.conn is not None and w.alive and select.select([w.conn], [], [], 0)[0]:
+            try:
+                data = w.conn.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            for message in w.decoder.feed(data):
+                self._handle(w, message)
+
     def _hello(self, pending: _Pending, data: bytes) -> None:
         conn = pending.conn
         messages = pending.decoder.feed(data) if data else []
@@ -307,7 +364,20 @@ class Supervisor:
             return
         if not messages:
             return
-        worker = self.spawned.get(messages[0]["id"])
+        if messages[0]["id"] is None:  # a rank started elsewhere, joining through the store
+            worker, refusal = self._joining_slot(messages[0].get("rank_hint"))
+            if worker is None:
+                self._sel.unregister(conn)
+                try:
+                    conn.sendall(encode({"type": "stop", "reason": refusal, "refused": True}))
+                except OSError:
+                    pass
+                conn.close()
+                self._event("join_refused", -1, refusal)
+                return
+            worker.host = conn.getpeername()[0]
+        else:
+            worker = self.spawned.get(messages[0]["id"])
         if worker is None or worker.conn is not None or not worker.alive:
             self._sel.unregister(conn)
             conn.close()
@@ -320,6 +390,21 @@ class Supervisor:
         for message in messages[1:]:
             self._handle(worker, message)
 
+    def _joining_slot(self, hint: int | None) -> tuple[Worker | None, str]:
+        """The slot a joining rank takes: rank ``hint`` if it waits for a join, else the lowest that does."""
+        waiting = sorted((w for w in self.spawned.values() if w.remote and w.proc is None and w.alive
+                          and w.conn is None), key=lambda w: w.label)
+        if hint is not None:
+            chosen = [w for w in waiting if w.label == hint]
+            if chosen:
+                return chosen[0], ""
+            why = "no such rank" if self.placement.get(hint) is None else "it is not waiting for a join"
+            return None, (f"rank {hint} cannot be taken ({why}); ranks waiting for a join: "
+                          f"{[w.label for w in waiting] or 'none'}")
+        if waiting:
+            return waiting[0], ""
+        return None, "no rank of this run is waiting for a join"
+
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
         kind = m["type"]
         if kind == "hb":
@@ -331,6 +416,8 @@ class Supervisor:
                     self._record_step(m)
         elif kind == "ready":
             w.ready = True
+            if w.remote and w.proc is None:
+                self._event("host", -1, f"rank {w.label} joined from {w.host}", rank=w.label)
         elif kind == "joined":
             w.steps_done = m["step"]
             for failure in self.failures:
@@ -426,11 +513,15 @@ class Supervisor:
 
     def _inject(self, kind: str, label: int, source: str) -> None:
         w = self.worker(label)
-        if w is None or w.proc is None or label not in self.members:
+        if w is None or (w.proc is None and w.conn is None) or label not in self.members:
             self._event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
             return
         w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
-        os.kill(w.proc.pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+        name = "SIGKILL" if kind == "kill" else "SIGSTOP"
+        if w.remote:
+            self._send(w, {"type": "signal", "name": name})  # not our child: it signals itself
+        else:
+            os.kill(w.proc.pid, getattr(signal, name))
         self._event(kind, w.steps_done, f"{source} fault", rank=label)
 
     def _fire_time_faults(self) -> None:
@@ -577,9 +668,9 @@ class Supervisor:
                     + (f" ({recovery})" if recovery else ""))
 
     def _exit_cause(self, w: Worker) -> str:
-        code = w.proc.poll() if w.proc is not None else None
+        code = w.proc.poll() if w.proc is not None and not w.remote else None
         if code is None:
-            return "lost its connection"
+            return f"on {w.host} lost its connection" if w.remote else "lost its connection"
         if code < 0:
             return f"died ({signal.Signals(-code).name})"
         return f"exited with code {code}"
@@ -600,6 +691,8 @@ class Supervisor:
             self.on_event("event", event)
 
     def _kill(self, w: Worker) -> None:
+        if w.remote:
+            self._send(w, {"type": "signal", "name": "SIGKILL"})  # and it exits when its connection closes
         if w.proc is None:
             return
         for kill in (lambda: os.killpg(w.proc.pid, signal.SIGKILL), lambda: os.kill(w.proc.pid, signal.SIGKILL)):

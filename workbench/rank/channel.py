@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -18,9 +20,13 @@ from workbench.protocol import HEARTBEAT_PERIOD, LineDecoder, encode
 
 
 class Channel:
-    def __init__(self, host: str, port: int, worker_id: int, connect_timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, worker_id: int | None, connect_timeout: float = 30.0,
+                 rank_hint: int | None = None) -> None:
         self.worker_id = worker_id
         self.sock = socket.create_connection((host, port), timeout=connect_timeout)
+        # the address this host reaches the supervisor from: gloo binds there too, so its traffic takes the
+        # interface that reaches the other hosts (127.0.0.1 for a run on one machine)
+        self.local_address: str = self.sock.getsockname()[0]
         self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._send_lock = threading.Lock()
@@ -29,7 +35,7 @@ class Channel:
         self.latest_generation: dict[str, Any] | None = None
         self.stop_reason: str | None = None
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
-        self.send({"type": "hello", "id": worker_id, "pid": os.getpid()})
+        self.send({"type": "hello", "id": worker_id, "pid": os.getpid(), "rank_hint": rank_hint})
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
 
@@ -62,7 +68,13 @@ class Channel:
                     continue
                 elif message["type"] == "stop":
                     self.stop_reason = message.get("reason", "stopped")
+                    if message.get("refused"):
+                        print(f"workbench rank: {self.stop_reason}", file=sys.stderr, flush=True)
+                        os._exit(2)
                     os._exit(0)
+                elif message["type"] == "signal":
+                    os.kill(os.getpid(), getattr(signal, message["name"]))
+                    continue
                 self.inbox.put(message)
 
     def _beat(self) -> None:

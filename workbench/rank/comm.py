@@ -13,6 +13,8 @@ The rank process ends with ``os._exit``, so those groups are never torn down by 
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 import time
 from datetime import timedelta
@@ -25,6 +27,23 @@ from workbench.rank.channel import Channel
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 _WAIT_SLICE = timedelta(milliseconds=5)  # how often a waiting rank looks for a newer generation
+
+
+@functools.cache
+def _gloo_device(address: str) -> Any:
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")  # the user's choice wins, as in torch.distributed
+    if interface:
+        return dist.ProcessGroupGloo.create_device(interface=interface)
+    return dist.ProcessGroupGloo.create_device(hostname=address)
+
+
+def _gloo_options(address: str) -> dist.ProcessGroupGloo._Options:
+    """Groups listen on ``address``: the one this rank reaches the supervisor from (see Channel.local_address),
+    so a run on one machine stays on 127.0.0.1 and a run over several hosts uses the interface between them."""
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [_gloo_device(address)]
+    options._timeout = _RENDEZVOUS_TIMEOUT
+    return options
 
 
 class GenerationChanged(Exception):
@@ -78,7 +97,7 @@ class Comm:
 
         def build() -> None:
             try:
-                built["group"] = dist.ProcessGroupGloo(prefix, rank, size, _RENDEZVOUS_TIMEOUT)
+                built["group"] = dist.ProcessGroupGloo(prefix, rank, size, _gloo_options(self.channel.local_address))
             except Exception as exc:  # noqa: BLE001 - handed to the waiting thread
                 built["error"] = exc
             done.set()

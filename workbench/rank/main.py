@@ -1,4 +1,5 @@
-"""Entry point of a rank process (``python -m workbench.rank --control HOST:PORT --id N``) and its training loop.
+"""Entry point of a rank process and its training loop. The supervisor spawns ``python -m workbench.rank
+--control HOST:PORT --id N``; a rank started elsewhere joins with ``--store HOST:PORT [--rank-hint K]``.
 
 Life of a rank: connect to the supervisor's control channel, receive the run configuration, build data and
 model, say ``ready``, then train in whatever generation the supervisor assigns. On every generation the rank
@@ -32,6 +33,7 @@ from workbench import checkpoint as ckpt
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
+from workbench.protocol import CONTROL_KEY
 from workbench.rank import state as st
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
@@ -518,22 +520,50 @@ def trainer_class(config: RunConfig) -> type[BaseTrainer]:
     return Trainer
 
 
+def _join_from_store(address: str, rank_hint: int | None, timeout: float) -> tuple[Channel, dist.TCPStore]:
+    """A rank started outside the supervisor (another host, torchrun, by hand): the store at ``address`` names
+    the control server (key ``workbench/control``); the supervisor gives this process a free rank slot."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"workbench rank: --store {address!r} is not HOST:PORT")
+    try:
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
+        control = store.get(CONTROL_KEY).decode()
+    except (RuntimeError, OSError) as exc:  # torch's DistStoreError is a RuntimeError
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SystemExit(f"workbench rank: no run's store answered at {address} within {timeout:g} s ({reason})"
+                         ) from None
+    control_host, _, control_port = control.rpartition(":")
+    return Channel(control_host, int(control_port), None, rank_hint=rank_hint), store
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workbench.rank")
-    parser.add_argument("--control", required=True, help="HOST:PORT of the supervisor's control channel")
-    parser.add_argument("--id", type=int, required=True, help="spawn id given by the supervisor")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--control", help="HOST:PORT of the supervisor's control channel (spawned ranks)")
+    where.add_argument("--store", help="HOST:PORT of a run's store: join a run started elsewhere")
+    parser.add_argument("--id", type=int, help="spawn id given by the supervisor (with --control)")
+    parser.add_argument("--rank-hint", type=int, help="with --store: the rank number to take")
+    parser.add_argument("--connect-timeout", type=float, default=60.0, help="with --store: seconds to wait for it")
     args = parser.parse_args(argv)
+    if args.control and args.id is None:
+        parser.error("--control needs --id")
     _die_with_parent()
     torch.set_num_threads(1)
-    host, _, port = args.control.rpartition(":")
-    channel = Channel(host, int(port), args.id)
+    store = None
+    if args.store:
+        channel, store = _join_from_store(args.store, args.rank_hint, args.connect_timeout)
+    else:
+        host, _, port = args.control.rpartition(":")
+        channel = Channel(host, int(port), args.id)
     code = 0
     try:
         start = channel.recv(timeout=120.0)
         config = RunConfig.from_dict(start["config"])
-        store_host, _, store_port = start["store"].rpartition(":")
-        store = dist.TCPStore(store_host, int(store_port), is_master=False,
-                              timeout=timedelta(seconds=config.startup_timeout))
+        if store is None or start["store"] != args.store:
+            store_host, _, store_port = start["store"].rpartition(":")
+            store = dist.TCPStore(store_host, int(store_port), is_master=False,
+                                  timeout=timedelta(seconds=config.startup_timeout))
         trainer_class(config)(config, channel, store, Path(start["checkpoint_dir"])).run()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported in one line, then the process ends
         code = 1

@@ -1,0 +1,106 @@
+"""Where a run's ranks live when it spans several hosts: the hosts file and the placement of rank numbers.
+
+A hosts file has one line per host, ``ADDRESS SLOTS [LAUNCH ...]`` (``#`` starts a comment)::
+
+    10.0.0.1  2                          # this machine: the store and control server bind here, 2 ranks
+    10.0.0.2  2  ssh -o BatchMode=yes 10.0.0.2   # started by the supervisor through this command prefix
+    10.0.0.3  2                          # ranks join by themselves: workbench rank --store 10.0.0.1:PORT
+
+* The **first line is this machine**: the supervisor's store and control server bind to its address, and its
+  ranks are spawned here. It takes no launcher (it may have 0 slots when every rank runs elsewhere).
+* A later line **with** a launcher: the supervisor starts each of that host's ranks by running
+  ``LAUNCH... python -m workbench.rank --control ADDR:PORT --id N`` (``ssh HOST``, ``ip netns exec NS``,
+  ``srun -w NODE -N1 -n1``); it can start them again there (regrow, reinit, checkpoint_restart).
+* A later line **without** one: its ranks are started by someone else (by hand, a batch system, torchrun) with
+  ``workbench rank --store ADDR:PORT --rank-hint K``; a replacement for one of them waits for such a join.
+
+Rank numbers are given out in file order: the first line's slots hold ranks 0..S0-1, and so on. Warm spares
+start on this machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Host:
+    address: str
+    slots: int
+    launch: tuple[str, ...] | None = None  # command prefix that starts a process there; None: spawned / joins
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "slots": self.slots, "launch": list(self.launch) if self.launch else None}
+
+    @classmethod
+    def coerce(cls, value: Any, first: bool) -> Host:
+        if isinstance(value, Host):
+            host = value
+        elif isinstance(value, str):
+            host = _parse_line(value)
+        elif isinstance(value, dict) and set(value) <= {"address", "slots", "launch"} and "address" in value:
+            launch = value.get("launch")
+            if isinstance(launch, str):
+                launch = shlex.split(launch)
+            host = cls(value["address"], value.get("slots", 1), tuple(launch) if launch else None)
+        else:
+            raise ConfigError("hosts", f"{value!r} is not a host: give 'ADDRESS SLOTS [LAUNCH ...]' or "
+                              "{'address': ..., 'slots': ..., 'launch': [...]}")
+        check_address("hosts", host.address)
+        lowest = 0 if first else 1
+        if not (isinstance(host.slots, int) and not isinstance(host.slots, bool) and lowest <= host.slots <= 64):
+            raise ConfigError("hosts", f"host {host.address} has {host.slots!r} slots; allowed {lowest}..64")
+        if first and host.launch:
+            raise ConfigError("hosts", f"the first host ({host.address}) is this machine: the supervisor binds to "
+                              "its address and starts its ranks itself, so it takes no launcher")
+        return host
+
+
+def _parse_line(line: str) -> Host:
+    words = shlex.split(line, comments=True)
+    if len(words) < 2 or not words[1].isdigit():
+        raise ConfigError("hosts", f"{line.strip()!r} is not 'ADDRESS SLOTS [LAUNCH ...]' (SLOTS a number)")
+    return Host(words[0], int(words[1]), tuple(words[2:]) or None)
+
+
+def check_address(field_name: str, address: Any) -> str:
+    """An IP address literal (no names: a host's name may resolve to an interface the others cannot reach)."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        raise ConfigError(field_name, f"{address!r} is not an IP address (e.g. 127.0.0.1 or 10.0.0.1)") from None
+
+
+def read_hosts_file(path: str | Path) -> list[dict[str, Any]]:
+    """The hosts of a hosts file, as dicts for ``RunConfig.hosts``; a ConfigError naming the line if one is bad."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("hosts_file", f"cannot read {path}: {exc.strerror}") from None
+    hosts: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not shlex.split(line, comments=True):
+            continue
+        try:
+            hosts.append(Host.coerce(line, first=not hosts).to_dict())
+        except ConfigError as exc:
+            raise ConfigError("hosts_file", f"{path}:{number}: {exc.message}") from None
+    if not hosts:
+        raise ConfigError("hosts_file", f"{path} lists no hosts ('ADDRESS SLOTS [LAUNCH ...]' per line)")
+    return hosts
+
+
+def placement(hosts: list[Host]) -> dict[int, Host]:
+    """Rank number -> the host that holds it, in file order."""
+    where: dict[int, Host] = {}
+    for host in hosts:
+        for _ in range(host.slots):
+            where[len(where)] = host
+    return where
