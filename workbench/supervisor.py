@@ -118,6 +118,7 @@ class Supervisor:
         self.out_dir = out_dir
         self.host = config.bind
         hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
+        self.this_host = hosts[0] if hosts else None
         self.placement = placement(hosts)  # rank number -> host; empty: every rank on this machine
         self.on_event = on_event
         self.spawned: dict[int, Worker] = {}
@@ -247,8 +248,7 @@ class Supervisor:
         here, through the host's launcher, or — for a host whose ranks join by themselves — a slot that waits."""
         spawn_id = len(self.spawned)
         host = self.placement.get(label) if label is not None and self.placement else None
-        first = next(iter(self.placement.values()), None)
-        if host is not None and host is not first and not host.launch:
+        if host is not None and host is not self.this_host and not host.launch:
             worker = Worker(spawn_id, label, last_heard=time.monotonic(), host=host.address, remote=True)
             self.spawned[spawn_id] = worker
             self._event("waiting", -1, f"rank {label} is to join from {host.address}: workbench rank --store "

@@ -549,6 +549,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.control and args.id is None:
         parser.error("--control needs --id")
     _die_with_parent()
+    # a launcher that stops this rank (torchrun stops a node's workers when one fails, a batch system cancels
+    # a job) makes it a dead rank like any other, for the strategy to handle — not an error of the run
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
     torch.set_num_threads(1)
     store = None
     if args.store:
