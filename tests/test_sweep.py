@@ -197,3 +197,28 @@ def test_report_cli_errors(tmp_path, capsys):
     assert "not a sweep directory" in capsys.readouterr().err
     save_trials(fake_trials(), tmp_path / "t.h5")  # a table is not a sweep either
     assert cli.main(["report", str(tmp_path / "t.h5")]) == 2
+
+
+def test_slurm_job_array_runs_each_point_as_a_task(tmp_path):
+    """--emit slurm writes a job array; its tasks, run here as sbatch would (SLURM_ARRAY_TASK_ID set), each run one
+    point; the table is built from the points afterwards."""
+    out = tmp_path / "array"
+    assert cli.main(["sweep", str(TINY), "-p", "a", "1", "-1", "--out", str(out), "--emit", "slurm",
+                     "--sbatch=--partition=cpu"]) == 0
+    script = (out / "sweep.slurm").read_text()
+    for line in ("#SBATCH --array=0-1", "#SBATCH --cpus-per-task=1", "#SBATCH --partition=cpu",
+                 f"#SBATCH --output={out.resolve()}/slurm-%A_%a.log"):
+        assert line in script
+    assert not list(out.glob("*/point.json"))  # emitting runs nothing
+    codes = []
+    for task in (0, 1, 0):
+        env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(task)}
+        done = subprocess.run(["bash", str(out / "sweep.slurm")], env=env, capture_output=True, text=True,
+                              timeout=240)
+        codes.append((done.returncode, done.stdout.strip().split(": ")[-1]))
+    assert codes[0] == (0, "completed") and codes[1][0] == 1 and codes[2] == (0, "already complete")
+    frame = load_sweep(out).set_index("a")
+    assert frame.loc[1, "status"] == "completed" and frame.loc[-1, "status"] == "failed"
+    assert "a must not be negative" in frame.loc[-1, "error"]
+    with pytest.raises(SweepError, match=r"point 2 is out of range: the array has points 0\.\.1"):
+        cli.cmd_sweep(cli.build_parser().parse_args(["sweep", str(TINY), "--out", str(out), "--point", "2"]))

@@ -235,6 +235,12 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--grid", type=Path, help="YAML file: a mapping name: [values] (cartesian product) or a "
                        "list of mappings (points); combined with every -p point")
     sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
+    sweep.add_argument("--emit", choices=["slurm"], help="run nothing; write DIR/sweep.slurm, a Slurm job array "
+                       "with one task per point (sbatch it; README: Sweeps beyond one machine)")
+    sweep.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                       help="with --emit slurm: an extra #SBATCH option, e.g. --sbatch=--partition=cpu (repeatable)")
+    sweep.add_argument("--point", type=int, metavar="I", help="run only point I of DIR/array.json (what each "
+                       "task of the emitted job array does); NOTEBOOK and -p are taken from DIR")
     sweep.add_argument("--jobs", type=int, help="points at a time (default: min(cores, 2 x cores / the points' "
                        "world_size), at least 1)")
     sweep.add_argument("--skip-failed", action="store_true", help="do not retry points that failed before")
@@ -262,6 +268,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not values:
             raise SweepError(f"parameter {name!r} has no values (-p {name} V1 V2 ...)")
         parameters[name] = [parse_value(v) for v in values]
+    if args.point is not None:
+        from workbench.sweep import run_array_task
+
+        if parameters or args.grid or args.emit:
+            raise SweepError("--point runs a point of DIR/array.json: give no -p, --grid or --emit with it")
+        status = run_array_task(args.out, args.point, kernel_name=args.kernel, timeout=args.timeout)
+        print(f"point {args.point} ({status['id']}): "
+              + ("already complete" if status["skipped"] else status["status"])
+              + (f": {status['error']}" if status.get("error") else ""))
+        return 0 if status["status"] == "completed" else 1
+    if args.emit:
+        from workbench.sweep import emit_slurm
+
+        path = emit_slurm(args.notebook, parameters, grid=args.grid, out=args.out, kernel_name=args.kernel,
+                          timeout=args.timeout, sbatch=args.sbatch)
+        print(f"job array: {path} (sbatch {path})")
+        return 0
     if args.dry_run:
         from workbench.sweep import notebook_parameters
 

@@ -39,6 +39,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SWEEP_FILE = "sweep.json"
+ARRAY_FILE = "array.json"  # the points of a Slurm job array, in task order
+SLURM_FILE = "sweep.slurm"
 TABLE_FILE = "results.h5"
 STOP_WAIT_S = 10.0
 
@@ -200,17 +203,10 @@ def is_complete(directory: str | os.PathLike) -> bool:
     return "out" not in status.get("parameters", {}) or has_result(Path(directory))
 
 
-def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None = None, *,
-          out: str | os.PathLike, grid: str | os.PathLike | list[dict[str, Any]] | dict[str, Any] | None = None,
-          jobs: int | None = None, retry_failed: bool = True, progress: bool | None = None,
-          kernel_name: str | None = None, timeout: float | None = None) -> pd.DataFrame:
-    """Run ``notebook`` at every point of the grid that is not complete under ``out``; return :func:`load_sweep`.
-
-    ``progress``: a tqdm bar (``tqdm.auto``: a widget in Jupyter) of points, with the cells of the running points;
-    default on in a terminal or a Jupyter kernel. ``timeout``: seconds per cell. The frame's ``attrs`` hold
-    ``executed``, ``completed``, ``failed`` (ids) and ``skipped`` (already complete) of this invocation.
-    Raises ``SweepError`` on bad input before running anything; KeyboardInterrupt after stopping every point.
-    """
+def _prepare(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None,
+             grid: str | os.PathLike | list[dict[str, Any]] | dict[str, Any] | None, out: str | os.PathLike,
+             jobs: int | None) -> tuple[Path, Path, dict[str, Any], list[dict[str, Any]]]:
+    """Check the sweep's input (SweepError before anything runs) and record its points in ``DIR/sweep.json``."""
     notebook = Path(notebook)
     declared = notebook_parameters(notebook)
     points = grid_points(parameters, grid)
@@ -232,7 +228,29 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     directory.mkdir(parents=True, exist_ok=True)
     write_json(sweep_file, {"notebook": str(notebook.resolve()), "declared": declared,
                             "points": [{"id": k, "parameters": v} for k, v in known.items()]})
+    return notebook, directory, declared, points
 
+
+def _task(directory: Path, notebook: Path, declared: Mapping[str, Any], point: dict[str, Any],
+          kernel_name: str | None, timeout: float | None) -> dict[str, Any]:
+    pid = point_id(point)
+    params = {**point, "out": str(directory / pid)} if "out" in declared else dict(point)
+    return {"id": pid, "dir": str(directory / pid), "notebook": str(notebook.resolve()), "parameters": params,
+            "kernel_name": kernel_name, "timeout": timeout}
+
+
+def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None = None, *,
+          out: str | os.PathLike, grid: str | os.PathLike | list[dict[str, Any]] | dict[str, Any] | None = None,
+          jobs: int | None = None, retry_failed: bool = True, progress: bool | None = None,
+          kernel_name: str | None = None, timeout: float | None = None) -> pd.DataFrame:
+    """Run ``notebook`` at every point of the grid that is not complete under ``out``; return :func:`load_sweep`.
+
+    ``progress``: a tqdm bar (``tqdm.auto``: a widget in Jupyter) of points, with the cells of the running points;
+    default on in a terminal or a Jupyter kernel. ``timeout``: seconds per cell. The frame's ``attrs`` hold
+    ``executed``, ``completed``, ``failed`` (ids) and ``skipped`` (already complete) of this invocation.
+    Raises ``SweepError`` on bad input before running anything; KeyboardInterrupt after stopping every point.
+    """
+    notebook, directory, declared, points = _prepare(notebook, parameters, grid, out, jobs)
     tasks, skipped = [], []
     for p in points:
         pid = point_id(p)
@@ -240,9 +258,7 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
         if is_complete(directory / pid) or (not retry_failed and status and status.get("status") == "failed"):
             skipped.append(pid)
             continue
-        params = {**p, "out": str(directory / pid)} if "out" in declared else dict(p)
-        tasks.append({"id": pid, "dir": str(directory / pid), "notebook": str(notebook.resolve()),
-                      "parameters": params, "kernel_name": kernel_name, "timeout": timeout})
+        tasks.append(_task(directory, notebook, declared, p, kernel_name, timeout))
     jobs = min(jobs or default_jobs(points, declared), max(len(tasks), 1))
     done: dict[str, dict[str, Any]] = {}
     try:
@@ -253,6 +269,75 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     frame.attrs.update(executed=list(done), completed=[k for k, v in done.items() if v["status"] == "completed"],
                        failed=[k for k, v in done.items() if v["status"] != "completed"], skipped=skipped)
     return frame
+
+
+# ---- beyond one machine: Slurm job arrays ----------------------------------------------------------------------
+
+def emit_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None = None, *,
+               out: str | os.PathLike, grid: str | os.PathLike | list[dict[str, Any]] | dict[str, Any] | None = None,
+               kernel_name: str | None = None, timeout: float | None = None,
+               sbatch: Iterable[str] = ()) -> Path:
+    """Write ``DIR/sweep.slurm``: a Slurm job array with one task per point of the grid (``sbatch DIR/sweep.slurm``).
+
+    Task ``i`` runs ``workbench sweep NOTEBOOK --out DIR --point i``: point ``i`` of ``DIR/array.json``, executed
+    exactly as a local sweep executes it (its own worker process and kernel; skipped if already complete), into
+    ``DIR/<point id>``; the directory must be on a file system every node sees. The table is not written by the
+    tasks (N tasks would rewrite it N times): ``load_sweep(DIR)`` or ``workbench report DIR`` builds it from the
+    points afterwards. Each task asks for as many CPUs as the largest ``world_size`` of the points (a point's
+    ranks run on its node); ``sbatch`` adds lines (``--partition=cpu``, ``--time=00:30:00``).
+    """
+    notebook, directory, declared, points = _prepare(notebook, parameters, grid, out, None)
+    if not points:
+        raise SweepError("the grid has no points")
+    write_json(directory / ARRAY_FILE, {"points": [point_id(p) for p in points]})
+    worlds = [p.get("world_size", declared.get("world_size", 1)) for p in points]
+    cpus = max(w if isinstance(w, int) and w > 0 else 1 for w in worlds)
+    options = [f"--job-name=wb-{_slug(notebook.stem)}", f"--array=0-{len(points) - 1}", "--ntasks=1",
+               f"--cpus-per-task={cpus}", f"--output={directory}/slurm-%A_%a.log", *sbatch]
+    command = [sys.executable, "-m", "workbench", "sweep", str(notebook.resolve()), "--out", str(directory),
+               "--point", "${SLURM_ARRAY_TASK_ID:?run me with sbatch (or set SLURM_ARRAY_TASK_ID)}"]
+    if kernel_name:
+        command += ["--kernel", kernel_name]
+    if timeout:
+        command += ["--timeout", str(timeout)]
+    quoted = " ".join(f'"{c}"' if c.startswith("${") else shlex.quote(c) for c in command)
+    script = "\n".join([
+        "#!/bin/bash",
+        *(f"#SBATCH {option}" for option in options),
+        f"# {len(points)} points of {notebook.name}, written by `workbench sweep --emit slurm`. Task i runs point i",
+        f"# of {ARRAY_FILE} (resumable: a complete point is skipped). Afterwards: workbench report {directory}",
+        "set -euo pipefail",
+        f"cd {shlex.quote(os.getcwd())}",
+        f"exec {quoted}",
+        "",
+    ])
+    path = directory / SLURM_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(script)
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    return path
+
+
+def run_array_task(out: str | os.PathLike, index: int, *, kernel_name: str | None = None,
+                   timeout: float | None = None) -> dict[str, Any]:
+    """Run point ``index`` of ``DIR/array.json`` (one task of :func:`emit_slurm`'s job array); its status."""
+    directory = Path(out).resolve()
+    try:
+        ids = json.loads((directory / ARRAY_FILE).read_text())["points"]
+        spec = json.loads((directory / SWEEP_FILE).read_text())
+    except (OSError, ValueError, KeyError):
+        raise SweepError(f"{directory} holds no job array ({ARRAY_FILE}): write one with --emit slurm") from None
+    if not 0 <= index < len(ids):
+        raise SweepError(f"point {index} is out of range: the array has points 0..{len(ids) - 1}")
+    pid = ids[index]
+    point = next(p["parameters"] for p in spec["points"] if p["id"] == pid)
+    if is_complete(directory / pid):
+        return {"id": pid, "status": "completed", "skipped": True}
+    task = _task(directory, Path(spec["notebook"]), spec["declared"], point, kernel_name, timeout)
+    done: dict[str, dict[str, Any]] = {}
+    _Scheduler([task], 1, progress=False).run(done)
+    return {"id": pid, **done.get(pid, {"status": "failed", "error": "the point did not report"}), "skipped": False}
 
 
 def _progress_enabled(progress: bool | None) -> bool:
@@ -485,5 +570,5 @@ def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
     return aggregate(directory)
 
 
-__all__ = ["LOG_FILE", "aggregate", "default_jobs", "grid_points", "load_sweep", "notebook_parameters",
-           "parse_value", "point_id", "sweep"]
+__all__ = ["LOG_FILE", "aggregate", "default_jobs", "emit_slurm", "grid_points", "load_sweep",
+           "notebook_parameters", "parse_value", "point_id", "run_array_task", "sweep"]
