@@ -365,7 +365,7 @@ class Supervisor:
         if not messages:
             return
         if messages[0]["id"] is None:  # a rank started elsewhere, joining through the store
-            worker, refusal = self._joining_slot(messages[0].get("rank_hint"))
+            worker, refusal = self._joining_slot(messages[0].get("rank_hint"), conn.getpeername()[0])
             if worker is None:
                 self._sel.unregister(conn)
                 try:
@@ -390,8 +390,9 @@ class Supervisor:
         for message in messages[1:]:
             self._handle(worker, message)
 
-    def _joining_slot(self, hint: int | None) -> tuple[Worker | None, str]:
-        """The slot a joining rank takes: rank ``hint`` if it waits for a join, else the lowest that does."""
+    def _joining_slot(self, hint: int | None, address: str) -> tuple[Worker | None, str]:
+        """The slot a joining rank takes: rank ``hint`` if it waits for a join, else the lowest waiting one of
+        the host it connects from (the lowest of any host if none is listed at that address)."""
         waiting = sorted((w for w in self.spawned.values() if w.remote and w.proc is None and w.alive
                           and w.conn is None), key=lambda w: w.label)
         if hint is not None:
@@ -401,8 +402,9 @@ class Supervisor:
             why = "no such rank" if self.placement.get(hint) is None else "it is not waiting for a join"
             return None, (f"rank {hint} cannot be taken ({why}); ranks waiting for a join: "
                           f"{[w.label for w in waiting] or 'none'}")
-        if waiting:
-            return waiting[0], ""
+        same_host = [w for w in waiting if w.host == address]
+        if same_host or waiting:
+            return (same_host or waiting)[0], ""
         return None, "no rank of this run is waiting for a join"
 
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
