@@ -25,7 +25,7 @@ from workbench.errors import ConfigError
 MODELS = ("mlp", "cnn")
 DATASETS = ("digits", "synthetic")
 OPTIMIZERS = ("sgd", "adam")
-STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit")
+STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", "torchft", "torchrun")
 REGROW_STRATEGIES = ("shrink", "rollback", "forward")
 DISTRIBUTIONS = ("exponential", "weibull")
 FAULT_KINDS = ("kill", "hang", "flip")
@@ -35,7 +35,7 @@ PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
 # which recovery strategies mean something in each parallel mode (DESIGN §4, §6; README "Parallel modes")
 PARALLEL_STRATEGIES = {
-    "data": STRATEGIES,
+    "data": STRATEGIES,  # the peers (torchft, torchrun: workbench/peers) train data-parallel only
     # a stage's layers live on one rank only: nothing to shrink to, no replica to roll back with
     "pipeline": ("none", "checkpoint_restart", "reinit"),
     # replicas differ by design: there is no collective step to roll back or finish lossily, only survivors
@@ -295,7 +295,8 @@ class RunConfig:
         if not isinstance(self.regrow, bool):
             raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
         if self.regrow and self.strategy not in REGROW_STRATEGIES:
-            why = "it restarts ranks itself" if self.strategy in ("reinit", "checkpoint_restart") else "no recovery"
+            why = ("it recovers by its own means" if self.strategy in ("torchft", "torchrun") else
+                   "it restarts ranks itself" if self.strategy in ("reinit", "checkpoint_restart") else "no recovery")
             raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
                               f"{self.strategy!r} ({why})")
         if self.warm_spares is None:
@@ -303,7 +304,7 @@ class RunConfig:
         _int_in("warm_spares", self.warm_spares, 0, 16)
         if self.warm_spares and not (self.regrow or self.strategy == "reinit"):
             raise ConfigError("warm_spares", "spares replace dead ranks: use them with regrow or strategy 'reinit'")
-        if self.checkpoint_every is None and self.strategy in ("checkpoint_restart", "reinit"):
+        if self.checkpoint_every is None and self.strategy in ("checkpoint_restart", "reinit", "torchrun"):
             self.checkpoint_every = 25
         if self.checkpoint_every is not None:
             _int_in("checkpoint_every", self.checkpoint_every, 1, 10_000_000)
@@ -323,6 +324,7 @@ class RunConfig:
         _positive("startup_timeout", self.startup_timeout)
         _positive("op_timeout", self.op_timeout)
         self._check_hosts()
+        self._check_peer()
         self.faults = [self._resolve_stage(f) for f in self.faults]
         for fault in self.faults:
             if isinstance(fault, RandomFailures):
@@ -378,6 +380,24 @@ class RunConfig:
         if mode != "data" and self.detect:
             raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
                               "takes bit flips without detectors (outcomes are classified against a golden run)")
+
+    def _check_peer(self) -> None:
+        """The peers run the same model and data with their own machinery: only what they have applies."""
+        from workbench.peers import PEER_STRATEGIES, require_torchft
+
+        if self.strategy not in PEER_STRATEGIES:
+            return
+        unsupported = {"regrow": self.regrow, "detect": self.detect, "apoptosis": self.apoptosis,
+                       "hosts": self.hosts, "resume": self.resume,
+                       "flip faults": [f for f in self.faults if isinstance(f, FaultSpec) and f.kind == "flip"]}
+        for name, value in unsupported.items():
+            if value:
+                raise ConfigError("strategy", f"{self.strategy!r} runs the peer system as its users do; {name} is "
+                                  "ours and does not apply to it")
+        if self.parallelism != "data":
+            raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
+        if self.strategy == "torchft":
+            require_torchft()
 
     def _check_hosts(self) -> None:
         from workbench.hosts import Host, check_address

@@ -18,6 +18,10 @@ after which it is SIGKILLed before anything else happens. Then the strategy deci
   ``g+1`` and takes a survivor's last in-memory snapshot.
 * ``checkpoint_restart``: every rank is stopped, a fresh world is started and resumes from the last HDF5
   checkpoint (torchrun semantics).
+* the peers (:mod:`workbench.peers`) recover by their own means; the supervisor only watches and records.
+  ``torchft``: it runs torchft's lighthouse; the replicas see the death themselves (quorum), the supervisor
+  restarts the dead replica, which heals from a peer. ``torchrun``: it starts one torchrun agent whose workers
+  join through the store; the agent restarts the whole world, whose workers resume from the last checkpoint.
 
 Ranks have stable numbers (labels): a replacement takes the number of the rank it replaces.
 
@@ -41,6 +45,7 @@ import os
 import queue
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,6 +60,7 @@ from typing import Any
 
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
+from workbench.peers import PEER_STRATEGIES
 from workbench.protocol import CONTROL_KEY, LineDecoder, encode
 from workbench.results import RunResult
 
@@ -96,11 +102,13 @@ class Failure:
     regrow_time: float | None = None  # when that replacement joined: the world is back to its size
     steps_redone: int = 0
     samples_lost: int = 0
+    peer_seen: bool = False  # a peer's own detection (torchft quorum, torchrun restart) replaced detect_time
+    discarded: set[int] = field(default_factory=set)  # torchft: steps the survivors did not commit
 
     def figures(self, strategy: str) -> dict[str, Any]:
         return {
             "rank": self.rank, "step": self.step, "cause": self.cause, "strategy": strategy,
-            "detection_s": round(self.detect_time - self.fault_time, 4),
+            "detection_s": round(self.detect_time - self.fault_time, 4) if self.detect_time is not None else None,
             "resume_s": None if self.resume_time is None else round(self.resume_time - self.fault_time, 4),
             "regrow_s": None if self.regrow_time is None else round(self.regrow_time - self.fault_time, 4),
             "steps_redone": self.steps_redone, "samples_lost": self.samples_lost,
@@ -120,6 +128,11 @@ class Supervisor:
         hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
         self.this_host = hosts[0] if hosts else None
         self.placement = placement(hosts)  # rank number -> host; empty: every rank on this machine
+        self.peer = config.strategy if config.strategy in PEER_STRATEGIES else None
+        self.rank_module = "workbench.peers.torchft_rank" if self.peer == "torchft" else "workbench.rank"
+        self.lighthouse: subprocess.Popen | None = None  # torchft's lighthouse service
+        self.agent: subprocess.Popen | None = None  # torchrun's agent
+        self.quorum = 0  # torchft: participants of the last quorum reported
         self.on_event = on_event
         self.spawned: dict[int, Worker] = {}
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -219,7 +232,13 @@ class Supervisor:
         self.log_dir = (self.out_dir / "logs") if self.out_dir else None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        first = [self._spawn(label) for label in range(self.config.world_size)]
+        if self.peer == "torchft":
+            self._start_lighthouse()
+        if self.peer == "torchrun":
+            first = [self._join_slot(label, "torchrun") for label in range(self.config.world_size)]
+            self._start_agent()
+        else:
+            first = [self._spawn(label) for label in range(self.config.world_size)]
         spares = [self._spawn(None) for _ in range(self.config.warm_spares)]
         self._wait_ready(first + spares)  # a spare is warm from the first step: regrow timing does not vary
         self.status.update(state="running")
@@ -242,6 +261,9 @@ class Supervisor:
                                         + (f" (see {self.log_dir}/spawn{w.spawn_id}.log)" if self.log_dir else ""))
             if self._outcome:
                 raise RunStartError(self._outcome[1])
+            if self.agent is not None and self.agent.poll() is not None:
+                raise RunStartError(f"the torchrun agent exited during start-up with code {self.agent.returncode}"
+                                    + (f" (see {self.log_dir}/torchrun.log)" if self.log_dir else ""))
 
     def _spawn(self, label: int | None) -> Worker:
         """Start the process for rank ``label`` (None: a warm spare, on this machine) on the host that holds it:
@@ -249,8 +271,7 @@ class Supervisor:
         spawn_id = len(self.spawned)
         host = self.placement.get(label) if label is not None and self.placement else None
         if host is not None and host is not self.this_host and not host.launch:
-            worker = Worker(spawn_id, label, last_heard=time.monotonic(), host=host.address, remote=True)
-            self.spawned[spawn_id] = worker
+            worker = self._join_slot(label, host.address)
             self._event("waiting", -1, f"rank {label} is to join from {host.address}: workbench rank --store "
                         f"{self.store_address} --rank-hint {label}", rank=label)
             return worker
@@ -262,7 +283,7 @@ class Supervisor:
         out = open(self.log_dir / f"spawn{spawn_id}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         try:
             proc = subprocess.Popen(
-                prefix + [sys.executable, "-m", "workbench.rank", "--control",
+                prefix + [sys.executable, "-m", self.rank_module, "--control",
                           f"{self.host}:{self.server.getsockname()[1]}", "--id", str(spawn_id)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
@@ -275,6 +296,63 @@ class Supervisor:
                         host=host.address if host is not None else "local", remote=bool(prefix))
         self.spawned[spawn_id] = worker
         return worker
+
+    def _join_slot(self, label: int, host: str) -> Worker:
+        """A rank slot that waits for a process started by someone else to join through the store."""
+        worker = Worker(len(self.spawned), label, last_heard=time.monotonic(), host=host, remote=True)
+        self.spawned[worker.spawn_id] = worker
+        return worker
+
+    def _start_lighthouse(self) -> None:
+        """torchft: its Rust lighthouse as the separate service its users run (quorum, heartbeats)."""
+        binary = Path(sys.executable).with_name("torchft_lighthouse")
+        if not binary.is_file():
+            binary = Path(shutil.which("torchft_lighthouse") or binary)
+        with socket.socket() as probe:
+            probe.bind((self.host, 0))
+            port = probe.getsockname()[1]
+        out = open(self.log_dir / "lighthouse.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.lighthouse = subprocess.Popen(
+                [str(binary), "--bind", f"{self.host}:{port}", "--min_replicas", "1", "--quorum_tick_ms", "100",
+                 "--join_timeout_ms", "10000",
+                 "--heartbeat_timeout_ms", str(int(self.config.heartbeat_timeout * 1000))],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "RUST_LOG": "warn"})
+        except OSError as exc:
+            raise RunStartError(f"cannot start torchft's lighthouse ({binary}): {exc.strerror}") from None
+        finally:
+            if self.log_dir:
+                out.close()
+        self.lighthouse_address = f"http://{self.host}:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection((self.host, port), timeout=1).close()
+                return
+            except OSError:
+                if self.lighthouse.poll() is not None or time.monotonic() > deadline:
+                    raise RunStartError("torchft's lighthouse did not start listening within 10 s") from None
+                time.sleep(0.02)
+
+    def _start_agent(self) -> None:
+        """torchrun: one elastic agent for the world; its workers join the slots by $RANK."""
+        kills = sum(1 for f in self.config.faults if getattr(f, "kind", "kill") in ("kill", "hang"))
+        restarts = kills + 3 + sum(getattr(f, "max", 0) or 0 for f in self.config.random_failures)
+        out = open(self.log_dir / "torchrun.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING",
+               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
+        try:
+            self.agent = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                 "--nproc-per-node", str(self.config.world_size), "--max-restarts", str(restarts),
+                 "--monitor-interval", "0.1", "-m", "workbench.peers.torchrun_rank", "--store", self.store_address],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        finally:
+            if self.log_dir:
+                out.close()
+        self._event("torchrun", -1, f"torchrun agent started: {self.config.world_size} workers, up to {restarts} "
+                    "restarts of the world")
 
     def _loop(self) -> tuple[str, str]:
         while True:
@@ -297,10 +375,17 @@ class Supervisor:
                     self._on_death(w, f"did not start within {self.config.startup_timeout:g} s")
                 if self._outcome:
                     return self._outcome
+            if self.agent is not None and self.agent.poll() is not None and not self._all_done():
+                return "failed", (f"the torchrun agent gave up (exit code {self.agent.returncode}): a worker failed "
+                                  "more often than --max-restarts allows")
             self._fire_time_faults()
             self._admit_replacements()
-            if self.members and not self.restarting and all(w is not None and w.done for w in self.member_workers):
+            if self._all_done():
                 return "completed", f"all {self.config.steps} steps done with world size {len(self.members)}"
+
+    def _all_done(self) -> bool:
+        return bool(self.members) and not self.restarting and all(w is not None and w.done
+                                                                    for w in self.member_workers)
 
     def _poll(self, timeout: float) -> None:
         for key, _ in self._sel.select(timeout):
@@ -375,7 +460,11 @@ class Supervisor:
                 conn.close()
                 self._event("join_refused", -1, refusal)
                 return
-            worker.host = conn.getpeername()[0]
+            worker.host = conn.getpeername()[0] if self.peer != "torchrun" else worker.host
+            if self.peer == "torchrun":  # a restarted worker: the agent has seen the failure and acted on it
+                for failure in self.failures:
+                    if not failure.peer_seen:
+                        failure.detect_time, failure.peer_seen = time.time(), True
         else:
             worker = self.spawned.get(messages[0]["id"])
         if worker is None or worker.conn is not None or not worker.alive:
@@ -385,6 +474,7 @@ class Supervisor:
         worker.conn, worker.decoder, worker.last_heard = conn, pending.decoder, time.monotonic()
         self._sel.modify(conn, selectors.EVENT_READ, worker)
         self._send(worker, {"type": "start", "config": self.config.to_dict(),
+                            "lighthouse": getattr(self, "lighthouse_address", None),
                             "store": f"{self.host}:{self._store_socket.getsockname()[1]}",
                             "checkpoint_dir": str(self.checkpoint_dir)})
         for message in messages[1:]:
@@ -412,10 +502,29 @@ class Supervisor:
         if kind == "hb":
             return
         if kind == "step":
+            if self.peer == "torchft":
+                self._torchft_step(w, m)
             if m["gen"] == self.gen:
                 w.steps_done = max(w.steps_done, m["step"] + 1)
-                if "loss" in m:
+                reporter = self.peer != "torchft" or w.label == min(self.members)
+                if "loss" in m and reporter:
                     self._record_step(m)
+        elif kind == "quorum":
+            self._event("quorum", m["step"], f"torchft quorum of {m['participants']} replicas", rank=w.label)
+            if m["participants"] < self.quorum:
+                for failure in self.failures:
+                    if not failure.peer_seen and failure.fault_time <= m["t"]:
+                        failure.detect_time, failure.peer_seen = m["t"], True
+            self.quorum = m["participants"]
+        elif kind == "discarded":
+            self._event("discarded", m["step"], "torchft did not commit the step" + (f": {m['error']}" if m.get(
+                "error") else ""), rank=w.label)
+            for failure in self.failures:
+                if failure.resume_time is None and failure.fault_time <= m["t"]:
+                    failure.discarded.add(m["step"])
+                    failure.steps_redone = len(failure.discarded)
+        elif kind == "peer_error":
+            self._event("peer_error", w.steps_done, m["message"], rank=w.label)
         elif kind == "ready":
             w.ready = True
             if w.remote and w.proc is None:
@@ -464,6 +573,20 @@ class Supervisor:
         elif kind == "error":
             self._event("error", w.steps_done, m["message"], rank=w.label if w.label is not None else -1)
             self._outcome = ("failed", f"rank {w.label} raised an error at step {w.steps_done}: {m['message']}")
+
+    def _torchft_step(self, w: Worker, m: dict[str, Any]) -> None:
+        """torchft's figures: resume = first step committed by a quorum without the dead replica; regrow = the
+        replacement's first committed step; samples lost = the missing replica's share of every step between."""
+        for failure in self.failures:
+            if failure.resume_time is None and failure.peer_seen and m["t"] >= failure.detect_time:
+                failure.resume_time = m["t"]
+            if failure.replacement == w.spawn_id and failure.regrow_time is None:
+                failure.regrow_time = m["t"]
+                how = (f"healed from a peer and committed step {m['step']}" if m["step"] > 0 else
+                       "found no peer to heal from (they had finished) and started from step 0")
+                self._event("regrow", m["step"], f"rank {w.label}'s replacement {how}", rank=w.label)
+            elif failure.resume_time is not None and failure.regrow_time is None and w.label == min(self.members):
+                failure.samples_lost += failure.lost_share
 
     def _record_step(self, m: dict[str, Any]) -> None:
         if self.train_start is None:
@@ -567,6 +690,23 @@ class Supervisor:
                                  f"stage {stage}; shrink cannot rebuild a stage's layers (checkpoint_restart or "
                                  "reinit can)")
                 return
+        if self.peer == "torchft":  # the replicas find out by themselves; torchft's recovery is a restart + heal
+            failure.detect_time = None
+            failure.world_size_after = len(survivors)
+            self.members = survivors
+            failure.replacement = self._replace(w.label)
+            return
+        if self.peer == "torchrun":  # the agent stops and restarts every worker; fresh slots wait for them
+            failure.detect_time = None
+            for other in self.member_workers:
+                if other is not None:
+                    other.alive = False  # its end is the agent's doing, not another failure
+            self.restarting = True
+            failure.world_size_after = self.config.world_size
+            self.replacements = [self._join_slot(label, "torchrun") for label in range(self.config.world_size)]
+            self._event("restart", failure.step, "torchrun restarts the world; the workers resume from the "
+                        + (f"checkpoint of step {self.last_checkpoint['step']}" if self.last_checkpoint else "start"))
+            return
         if strategy == "checkpoint_restart":
             self._restart_world(failure)
         elif strategy == "reinit":
@@ -613,7 +753,7 @@ class Supervisor:
                 resume = self.last_checkpoint["path"] if self.last_checkpoint else self._resume_path
                 self.failures[-1].recovery_gen = self.gen + 1
                 self._new_generation(list(range(self.config.world_size)), source=0, resume=resume,
-                                     recovery="checkpoint_restart")
+                                     recovery=self.config.strategy)
             return
         ready = [w for w in self.replacements if w.ready]
         if not ready:
@@ -672,6 +812,8 @@ class Supervisor:
     def _exit_cause(self, w: Worker) -> str:
         code = w.proc.poll() if w.proc is not None and not w.remote else None
         if code is None:
+            if w.host == "torchrun":
+                return "died (a torchrun worker: its connection closed)"
             return f"on {w.host} lost its connection" if w.remote else "lost its connection"
         if code < 0:
             return f"died ({signal.Signals(-code).name})"
@@ -719,6 +861,14 @@ class Supervisor:
             self._kill(w)
             if w.conn is not None:
                 w.conn.close()
+        for service in (self.agent, self.lighthouse):
+            if service is not None:
+                for kill in (lambda p=service: os.killpg(p.pid, signal.SIGKILL), service.kill):
+                    try:
+                        kill()
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                service.wait(timeout=10)
         for sock in (getattr(self, "server", None), getattr(self, "_store_socket", None), self._wake_r, self._wake_w):
             if sock is not None:
                 sock.close()

@@ -1,0 +1,116 @@
+"""A torchft 0.2 replica group of one process, as torchft's users write it (``python -m
+workbench.peers.torchft_rank --control HOST:PORT --id N``, spawned by the supervisor for ``--strategy torchft``).
+
+Protocol (torchft's own): the supervisor runs the Rust lighthouse (its address comes in the ``start`` message);
+each replica group hosts its own TCPStore, builds ``torchft.Manager`` (gloo, ``min_replica_size=1``) with
+``torchft.DistributedDataParallel`` and ``torchft.Optimizer``. Every step is a transaction: ``zero_grad`` starts
+the quorum, the DDP hook allreduces through the manager, ``step`` applies the update only if ``should_commit``
+agrees. A replica that starts late (a replacement) heals: it takes step, parameters and optimizer state from a
+peer over HTTP at its first quorum. We report to the supervisor: every committed step (``step``, with the
+quorum's ``participants``), every discarded one (``discarded``) and every change of quorum (``quorum``).
+
+Nothing of torchft is patched: if its DDP comm hook fails (0.2 asserts ``fut._fut`` when a peer dies during the
+allreduce) the error ends this replica, the supervisor records it, and the run's outcome says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workbench.config import RunConfig
+from workbench.peers.common import PeerRank
+from workbench.rank.channel import Channel
+from workbench.rank.data_parallel import make_optimizer
+from workbench.rank.main import _die_with_parent, fingerprint
+
+
+class TorchftReplica(PeerRank):
+    def run(self, lighthouse: str) -> None:
+        import torchft
+
+        self.channel.send({"type": "ready"})
+        assignment = self.wait_generation()
+        label = assignment["members"][assignment["rank"]]
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        optimizer = make_optimizer(self.config.optimizer, list(self.model.parameters()), self.config.lr,
+                                   self.config.momentum)
+
+        def state_dict() -> dict[str, Any]:
+            return {"model": self.model.state_dict(), "optim": optimizer.state_dict()}
+
+        def load_state_dict(state: dict[str, Any]) -> None:
+            self.model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optim"])
+
+        timeout = timedelta(seconds=self.config.op_timeout)
+        manager = torchft.Manager(
+            pg=torchft.ProcessGroupGloo(timeout=timeout), min_replica_size=1, load_state_dict=load_state_dict,
+            state_dict=state_dict, replica_id=f"workbench_{label}", store_addr="127.0.0.1",
+            store_port=store.port, rank=0, world_size=1, lighthouse_addr=lighthouse, hostname="127.0.0.1",
+            timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout)
+        ddp = torchft.DistributedDataParallel(manager, self.model)
+        wrapped = torchft.Optimizer(manager, optimizer)
+        participants = 0
+        while manager.current_step() < self.config.steps:
+            step, started = manager.current_step(), time.perf_counter()
+            x, y = self.batch(step, label)
+            wrapped.zero_grad()
+            out = ddp(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            now = manager.num_participants()
+            if now != participants:
+                self.channel.send({"type": "quorum", "step": step, "participants": now, "t": time.time()})
+                participants = now
+            self.fault_point(step)
+            wrapped.step()
+            gen = self.channel.latest_generation["gen"]
+            if manager.current_step() > step:  # committed; a healing replica jumped to its peers' step
+                self.report(manager.current_step() - 1, gen, loss, out, y, started, participants=participants)
+            else:
+                error = manager.errored()
+                self.channel.send({"type": "discarded", "step": step, "t": time.time(),
+                                   "error": None if error is None else str(error.original_exception)[:200]})
+        self.channel.send({"type": "done", "step": self.config.steps, "fingerprint": fingerprint(self.model),
+                           "group": 0})
+        manager.shutdown(wait=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workbench.peers.torchft_rank")
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--id", type=int, required=True)
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs ~6 INFO lines a step otherwise
+    host, _, port = args.control.rpartition(":")
+    channel = Channel(host, int(port), args.id)
+    code = 0
+    try:
+        start = channel.recv(timeout=120.0)
+        TorchftReplica(RunConfig.from_dict(start["config"]), channel).run(start["lighthouse"])
+    except BaseException as exc:  # noqa: BLE001 - the peer's failure is reported in one line, then the process ends
+        code = 1
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+        channel.send({"type": "error", "message": " ".join(detail)[:500], "traceback": traceback.format_exc(limit=8)})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""A worker of a torchrun-launched, restart-the-world run (``--strategy torchrun``), as torchrun's users write it.
+
+Protocol (torch.distributed.elastic's): the supervisor starts one agent, ``python -m torch.distributed.run
+--standalone --nproc-per-node W --max-restarts R --monitor-interval 0.1 -m workbench.peers.torchrun_rank --store
+ADDR:PORT``. Each worker joins our control channel through the store (its slot is ``$RANK``), initialises the
+default process group from torchrun's environment, wraps the model in ``torch.nn.parallel.DistributedDataParallel``
+and trains; rank 0 writes an HDF5 checkpoint every ``checkpoint_every`` steps (synchronously, atomically). When a
+worker dies the agent stops all of them (SIGTERM) and starts the world again, up to ``--max-restarts`` times; the
+new workers resume from the last checkpoint the supervisor names. Work since that checkpoint is redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workbench import checkpoint as ckpt
+from workbench.config import RunConfig
+from workbench.peers.common import PeerRank
+from workbench.rank import state as st
+from workbench.rank.data_parallel import make_optimizer
+from workbench.rank.main import _die_with_parent, _join_from_store, fingerprint
+
+
+class TorchrunWorker(PeerRank):
+    def run(self, checkpoint_dir: Path) -> None:
+        config = self.config
+        dist.init_process_group("gloo", timeout=timedelta(seconds=config.op_timeout))
+        rank = dist.get_rank()
+        ddp = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=config.bucket_cap_mb)
+        named = list(self.model.named_parameters())
+        optimizer = make_optimizer(config.optimizer, [p for _, p in named], config.lr, config.momentum)
+        self.channel.send({"type": "ready"})
+        assignment = self.wait_generation()
+        began, step = time.perf_counter(), 0
+        if assignment.get("resume"):
+            saved = ckpt.load(assignment["resume"])
+            self.model.load_state_dict(saved.model)
+            st.load_named_optimizer_state(optimizer, named, saved.optimizer)
+            step = saved.step
+        joined = {"type": "joined", "gen": assignment["gen"], "step": step, "sync_s": time.perf_counter() - began}
+        if rank == 0 and assignment.get("recovery"):
+            joined.update(recovery=assignment["recovery"], resume_step=step, retried=False)
+        self.channel.send(joined)
+        gen = assignment["gen"]
+        while step < config.steps:
+            started = time.perf_counter()
+            x, y = self.batch(step, rank)
+            optimizer.zero_grad()
+            out = ddp(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            self.fault_point(step)
+            optimizer.step()
+            if rank == 0:
+                self.report(step, gen, loss, out, y, started)
+            else:
+                self.channel.send({"type": "step", "step": step, "gen": gen})
+            step += 1
+            if rank == 0 and config.checkpoint_every and step % config.checkpoint_every == 0:
+                self._checkpoint(step, named, optimizer, checkpoint_dir)
+        self.channel.send({"type": "done", "step": step, "fingerprint": fingerprint(self.model), "group": 0})
+
+    def _checkpoint(self, step: int, named: list, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+        began = time.perf_counter()
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        path = ckpt.save(directory / ckpt.checkpoint_name(step),
+                         ckpt.Checkpoint(step, state, st.named_optimizer_state(optimizer, named),
+                                         torch.get_rng_state(), self.config.seed, self.config.to_dict()))
+        spent = time.perf_counter() - began
+        self.channel.send({"type": "checkpoint", "step": step, "path": str(path), "stall_s": spent, "write_s": spent})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workbench.peers.torchrun_rank")
+    parser.add_argument("--store", required=True, help="HOST:PORT of the run's store")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    torch.set_num_threads(1)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the agent stops the world with SIGTERM: a dead worker
+        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
+    channel, _ = _join_from_store(args.store, int(os.environ["RANK"]), 60.0)
+    code = 0
+    try:
+        start = channel.recv(timeout=120.0)
+        TorchrunWorker(RunConfig.from_dict(start["config"]), channel).run(Path(start["checkpoint_dir"]))
+    except BaseException as exc:  # noqa: BLE001 - a failed worker is the agent's to handle (restart the world)
+        code = 1
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+        channel.send({"type": "peer_error", "message": " ".join(detail)[:300]})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
