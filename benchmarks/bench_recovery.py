@@ -5,8 +5,13 @@ evenly (plain ``shrink`` can lose at most world-1 ranks, so it gets fewer). ``ch
 torchrun-style baseline: tear the world down, start fresh ranks, reload the last HDF5 checkpoint.
 ``overhead_s`` is training time beyond the no-fault run of the same configuration, measured in the same process.
 
+``--peers`` adds the peer systems measured in the same run on the same model, data and kills: ``torchft``
+(torchft 0.2: lighthouse heartbeat detection, the dead replica restarted and healed from a peer; needs
+``pip install -e .[peers]``) and ``torchrun`` (the elastic agent restarts the world from the last checkpoint).
+``step_ms`` is the median step time of the run, ``step_vs_ours`` that over our no-fault run's (per-step overhead).
+
 Prints one JSON line: {"benchmark": "recovery", "rows": [...]} with one row per (model, world, strategy).
-Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large] [--kills 5] [--quick]
+Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large] [--kills 5] [--quick] [--peers]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ STRATEGIES = {
     "shrink+regrow (warm spare)": {"strategy": "shrink", "regrow": True},
     "shrink+regrow (fresh rank)": {"strategy": "shrink", "regrow": True, "warm_spares": 0},
 }
+PEERS = {"torchft (peer)": {"strategy": "torchft"}, "torchrun (peer)": {"strategy": "torchrun"}}
 
 
 def median(values: list[float | None]) -> float | None:
@@ -39,7 +45,11 @@ def median(values: list[float | None]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
-def measure(model: str, world: int, kills: int) -> list[dict]:
+def step_ms(result: workbench.RunResult) -> float | None:
+    return median([row["step_time"] * 1e3 for row in result.metrics])
+
+
+def measure(model: str, world: int, kills: int, peers: bool = False) -> list[dict]:
     spec = MODELS[model]
     gap = spec["steps_between"]
     steps = gap * (kills + 1) + gap // 2
@@ -47,7 +57,8 @@ def measure(model: str, world: int, kills: int) -> list[dict]:
             "bucket_cap_mb": spec["bucket_cap_mb"], "checkpoint_every": max(gap // 2, 2)}
     baseline = workbench.run({**base, "checkpoint_every": None})
     rows = []
-    for name, extra in STRATEGIES.items():
+    ours_ms = step_ms(baseline)
+    for name, extra in {**STRATEGIES, **(PEERS if peers else {})}.items():
         shrinking = extra["strategy"] in ("shrink", "rollback", "forward") and not extra.get("regrow")
         n = min(kills, world - 1) if shrinking else kills
         # plain shrink loses the highest ranks one by one; the others lose rank 1 again and again (its
@@ -57,7 +68,7 @@ def measure(model: str, world: int, kills: int) -> list[dict]:
         config = {**base, **extra, "faults": faults}
         if extra.get("regrow") and "warm_spares" not in extra:
             config["warm_spares"] = n  # a ready spare for every kill: the pool refills more slowly than we kill
-        if extra["strategy"] not in ("checkpoint_restart", "reinit"):
+        if extra["strategy"] not in ("checkpoint_restart", "reinit", "torchrun"):
             config["checkpoint_every"] = None
         started = time.time()
         result = workbench.run(config)
@@ -65,7 +76,9 @@ def measure(model: str, world: int, kills: int) -> list[dict]:
         failures = result.failures
         rows.append({
             "model": model, "params_m": spec["params_m"], "world_size": world, "strategy": name,
-            "outcome": result.outcome, "kills": len(failures),
+            "outcome": result.outcome, "reason": result.summary["reason"] if result.outcome != "completed" else None,
+            "kills": len(failures), "step_ms": step_ms(result),
+            "step_vs_ours": None if not ours_ms else round(step_ms(result) / ours_ms, 3),
             "detection_s": median([f["detection_s"] for f in failures]),
             "resume_s": median([f["resume_s"] for f in failures]),
             "regrow_s": median([f["regrow_s"] for f in failures]),
@@ -86,11 +99,20 @@ def main() -> None:
     parser.add_argument("--models", default="small,large")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small model, world 2 and 4, 2 kills (a smoke run)")
+    parser.add_argument("--peers", action="store_true", help="add torchft and torchrun rows (pip install -e .[peers])")
     args = parser.parse_args()
+    if args.peers:
+        from workbench.errors import ConfigError
+        from workbench.peers import require_torchft
+
+        try:
+            require_torchft()
+        except ConfigError as exc:
+            parser.exit(2, f"bench_recovery: --peers: {exc}\n")
     worlds = [2, 4] if args.quick else [int(w) for w in args.worlds.split(",")]
     models = ["small"] if args.quick else args.models.split(",")
     kills = 2 if args.quick else args.kills
-    rows = [row for model in models for world in worlds for row in measure(model, world, kills)]
+    rows = [row for model in models for world in worlds for row in measure(model, world, kills, args.peers)]
     print(json.dumps({"benchmark": "recovery", "kills_per_run": kills, "rows": rows}))
 
 
