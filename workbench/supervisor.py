@@ -132,7 +132,6 @@ class Supervisor:
         self.rank_module = "workbench.peers.torchft_rank" if self.peer == "torchft" else "workbench.rank"
         self.lighthouse: subprocess.Popen | None = None  # torchft's lighthouse service
         self.agent: subprocess.Popen | None = None  # torchrun's agent
-        self.quorum = 0  # torchft: participants of the last quorum reported
         self.on_event = on_event
         self.spawned: dict[int, Worker] = {}
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -303,14 +302,17 @@ class Supervisor:
         self.spawned[worker.spawn_id] = worker
         return worker
 
+    def _free_port(self) -> int:
+        with socket.socket() as probe:
+            probe.bind((self.host, 0))
+            return probe.getsockname()[1]
+
     def _start_lighthouse(self) -> None:
         """torchft: its Rust lighthouse as the separate service its users run (quorum, heartbeats)."""
         binary = Path(sys.executable).with_name("torchft_lighthouse")
         if not binary.is_file():
             binary = Path(shutil.which("torchft_lighthouse") or binary)
-        with socket.socket() as probe:
-            probe.bind((self.host, 0))
-            port = probe.getsockname()[1]
+        port = self._free_port()
         out = open(self.log_dir / "lighthouse.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.lighthouse = subprocess.Popen(
@@ -335,6 +337,15 @@ class Supervisor:
                     raise RunStartError("torchft's lighthouse did not start listening within 10 s") from None
                 time.sleep(0.02)
 
+    def _restart_torchrun_world(self) -> None:
+        """Every current worker and slot retires (their end is the agent's doing, not another failure); fresh
+        slots wait for the workers the agent starts next."""
+        for w in [*self.member_workers, *self.replacements]:
+            if w is not None:
+                w.alive = False
+        self.restarting = True
+        self.replacements = [self._join_slot(label, "torchrun") for label in range(self.config.world_size)]
+
     def _start_agent(self) -> None:
         """torchrun: one elastic agent for the world; its workers join the slots by $RANK."""
         kills = sum(1 for f in self.config.faults if getattr(f, "kind", "kill") in ("kill", "hang"))
@@ -344,7 +355,8 @@ class Supervisor:
                "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
         try:
             self.agent = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", self.host,
+                 "--master-port", str(self._free_port()),
                  "--nproc-per-node", str(self.config.world_size), "--max-restarts", str(restarts),
                  "--monitor-interval", "0.1", "-m", "workbench.peers.torchrun_rank", "--store", self.store_address],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -510,12 +522,11 @@ class Supervisor:
                 if "loss" in m and reporter:
                     self._record_step(m)
         elif kind == "quorum":
-            self._event("quorum", m["step"], f"torchft quorum of {m['participants']} replicas", rank=w.label)
-            if m["participants"] < self.quorum:
-                for failure in self.failures:
-                    if not failure.peer_seen and failure.fault_time <= m["t"]:
-                        failure.detect_time, failure.peer_seen = m["t"], True
-            self.quorum = m["participants"]
+            self._event("quorum", m["step"], f"torchft quorum {m['quorum_id']}: {m['participants']} replicas",
+                        rank=w.label)
+            for failure in self.failures:  # a survivor's first new quorum after the fault: torchft has seen it
+                if not failure.peer_seen and failure.fault_time <= m["t"] and failure.replacement != w.spawn_id:
+                    failure.detect_time, failure.peer_seen = m["t"], True
         elif kind == "discarded":
             self._event("discarded", m["step"], "torchft did not commit the step" + (f": {m['error']}" if m.get(
                 "error") else ""), rank=w.label)
@@ -666,6 +677,12 @@ class Supervisor:
             w.conn.close()
         if w in self.replacements:
             self.replacements.remove(w)
+        if self.peer == "torchrun" and self.restarting and w.label is not None:
+            # a worker of the restarted world failed too: the agent restarts the world once more
+            self._restart_torchrun_world()
+            self._event("restart", -1, f"a restarted torchrun worker (rank {w.label}) {cause}; the agent "
+                        "restarts the world again")
+            return
         if w.label is None or w.label not in self.members or self.restarting:
             self._event("spare_lost", -1, f"a starting or spare rank {cause}")
             return
@@ -698,12 +715,8 @@ class Supervisor:
             return
         if self.peer == "torchrun":  # the agent stops and restarts every worker; fresh slots wait for them
             failure.detect_time = None
-            for other in self.member_workers:
-                if other is not None:
-                    other.alive = False  # its end is the agent's doing, not another failure
-            self.restarting = True
             failure.world_size_after = self.config.world_size
-            self.replacements = [self._join_slot(label, "torchrun") for label in range(self.config.world_size)]
+            self._restart_torchrun_world()
             self._event("restart", failure.step, "torchrun restarts the world; the workers resume from the "
                         + (f"checkpoint of step {self.last_checkpoint['step']}" if self.last_checkpoint else "start"))
             return

@@ -61,7 +61,7 @@ class TorchftReplica(PeerRank):
             timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout)
         ddp = torchft.DistributedDataParallel(manager, self.model)
         wrapped = torchft.Optimizer(manager, optimizer)
-        participants = 0
+        quorum_id = None
         while manager.current_step() < self.config.steps:
             step, started = manager.current_step(), time.perf_counter()
             x, y = self.batch(step, label)
@@ -69,10 +69,11 @@ class TorchftReplica(PeerRank):
             out = ddp(x)
             loss = F.cross_entropy(out, y)
             loss.backward()
-            now = manager.num_participants()
-            if now != participants:
-                self.channel.send({"type": "quorum", "step": step, "participants": now, "t": time.time()})
-                participants = now
+            participants = manager.num_participants()  # waits for this step's quorum
+            if manager._quorum_id != quorum_id:  # read only: a new quorum means torchft saw membership change
+                quorum_id = manager._quorum_id
+                self.channel.send({"type": "quorum", "step": step, "participants": participants,
+                                   "quorum_id": quorum_id, "t": time.time()})
             self.fault_point(step)
             wrapped.step()
             gen = self.channel.latest_generation["gen"]
