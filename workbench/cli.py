@@ -27,7 +27,8 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--dataset", "dataset", str, "digits, synthetic, or package.module:callable"),
     ("--synthetic-size", "synthetic_size", int, "training samples of the synthetic dataset"),
     ("--seed", "seed", int, "seed of model initialisation and data order"),
-    ("--strategy", "strategy", str, "recovery: none, checkpoint_restart, shrink, rollback, forward, reinit"),
+    ("--strategy", "strategy", str, "recovery: none, checkpoint_restart, shrink, rollback, forward, reinit; peers: "
+     "torchft, torchrun"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between snapshots (HDF5 or in memory)"),
     ("--warm-spares", "warm_spares", int, "pre-started ranks that replace dead ones without start-up cost"),
     ("--resume", "resume", str, "HDF5 checkpoint to start from"),
