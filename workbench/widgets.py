@@ -99,7 +99,7 @@ class Lab:
         return RunConfig(model=self.model.value, dataset=self.dataset.value, world_size=self.world_size.value,
                          parallelism=self.parallelism.value, strategy=self.strategy.value, regrow=self.regrow.value,
                          checkpoint_every=self.checkpoint_every.value
-                         if self.strategy.value in ("checkpoint_restart", "reinit") else None,
+                         if self.strategy.value in ("checkpoint_restart", "reinit", "torchrun") else None,
                          detect=list(self.detect.value), steps=self.steps.value, seed=self.seed.value,
                          eval_interval=max(1, min(25, self.steps.value // 10)))
 
