@@ -84,6 +84,7 @@ class Worker:
     host: str = "local"  # address of the host it runs on (multi-host runs)
     remote: bool = False  # not a child process of this machine: signals travel as control messages
     fault: dict[str, Any] | None = None  # the fault that hit this rank: kind, step, wall-clock time
+    started: float = field(default_factory=time.monotonic)  # when it was spawned (or its slot made)
 
 
 @dataclass
@@ -382,9 +383,9 @@ class Supervisor:
                 elif w.conn is not None and now - w.last_heard > self.config.heartbeat_timeout:
                     self._kill(w)
                     self._on_death(w, f"froze (no heartbeat for {self.config.heartbeat_timeout:g} s)")
-                elif w.conn is None and now - w.last_heard > self.config.startup_timeout:
-                    self._kill(w)  # a process that never said hello (last_heard is its spawn time)
-                    self._on_death(w, f"did not start within {self.config.startup_timeout:g} s")
+                elif not w.ready and now - w.started > self.config.startup_timeout:
+                    self._kill(w)  # a process that never said hello, or never got ready (a stuck rendezvous)
+                    self._on_death(w, f"was not ready within {self.config.startup_timeout:g} s")
                 if self._outcome:
                     return self._outcome
             if self.agent is not None and self.agent.poll() is not None and not self._all_done():
