@@ -35,7 +35,16 @@ from workbench.rank.main import _die_with_parent, _join_from_store, fingerprint
 class TorchrunWorker(PeerRank):
     def run(self, checkpoint_dir: Path) -> None:
         config = self.config
-        dist.init_process_group("gloo", timeout=timedelta(seconds=config.op_timeout))
+        timeout = timedelta(seconds=config.op_timeout)
+        # the agent's store outlives a restart of the world and keeps the last attempt's gloo addresses: a
+        # restarted world reading them fails (Connection refused) or hangs (pytorch/pytorch#167288), so each
+        # attempt rendezvouses under its own prefix, as users who hit that do
+        agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                    timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"workbench/attempt{attempt}", agent_store),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timeout)
         rank = dist.get_rank()
         ddp = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=config.bucket_cap_mb)
         named = list(self.model.named_parameters())
