@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
-from typing import Any
+import traceback
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -67,3 +70,19 @@ class PeerRank:
         if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.config.steps:
             report.update(self.evaluate())
         self.channel.send(report)
+
+
+def serve(channel: Channel, body: Callable[[dict[str, Any]], None], error_kind: str) -> NoReturn:
+    """Run ``body(start message)`` and end the process with ``os._exit``; an exception is reported in one line
+    as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it)."""
+    code = 0
+    try:
+        body(channel.recv(timeout=120.0))
+    except BaseException as exc:  # noqa: BLE001 - reported in one line, then the process ends
+        code = 1
+        detail = " ".join("".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines())
+        channel.send({"type": error_kind, "message": detail[:500], "traceback": traceback.format_exc(limit=8)})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

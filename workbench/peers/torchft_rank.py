@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
-import traceback
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench.config import RunConfig
-from workbench.peers.common import PeerRank
+from workbench.peers.common import PeerRank, serve
 from workbench.rank.channel import Channel
 from workbench.rank.data_parallel import make_optimizer
 from workbench.rank.main import _die_with_parent, fingerprint
@@ -99,19 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs ~6 INFO lines a step otherwise
     host, _, port = args.control.rpartition(":")
     channel = Channel(host, int(port), args.id)
-    code = 0
-    try:
-        start = channel.recv(timeout=120.0)
-        TorchftReplica(RunConfig.from_dict(start["config"]), channel).run(start["lighthouse"])
-    except BaseException as exc:  # noqa: BLE001 - the peer's failure is reported in one line, then the process ends
-        code = 1
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-        channel.send({"type": "error", "message": " ".join(detail)[:500], "traceback": traceback.format_exc(limit=8)})
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
+    serve(channel, lambda start: TorchftReplica(RunConfig.from_dict(start["config"]), channel).run(
+        start["lighthouse"]), "error")  # a torchft error on a survivor is that peer's outcome
 
 if __name__ == "__main__":
     main()

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
 from workbench.config import RunConfig
-from workbench.peers.common import PeerRank
+from workbench.peers.common import PeerRank, serve
 from workbench.rank import state as st
 from workbench.rank.data_parallel import make_optimizer
 from workbench.rank.main import _die_with_parent, _join_from_store, fingerprint
@@ -99,19 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # the agent stops the world with SIGTERM: a dead worker
         signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
     channel, _ = _join_from_store(args.store, int(os.environ["RANK"]), 60.0)
-    code = 0
-    try:
-        start = channel.recv(timeout=120.0)
-        TorchrunWorker(RunConfig.from_dict(start["config"]), channel).run(Path(start["checkpoint_dir"]))
-    except BaseException as exc:  # noqa: BLE001 - a failed worker is the agent's to handle (restart the world)
-        code = 1
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-        channel.send({"type": "peer_error", "message": " ".join(detail)[:300]})
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
+    serve(channel, lambda start: TorchrunWorker(RunConfig.from_dict(start["config"]), channel).run(
+        Path(start["checkpoint_dir"])), "peer_error")  # a failed worker is the agent's to handle
 
 if __name__ == "__main__":
     main()
