@@ -275,27 +275,32 @@ class Supervisor:
             self._event("waiting", -1, f"rank {label} is to join from {host.address}: workbench rank --store "
                         f"{self.store_address} --rank-hint {label}", rank=label)
             return worker
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        # the ranks must import what this process can (a notebook's working directory, the user's package)
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         prefix = list(host.launch) if host is not None and host.launch else []
-        out = open(self.log_dir / f"spawn{spawn_id}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            proc = subprocess.Popen(
-                prefix + [sys.executable, "-m", self.rank_module, "--control",
-                          f"{self.host}:{self.server.getsockname()[1]}", "--id", str(spawn_id)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        except OSError as exc:
-            raise RunStartError(f"cannot start rank {label} with {' '.join(prefix) or sys.executable}: "
-                                f"{exc.strerror}") from None
-        finally:
-            if self.log_dir:
-                out.close()
+        proc = self._launch(prefix + [sys.executable, "-m", self.rank_module, "--control",
+                                      f"{self.host}:{self.server.getsockname()[1]}", "--id", str(spawn_id)],
+                            f"spawn{spawn_id}.log", what=f"rank {label}")
         worker = Worker(spawn_id, label, proc=proc, last_heard=time.monotonic(),
                         host=host.address if host is not None else "local", remote=bool(prefix))
         self.spawned[spawn_id] = worker
         return worker
+
+    def _launch(self, argv: list[str], log_name: str, what: str, env: dict[str, str] | None = None
+                ) -> subprocess.Popen:
+        """Start a process of the run (a rank, the lighthouse, the torchrun agent) in a session of its own, its
+        output in ``logs/<log_name>``. Ranks must import what this process can (a notebook's working directory,
+        the user's package), hence PYTHONPATH; one thread each (gloo on CPU)."""
+        env = {**os.environ, **(env or {}),
+               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        out = open(self.log_dir / log_name, "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise RunStartError(f"cannot start {what} ({argv[0]}): {exc.strerror}") from None
+        finally:
+            if self.log_dir:
+                out.close()
 
     def _join_slot(self, label: int, host: str) -> Worker:
         """A rank slot that waits for a process started by someone else to join through the store."""
@@ -314,19 +319,10 @@ class Supervisor:
         if not binary.is_file():
             binary = Path(shutil.which("torchft_lighthouse") or binary)
         port = self._free_port()
-        out = open(self.log_dir / "lighthouse.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            self.lighthouse = subprocess.Popen(
-                [str(binary), "--bind", f"{self.host}:{port}", "--min_replicas", "1", "--quorum_tick_ms", "100",
-                 "--join_timeout_ms", "10000",
-                 "--heartbeat_timeout_ms", str(int(self.config.heartbeat_timeout * 1000))],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "RUST_LOG": "warn"})
-        except OSError as exc:
-            raise RunStartError(f"cannot start torchft's lighthouse ({binary}): {exc.strerror}") from None
-        finally:
-            if self.log_dir:
-                out.close()
+        self.lighthouse = self._launch(
+            [str(binary), "--bind", f"{self.host}:{port}", "--min_replicas", "1", "--quorum_tick_ms", "100",
+             "--join_timeout_ms", "10000", "--heartbeat_timeout_ms", str(int(self.config.heartbeat_timeout * 1000))],
+            "lighthouse.log", what="torchft's lighthouse", env={"RUST_LOG": "warn"})
         self.lighthouse_address = f"http://{self.host}:{port}"
         deadline = time.monotonic() + 10
         while True:
@@ -349,21 +345,14 @@ class Supervisor:
 
     def _start_agent(self) -> None:
         """torchrun: one elastic agent for the world; its workers join the slots by $RANK."""
-        kills = sum(1 for f in self.config.faults if getattr(f, "kind", "kill") in ("kill", "hang"))
-        restarts = kills + 3 + sum(getattr(f, "max", 0) or 0 for f in self.config.random_failures)
-        out = open(self.log_dir / "torchrun.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING",
-               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
-        try:
-            self.agent = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", self.host,
-                 "--master-port", str(self._free_port()),
-                 "--nproc-per-node", str(self.config.world_size), "--max-restarts", str(restarts),
-                 "--monitor-interval", "0.1", "-m", "workbench.peers.torchrun_rank", "--store", self.store_address],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        finally:
-            if self.log_dir:
-                out.close()
+        # every planned kill/hang and every planned random failure, plus 3 for restarts that fail on their own
+        restarts = len(self.pending_step_faults) + len(self.pending_time_faults) + len(self.pending_random) + 3
+        self.agent = self._launch(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", self.host,
+             "--master-port", str(self._free_port()), "--nproc-per-node", str(self.config.world_size),
+             "--max-restarts", str(restarts), "--monitor-interval", "0.1",
+             "-m", "workbench.peers.torchrun_rank", "--store", self.store_address],
+            "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
         self._event("torchrun", -1, f"torchrun agent started: {self.config.world_size} workers, up to {restarts} "
                     "restarts of the world")
 
@@ -473,8 +462,9 @@ class Supervisor:
                 conn.close()
                 self._event("join_refused", -1, refusal)
                 return
-            worker.host = conn.getpeername()[0] if self.peer != "torchrun" else worker.host
-            if self.peer == "torchrun":  # a restarted worker: the agent has seen the failure and acted on it
+            if self.peer != "torchrun":
+                worker.host = conn.getpeername()[0]
+            else:  # a restarted worker: the agent has seen the failure and acted on it
                 for failure in self.failures:
                     if not failure.peer_seen:
                         failure.detect_time, failure.peer_seen = time.time(), True
@@ -488,7 +478,7 @@ class Supervisor:
         self._sel.modify(conn, selectors.EVENT_READ, worker)
         self._send(worker, {"type": "start", "config": self.config.to_dict(),
                             "lighthouse": getattr(self, "lighthouse_address", None),
-                            "store": f"{self.host}:{self._store_socket.getsockname()[1]}",
+                            "store": self.store_address,
                             "checkpoint_dir": str(self.checkpoint_dir)})
         for message in messages[1:]:
             self._handle(worker, message)
@@ -708,14 +698,14 @@ class Supervisor:
                                  f"stage {stage}; shrink cannot rebuild a stage's layers (checkpoint_restart or "
                                  "reinit can)")
                 return
+        if self.peer:
+            failure.detect_time = None  # the peer's own detection replaces it (see _handle)
         if self.peer == "torchft":  # the replicas find out by themselves; torchft's recovery is a restart + heal
-            failure.detect_time = None
             failure.world_size_after = len(survivors)
             self.members = survivors
             failure.replacement = self._replace(w.label)
             return
         if self.peer == "torchrun":  # the agent stops and restarts every worker; fresh slots wait for them
-            failure.detect_time = None
             failure.world_size_after = self.config.world_size
             self._restart_torchrun_world()
             self._event("restart", failure.step, "torchrun restarts the world; the workers resume from the "
@@ -851,14 +841,8 @@ class Supervisor:
     def _kill(self, w: Worker) -> None:
         if w.remote:
             self._send(w, {"type": "signal", "name": "SIGKILL"})  # and it exits when its connection closes
-        if w.proc is None:
-            return
-        for kill in (lambda: os.killpg(w.proc.pid, signal.SIGKILL), lambda: os.kill(w.proc.pid, signal.SIGKILL)):
-            try:
-                kill()
-            except (ProcessLookupError, PermissionError):
-                pass
-        self._reap(w, timeout=5.0)
+        if w.proc is not None:
+            _kill_process(w.proc)
 
     def _reap(self, w: Worker, timeout: float) -> None:
         if w.proc is not None:
@@ -877,12 +861,7 @@ class Supervisor:
                 w.conn.close()
         for service in (self.agent, self.lighthouse):
             if service is not None:
-                for kill in (lambda p=service: os.killpg(p.pid, signal.SIGKILL), service.kill):
-                    try:
-                        kill()
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                service.wait(timeout=10)
+                _kill_process(service)
         for sock in (getattr(self, "server", None), getattr(self, "_store_socket", None), self._wake_r, self._wake_w):
             if sock is not None:
                 sock.close()
@@ -890,6 +869,19 @@ class Supervisor:
         self.store = None
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
+
+
+def _kill_process(proc: subprocess.Popen, wait: float = 5.0) -> None:
+    """SIGKILL a process and its session (it leads one), then reap it (bounded)."""
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 @dataclass

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-import traceback
-from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
 from workbench.rank.channel import Channel
+from workbench.rank.main import evaluate
 
 
 class PeerRank:
@@ -54,35 +51,12 @@ class PeerRank:
             self.channel.send({"type": "fault", "kind": fault.kind, "step": step, "t": time.time()})
             os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        out = self.model(self.data.x_test)
-        self.model.train()
-        return {"test_loss": F.cross_entropy(out, self.data.y_test).item(),
-                "test_acc": (out.argmax(1) == self.data.y_test).float().mean().item()}
-
     def report(self, step: int, gen: int, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor, started: float,
                **extra: Any) -> None:
         report = {"type": "step", "step": step, "gen": gen, "loss": loss.item(),
                   "train_acc": (out.argmax(1) == y).float().mean().item(), "samples": len(y),
                   "step_time": time.perf_counter() - started, "t": time.time(), **extra}
         if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.config.steps:
-            report.update(self.evaluate())
+            report.update(evaluate(self.model, self.data))
         self.channel.send(report)
 
-
-def serve(channel: Channel, body: Callable[[dict[str, Any]], None], error_kind: str) -> NoReturn:
-    """Run ``body(start message)`` and end the process with ``os._exit``; an exception is reported in one line
-    as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it)."""
-    code = 0
-    try:
-        body(channel.recv(timeout=120.0))
-    except BaseException as exc:  # noqa: BLE001 - reported in one line, then the process ends
-        code = 1
-        detail = " ".join("".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines())
-        channel.send({"type": error_kind, "message": detail[:500], "traceback": traceback.format_exc(limit=8)})
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)

@@ -22,15 +22,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench.config import RunConfig
-from workbench.peers.common import PeerRank, serve
+from workbench.peers.common import PeerRank
 from workbench.rank.channel import Channel
 from workbench.rank.data_parallel import make_optimizer
-from workbench.rank.main import _die_with_parent, fingerprint
+from workbench.rank.main import fingerprint, serve, start_rank_process
 
 
 class TorchftReplica(PeerRank):
@@ -91,8 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control", required=True)
     parser.add_argument("--id", type=int, required=True)
     args = parser.parse_args(argv)
-    _die_with_parent()
-    torch.set_num_threads(1)
+    start_rank_process()
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs ~6 INFO lines a step otherwise
     host, _, port = args.control.rpartition(":")

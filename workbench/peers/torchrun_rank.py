@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,10 +23,10 @@ import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
 from workbench.config import RunConfig
-from workbench.peers.common import PeerRank, serve
+from workbench.peers.common import PeerRank
 from workbench.rank import state as st
 from workbench.rank.data_parallel import make_optimizer
-from workbench.rank.main import _die_with_parent, _join_from_store, fingerprint
+from workbench.rank.main import _join_from_store, fingerprint, serve, start_rank_process
 
 
 class TorchrunWorker(PeerRank):
@@ -92,10 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workbench.peers.torchrun_rank")
     parser.add_argument("--store", required=True, help="HOST:PORT of the run's store")
     args = parser.parse_args(argv)
-    _die_with_parent()
-    torch.set_num_threads(1)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the agent stops the world with SIGTERM: a dead worker
-        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
+    start_rank_process()  # the agent stops the world with SIGTERM: each worker a dead rank
     channel, _ = _join_from_store(args.store, int(os.environ["RANK"]), 60.0)
     serve(channel, lambda start: TorchrunWorker(RunConfig.from_dict(start["config"]), channel).run(
         Path(start["checkpoint_dir"])), "peer_error")  # a failed worker is the agent's to handle

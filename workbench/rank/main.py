@@ -22,7 +22,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -51,6 +51,43 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: the control channel's end still stops the rank
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Any) -> dict[str, float]:
+    """Test loss and accuracy of a whole model (ours and the peers')."""
+    training = model.training
+    model.eval()
+    out = model(data.x_test)
+    model.train(training)
+    return {"test_loss": F.cross_entropy(out, data.y_test).item(),
+            "test_acc": (out.argmax(1) == data.y_test).float().mean().item()}
+
+
+def start_rank_process() -> None:
+    """What every rank process does first (ours and the peers'): die with its parent; a launcher that stops it
+    (torchrun stops a node's workers when one fails, a batch system cancels a job) makes it a dead rank like any
+    other, for the strategy to handle, not an error of the run; one thread (gloo on CPU)."""
+    _die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
+    torch.set_num_threads(1)
+
+
+def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
+    """Run ``body(start message)`` and end the process with ``os._exit``; an exception is reported in one line
+    as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it)."""
+    code = 0
+    try:
+        body(channel.recv(timeout=120.0))
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported in one line, then the process ends
+        code = 1
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        channel.send({"type": error_kind, "message": detail, "traceback": traceback.format_exc(limit=8)})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def fingerprint(model: torch.nn.Module) -> str:
@@ -168,13 +205,8 @@ class BaseTrainer:
     def _evaluation_due(self) -> bool:
         return self.step % self.config.eval_interval == 0 or self.step == self.config.steps
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        self.model.eval()
-        out = self.model(self.data.x_test)
-        loss = F.cross_entropy(out, self.data.y_test).item()
-        accuracy = (out.argmax(1) == self.data.y_test).float().mean().item()
-        return {"test_loss": loss, "test_acc": accuracy}
+        return evaluate(self.model, self.data)
 
     # -- checkpoints --------------------------------------------------------------------------------------------
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
@@ -548,32 +580,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.control and args.id is None:
         parser.error("--control needs --id")
-    _die_with_parent()
-    # a launcher that stops this rank (torchrun stops a node's workers when one fails, a batch system cancels
-    # a job) makes it a dead rank like any other, for the strategy to handle — not an error of the run
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
-    torch.set_num_threads(1)
+    start_rank_process()
     store = None
     if args.store:
         channel, store = _join_from_store(args.store, args.rank_hint, args.connect_timeout)
     else:
         host, _, port = args.control.rpartition(":")
         channel = Channel(host, int(port), args.id)
-    code = 0
-    try:
-        start = channel.recv(timeout=120.0)
+
+    def train(start: dict[str, Any]) -> None:
         config = RunConfig.from_dict(start["config"])
-        if store is None or start["store"] != args.store:
+        joined_store = store
+        if joined_store is None or start["store"] != args.store:
             store_host, _, store_port = start["store"].rpartition(":")
-            store = dist.TCPStore(store_host, int(store_port), is_master=False,
-                                  timeout=timedelta(seconds=config.startup_timeout))
-        trainer_class(config)(config, channel, store, Path(start["checkpoint_dir"])).run()
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported in one line, then the process ends
-        code = 1
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        channel.send({"type": "error", "message": detail, "traceback": traceback.format_exc(limit=8)})
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+            joined_store = dist.TCPStore(store_host, int(store_port), is_master=False,
+                                         timeout=timedelta(seconds=config.startup_timeout))
+        trainer_class(config)(config, channel, joined_store, Path(start["checkpoint_dir"])).run()
+
+    serve(channel, train)
