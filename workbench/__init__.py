@@ -1,11 +1,33 @@
-"""Workbench for studying fault tolerance in distributed deep-learning training."""
+"""Workbench for studying fault tolerance in distributed deep-learning training.
 
-from workbench.config import FaultSpec, RunConfig
-from workbench.errors import ConfigError, WorkbenchError
-from workbench.results import RunResult, load_results
-from workbench.session import Run, run, start
-from workbench.sweep import load_sweep, sweep
+The public names are imported on first use (PEP 562): a rank process or the rank template, which import
+``workbench.rank``, do not pay for the session, the sweeps and papermill.
+"""
 
-__all__ = ["ConfigError", "FaultSpec", "Run", "RunConfig", "RunResult", "WorkbenchError",
-           "load_results", "load_sweep", "run", "start", "sweep"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "ConfigError": "workbench.errors", "WorkbenchError": "workbench.errors",
+    "FaultSpec": "workbench.config", "RunConfig": "workbench.config",
+    "RunResult": "workbench.results", "load_results": "workbench.results",
+    "Run": "workbench.session", "run": "workbench.session", "start": "workbench.session",
+    "load_sweep": "workbench.sweep", "sweep": "workbench.sweep",
+}
+
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -40,6 +40,8 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
      "file's first host)"),
     ("--store-port", "store_port", int, "port of the store (default: a free one); ranks started elsewhere join it "
      "with workbench rank --store ADDRESS:PORT"),
+    ("--spawn", "spawn", str, "how ranks start: template (forked by a rank template, milliseconds) or fresh "
+     "(a new interpreter each, ~1 s of torch import)"),
     ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
     ("--parallelism", "parallelism", str, "data, pipeline (a stage per rank), gossip (GossipGraD), hybrid"),
     ("--micro-batches", "micro_batches", int, "pipeline/hybrid: micro-batches per step (GPipe)"),
@@ -199,9 +201,13 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    config = _config_from_args(args)
+    if config.spawn == "template":
+        from workbench.template import prewarm
+
+        prewarm()  # the template imports torch while this process does: the two imports overlap
     from workbench.session import start
 
-    config = _config_from_args(args)
     out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
     handle = start(config, out=out, on_event=None if args.json else _progress)
     result = handle.wait()

@@ -256,6 +256,9 @@ class RunConfig:
     bucket_cap_mb: float = 1.0
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
+    # how rank processes start: forked by this process's rank template (milliseconds; workbench/template.py)
+    # or as fresh interpreters (each imports torch, ~1.1 s)
+    spawn: str = "template"
     op_timeout: float = 60.0
     # where the ranks live (workbench/hosts.py): None = every rank on this machine; else hosts in file order
     hosts: list[dict[str, Any]] | None = None
@@ -284,6 +287,7 @@ class RunConfig:
         _int_in("synthetic_size", self.synthetic_size, 16, 100_000_000)
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
+        _choice("spawn", self.spawn, ("template", "fresh"))
         _int_in("eval_interval", self.eval_interval, 1, 10_000_000)
         if isinstance(self.detect, str):
             self.detect = [d.strip() for d in self.detect.split(",") if d.strip()]

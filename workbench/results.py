@@ -14,7 +14,6 @@ import glob as globlib
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,8 +22,6 @@ from workbench.errors import ResultsError
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from workbench.supervisor import Supervisor
 
 FORMAT = 1
 RESULT_FILE = "result.h5"
@@ -41,38 +38,6 @@ class RunResult:
     failures: list[dict[str, Any]]
     summary: dict[str, Any]
     path: Path | None = None
-
-    @classmethod
-    def build(cls, sup: Supervisor, outcome: str, reason: str) -> RunResult:
-        failures = [f.figures(sup.config.strategy) for f in sup.failures]
-        checkpoints = [e for e in sup.events if e["kind"] == "checkpoint"]
-        accuracies = [r["test_acc"] for r in sup.metrics if not math.isnan(r["test_acc"])]
-        summary = {
-            "outcome": outcome,
-            "reason": reason,
-            "final_test_accuracy": accuracies[-1] if accuracies else None,
-            "steps_completed": max((r["step"] + 1 for r in sup.metrics), default=0),
-            "world_size_initial": sup.config.world_size,
-            "world_size_final": sum(1 for w in sup.member_workers if w is not None),
-            "generations": sup.gen + 1,
-            "strategy": sup.config.strategy,
-            "parallelism": sup.config.parallelism,
-            "replicas_identical": _replicas_identical(sup) if outcome == "completed" else None,
-            "wall_s": round(time.time() - sup.t0, 3),
-            "train_s": round(sup.metrics[-1]["time"] - sup.metrics[0]["time"] + sup.metrics[0]["step_time"], 3)
-            if sup.metrics else 0.0,
-            "overhead_s": None,
-            "steps_redone_total": sum(f["steps_redone"] for f in failures),
-            "samples_lost_total": sum(f["samples_lost"] for f in failures),
-            "checkpoints": len(checkpoints),
-            "flips": sum(1 for e in sup.events if e["kind"] == "flip"),
-            "detections": sum(1 for e in sup.events if e["kind"] == "detected"),
-            "final_checkpoint": sup.final_checkpoint if sup.out_dir is not None else None,
-            "failures": failures,
-            "result_path": None,
-        }
-        summary.update(_model_size(sup.metrics))
-        return cls(sup.config.to_dict(), sup.metrics, sup.events, failures, summary)
 
     @property
     def outcome(self) -> str:
@@ -158,16 +123,7 @@ class RunResult:
                 f"{s['world_size_final']}, failures={len(self.failures)}, wall_s={s['wall_s']})")
 
 
-def _replicas_identical(sup: Supervisor) -> bool:
-    """Whether the members holding the same parameters (all of them; a pipeline stage's replicas) agree bitwise."""
-    groups: dict[int, set[str | None]] = {}
-    for w in sup.member_workers:
-        if w is not None:
-            groups.setdefault(w.group, set()).add(w.fingerprint)
-    return all(len(prints) == 1 for prints in groups.values())
-
-
-def _model_size(metrics: list[dict[str, Any]]) -> dict[str, dict[str, int] | None]:
+def model_size(metrics: list[dict[str, Any]]) -> dict[str, dict[str, int] | None]:
     """``hidden_units`` and ``parameters`` of the model at the first and the last step (each row holds the size
     of the model that trained that step; apoptosis never removes units after the last step), None when the rows
     do not say (parallel modes other than data)."""

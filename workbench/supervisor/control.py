@@ -1,0 +1,135 @@
+"""Control server: the supervisor's end of the control channel (:mod:`workbench.protocol`) — its sockets, the
+framing, and a wake-up for commands from other threads.
+
+``poll(timeout)`` waits on every connection at once and returns what happened, in order: ``("hello", conn,
+messages)`` for a new connection's first message (and whatever came with it), ``("message", worker, m)`` for each
+message of a known rank, ``("closed", worker)`` when a rank's connection ends (the kernel closes it the instant
+the process dies: 20-60 ms after a SIGKILL), ``("wake", None)`` when ``wake()`` was called. A connection whose
+first message is not ``hello`` is closed.
+"""
+
+from __future__ import annotations
+
+import select
+import selectors
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.protocol import LineDecoder, encode
+from workbench.supervisor.launcher import Worker
+
+
+@dataclass
+class Pending:
+    """A connection that has not said hello yet."""
+
+    conn: socket.socket
+    decoder: LineDecoder = field(default_factory=LineDecoder)
+
+
+class ControlServer:
+    def __init__(self, host: str, family: int) -> None:
+        self.server = socket.socket(family)
+        self.server.bind((host, 0))
+        self.server.listen(256)
+        self.server.setblocking(False)
+        self.address = f"{host}:{self.server.getsockname()[1]}"
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.server, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+
+    def wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def poll(self, timeout: float) -> list[tuple[str, Any, Any]]:
+        happened: list[tuple[str, Any, Any]] = []
+        for key, _ in self._sel.select(timeout):
+            if key.data == "accept":
+                self._accept()
+            elif key.data == "wake":
+                self._wake_r.recv(4096)
+                happened.append(("wake", None, None))
+            else:
+                happened += self._read(key.data)
+        return happened
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except BlockingIOError:
+                return
+            conn.setblocking(True)
+            conn.settimeout(5.0)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sel.register(conn, selectors.EVENT_READ, Pending(conn))
+
+    def _read(self, who: Pending | Worker) -> list[tuple[str, Any, Any]]:
+        conn = who.conn
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        if isinstance(who, Pending):
+            messages = who.decoder.feed(data) if data else []
+            if not data or (messages and messages[0].get("type") != "hello"):
+                self.drop(conn)
+                return []
+            return [("hello", who, messages)] if messages else []
+        if not data:
+            self.forget(conn)
+            return [("closed", who, None)]
+        return [("message", who, m) for m in who.decoder.feed(data)]
+
+    def attach(self, worker: Worker, pending: Pending) -> None:
+        """The connection of ``pending`` belongs to ``worker`` from now on."""
+        worker.conn, worker.decoder = pending.conn, pending.decoder
+        self._sel.modify(pending.conn, selectors.EVENT_READ, worker)
+
+    def drain(self, worker: Worker) -> list[dict[str, Any]]:
+        """What an exited rank sent before it ended (its last messages may still be in the socket)."""
+        messages: list[dict[str, Any]] = []
+        while worker.conn is not None and select.select([worker.conn], [], [], 0)[0]:
+            try:
+                data = worker.conn.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            messages += worker.decoder.feed(data)
+        return messages
+
+    def send(self, worker: Worker | None, message: dict[str, Any]) -> None:
+        if worker is None or worker.conn is None:
+            return
+        try:
+            worker.conn.sendall(encode(message))
+        except OSError:
+            pass  # its death is noticed by the watch loop
+
+    def refuse(self, pending: Pending, reason: str) -> None:
+        try:
+            pending.conn.sendall(encode({"type": "stop", "reason": reason, "refused": True}))
+        except OSError:
+            pass
+        self.drop(pending.conn)
+
+    def forget(self, conn: socket.socket) -> None:
+        try:
+            self._sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+
+    def drop(self, conn: socket.socket) -> None:
+        self.forget(conn)
+        conn.close()
+
+    def close(self) -> None:
+        for sock in (self.server, self._wake_r, self._wake_w):
+            sock.close()
+        self._sel.close()

@@ -1,0 +1,431 @@
+"""The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.session.Run`.
+
+Protocol (DESIGN §3). The supervisor hosts the ``TCPStore`` (bound to 127.0.0.1 unless a hosts file names this
+machine's address) that the ranks' gloo groups rendezvous through, and the control server through which every
+rank says hello, heartbeats and reports steps. Membership is a numbered generation: the supervisor decides who
+is in generation ``g`` and which member's state is authoritative (``source``) and tells each member; ranks
+build their group under the store prefix ``gen{g}`` and settle their state (:mod:`workbench.rank.transfer`).
+
+This module only wires the rooms together: :mod:`.membership` decides (a pure state machine), :mod:`.launcher`
+starts and stops processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the planned faults,
+:mod:`.recorder` keeps the figures, :mod:`workbench.peers.supervision` speaks for the peers.
+
+Failure handling. A dead rank is seen by the end of its control connection (the kernel closes it the instant
+the process dies) and by its exit status; a frozen rank by heartbeats missing for ``heartbeat_timeout``
+seconds, after which it is SIGKILLed before anything else happens; a rank that never gets ready within
+``startup_timeout`` is killed too. Each is a ``died`` event for the membership, whose decisions are carried out
+in order. A supervisor error still ends in a result, every process of the run gone.
+
+Several hosts (``RunConfig.hosts``, :mod:`workbench.hosts`): the store holds the control server's address under
+``workbench/control``; a rank of a host without a launch line joins with ``workbench rank --store ADDR:PORT
+--rank-hint K`` (its slot waits, bounded by ``startup_timeout``). Remote ranks are watched like local ones and
+faults reach them as ``signal`` messages; a remote rank exits when its connection to the supervisor ends.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from workbench.config import RunConfig
+from workbench.errors import RunStartError
+from workbench.hosts import Host, placement
+from workbench.peers import PEER_STRATEGIES
+from workbench.peers import supervision as peers
+from workbench.protocol import CONTROL_KEY
+from workbench.results import RunResult
+from workbench.supervisor.control import ControlServer, Pending
+from workbench.supervisor.faultplan import FaultPlan
+from workbench.supervisor.launcher import Launcher, Worker
+from workbench.supervisor.membership import Assign, Decision, End, Generation, Lost, Membership, Note, Retire, Start
+from workbench.supervisor.recorder import EventCallback, Recorder
+
+
+class Supervisor:
+    """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`."""
+
+    def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
+        self.config = config
+        self.out_dir = out_dir
+        self.host = config.bind
+        hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
+        self.this_host = hosts[0] if hosts else None
+        self.placement = placement(hosts)
+        self.peer = config.strategy if config.strategy in PEER_STRATEGIES else None
+        self.recorder = Recorder(config, on_event)
+        self.membership = Membership(
+            config.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
+            resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None)
+        self.plan = FaultPlan(config)
+        self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.control: ControlServer | None = None
+        self.launcher: Launcher | None = None
+        self.agent: Any = None  # torchrun's agent
+        self.lighthouse_address: str | None = None
+        self._outcome: tuple[str, str] | None = None
+        self._tmpdir: tempfile.TemporaryDirectory | None = None
+        self.log_dir = (out_dir / "logs") if out_dir else None
+
+    # -- what other threads see ----------------------------------------------------------------------------------
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        return self.recorder.metrics
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.recorder.events
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.recorder.status
+
+    def command(self, name: str, arg: Any = None) -> None:
+        """Queue a command (stop, kill, hang, flip) from any thread."""
+        self.commands.put((name, arg))
+        if self.control is not None:
+            self.control.wake()
+
+    # -- views ----------------------------------------------------------------------------------------------------
+    def worker(self, label: int) -> Worker | None:
+        """The live process that currently holds rank number ``label``."""
+        proc = self.membership.holder(label)
+        return self.launcher.workers.get(proc.id) if proc is not None and self.launcher is not None else None
+
+    @property
+    def member_workers(self) -> list[Worker | None]:
+        return [self.worker(label) for label in self.membership.members]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        if self.out_dir is not None:
+            return self.out_dir / "checkpoints"
+        if self._tmpdir is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="workbench-ckpt-")
+        return Path(self._tmpdir.name)
+
+    # -- the run ----------------------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        outcome, reason = "failed", "the run did not start"
+        try:
+            self._start()
+            outcome, reason = self._loop()
+        except RunStartError as exc:
+            outcome, reason = "failed", str(exc)
+        except BaseException as exc:  # noqa: BLE001 - a supervisor bug must still end in a result, ranks gone
+            outcome, reason = "failed", f"supervisor error: {type(exc).__name__}: {exc}"
+        finally:
+            self._cleanup()
+        self.status.update(state=outcome)
+        self.recorder.event("end", -1, f"{outcome}: {reason}")
+        workers = [w for w in self.member_workers if w is not None]
+        groups: dict[int, set[str | None]] = {}
+        for w in workers:
+            groups.setdefault(w.group, set()).add(w.fingerprint)
+        return self.recorder.result(outcome, reason, world_size_final=len(workers),
+                                    replicas_identical=all(len(p) == 1 for p in groups.values()),
+                                    keep_checkpoint=self.out_dir is not None)
+
+    def _start(self) -> None:
+        import torch.distributed as dist
+
+        listen = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listen.bind((self.host, self.config.store_port))
+        except OSError as exc:
+            listen.close()
+            raise RunStartError(f"cannot listen on {self.host}:{self.config.store_port} ({exc.strerror}): choose "
+                                "another --store-port, or a --bind address of this machine") from None
+        listen.listen(256)
+        self._store_socket = listen
+        self.store = dist.TCPStore(self.host, listen.getsockname()[1], is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=self.config.startup_timeout),
+                                   master_listen_fd=listen.fileno())
+        self.control = ControlServer(self.host, listen.family)
+        self.store.set(CONTROL_KEY, self.control.address)
+        self.store_address = f"{self.host}:{listen.getsockname()[1]}"
+        if self.placement:
+            self.recorder.event("store", -1, f"store at {self.store_address}; ranks on " + ", ".join(
+                f"{h.address} ({h.slots})" for h in dict.fromkeys(self.placement.values())))
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        rank_module = "workbench.peers.torchft_rank" if self.peer == "torchft" else "workbench.rank"
+        self.launcher = Launcher(self.config.spawn, rank_module, self.log_dir, self.placement, self.this_host,
+                                 self.config.startup_timeout)
+        if self.peer == "torchft":
+            self.lighthouse_address = peers.start_lighthouse(self.launcher, self.host, self.config.heartbeat_timeout)
+        self._apply(self.membership.start())
+        if self.peer == "torchrun":
+            # every planned kill/hang and random failure, plus 3 for restarts that fail on their own
+            restarts = self.plan.planned() + 3
+            self.agent = peers.start_agent(self.launcher, self.host, self.config.world_size, self.store_address,
+                                           restarts)
+            self.recorder.event("torchrun", -1, f"torchrun agent started: {self.config.world_size} workers, up to "
+                                f"{restarts} restarts of the world")
+
+    def _loop(self) -> tuple[str, str]:
+        while True:
+            self._poll(0.05)
+            self._run_commands()
+            if self._outcome:
+                return self._outcome
+            self._watch()
+            if self._outcome:
+                return self._outcome
+            if self.agent is not None and self.agent.poll() is not None and not self._all_done():
+                if not self.membership.started:
+                    return "failed", (f"the torchrun agent exited during start-up with code "
+                                      f"{self.agent.returncode}" + self._log_hint("torchrun.log"))
+                return "failed", (f"the torchrun agent gave up (exit code {self.agent.returncode}): a worker failed "
+                                  "more often than --max-restarts allows")
+            for fault in self.plan.due(None if self.recorder.train_start is None
+                                       else time.time() - self.recorder.train_start):
+                self._inject(fault.kind, fault.rank, source=f"planned ({fault})")
+            if self._all_done():
+                return "completed", (f"all {self.config.steps} steps done with world size "
+                                     f"{len(self.membership.members)}")
+
+    def _watch(self) -> None:
+        """Exit statuses, heartbeats and start-up deadlines of every process of the run."""
+        now = time.monotonic()
+        for w in list(self.launcher.workers.values()):
+            if not w.alive or w.done:
+                continue
+            if w.proc is not None and w.proc.poll() is not None:
+                for message in self.control.drain(w):  # its last messages ("done") may still be in the socket
+                    self._handle(w, message)
+                if not w.done and w.alive:
+                    self._on_death(w, self.launcher.exit_cause(w))
+            elif w.conn is not None and now - w.last_heard > self.config.heartbeat_timeout:
+                self.launcher.kill(w, self.control.send)
+                self._on_death(w, f"froze (no heartbeat for {self.config.heartbeat_timeout:g} s)")
+            elif not w.ready and now - w.started > self.config.startup_timeout:
+                self.launcher.kill(w, self.control.send)  # never said hello, or never got ready (a stuck rendezvous)
+                self._on_death(w, f"was not ready within {self.config.startup_timeout:g} s" + self._join_hint(w))
+            if self._outcome:
+                return
+
+    def _all_done(self) -> bool:
+        members = self.member_workers
+        return bool(members) and not self.membership.restarting and all(w is not None and w.done for w in members)
+
+    # -- decisions ---------------------------------------------------------------------------------------------------
+    def _on_death(self, w: Worker, cause: str) -> None:
+        w.alive = False
+        if w.conn is not None:
+            self.control.drop(w.conn)
+        if not self.membership.started and w.proc is not None:
+            cause += self._log_hint(f"spawn{w.spawn_id}.log")
+        step = (w.fault or {}).get("step", w.steps_done)
+        self._apply(self.membership.died(w.spawn_id, cause, step=step))
+
+    def _apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, Start):
+                self._start_process(d)
+            elif isinstance(d, Assign):
+                self.launcher.workers[d.id].label = d.label
+            elif isinstance(d, Retire):
+                for id in d.ids:
+                    w = self.launcher.workers[id]
+                    w.alive = False
+                    if d.kill:
+                        if w.conn is not None:
+                            self.control.forget(w.conn)
+                        self.launcher.kill(w, self.control.send)
+            elif isinstance(d, Lost):
+                w = self.launcher.workers[d.id]
+                fault = w.fault or {}
+                self.recorder.lost(d, fault.get("step", w.steps_done), fault.get("t", time.time()),
+                                   peer=self.peer is not None)
+            elif isinstance(d, Generation):
+                self._announce(d)
+            elif isinstance(d, Note):
+                self.recorder.event(d.kind, self.recorder.committed if d.kind == "restart" else -1, d.detail,
+                                    rank=d.rank)
+            elif isinstance(d, End):
+                self._outcome = (d.outcome, d.reason)
+
+    def _start_process(self, d: Start) -> None:
+        if d.slot:
+            self.launcher.slot(d.id, d.label, "torchrun")
+            return
+        w = self.launcher.start_rank(d.id, d.label, self.control.address)
+        if w.remote and w.proc is None:
+            self.recorder.event("waiting", -1, f"rank {d.label} is to join from {w.host}: workbench rank --store "
+                                f"{self.store_address} --rank-hint {d.label}", rank=d.label)
+
+    def _announce(self, d: Generation) -> None:
+        members = list(d.members)
+        for i, (label, id) in enumerate(zip(d.members, d.holders)):
+            self.control.send(self.launcher.workers[id], {
+                "type": "generation", "gen": d.gen, "members": members, "rank": i, "size": len(members),
+                "source": d.source, "resume": d.resume, "recovery": d.recovery,
+                **self.plan.for_member(label, members)})
+        if d.gen == 0:
+            self.status.update(state="running")
+        self.recorder.generation(d)
+
+    # -- faults and commands ---------------------------------------------------------------------------------------
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                name, arg = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if name == "stop":
+                self._apply(self.membership.stop(str(arg or "stopped by the user")))
+                self._outcome = self._outcome or ("stopped", str(arg or "stopped by the user"))
+            elif name in ("kill", "hang"):
+                self._inject(name, arg, source="live")
+            elif name == "flip":
+                w = self.worker(arg.rank)
+                if w is None or arg.rank not in self.membership.members:
+                    self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
+                else:
+                    self.control.send(w, {"type": "faults_add", "faults": [str(arg)]})
+
+    def _inject(self, kind: str, label: int, source: str) -> None:
+        w = self.worker(label)
+        if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
+            self.recorder.event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
+            return
+        w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
+        self.launcher.signal(w, "SIGKILL" if kind == "kill" else "SIGSTOP", self.control.send)
+        self.recorder.event(kind, w.steps_done, f"{source} fault", rank=label)
+
+    # -- messages ----------------------------------------------------------------------------------------------------
+    def _poll(self, timeout: float) -> None:
+        for what, who, payload in self.control.poll(timeout):
+            if what == "hello":
+                self._hello(who, payload)
+            elif what == "message":
+                if who.alive:
+                    who.last_heard = time.monotonic()
+                    self._handle(who, payload)
+            elif what == "closed" and who.alive and not who.done:
+                if who.proc is not None:
+                    try:
+                        who.proc.wait(timeout=1.0)
+                    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: the cause stays "lost connection"
+                        pass
+                self._on_death(who, self.launcher.exit_cause(who))
+
+    def _hello(self, pending: Pending, messages: list[dict[str, Any]]) -> None:
+        hello = messages[0]
+        if hello["id"] is None:  # a rank started elsewhere, joining through the store
+            worker, refusal = self._joining_slot(hello.get("rank_hint"), pending.conn.getpeername()[0])
+            if worker is None:
+                self.control.refuse(pending, refusal)
+                self.recorder.event("join_refused", -1, refusal)
+                return
+            if self.peer != "torchrun":
+                worker.host = pending.conn.getpeername()[0]
+            else:
+                peers.torchrun_restarted(self.recorder)
+        else:
+            worker = self.launcher.workers.get(hello["id"])
+        if worker is None or worker.conn is not None or not worker.alive:
+            self.control.drop(pending.conn)
+            return
+        self.control.attach(worker, pending)
+        worker.last_heard = time.monotonic()
+        self.control.send(worker, {"type": "start", "config": self.config.to_dict(),
+                                   "lighthouse": self.lighthouse_address, "store": self.store_address,
+                                   "checkpoint_dir": str(self.checkpoint_dir)})
+        for message in messages[1:]:
+            self._handle(worker, message)
+
+    def _joining_slot(self, hint: int | None, address: str) -> tuple[Worker | None, str]:
+        """The slot a joining rank takes: rank ``hint`` if it waits for a join, else the lowest waiting one of
+        the host it connects from (the lowest of any host if none is listed at that address)."""
+        waiting = sorted((w for w in self.launcher.workers.values() if w.remote and w.proc is None and w.alive
+                          and w.conn is None), key=lambda w: w.label)
+        if hint is not None:
+            chosen = [w for w in waiting if w.label == hint]
+            if chosen:
+                return chosen[0], ""
+            why = "no such rank" if self.placement.get(hint) is None else "it is not waiting for a join"
+            return None, (f"rank {hint} cannot be taken ({why}); ranks waiting for a join: "
+                          f"{[w.label for w in waiting] or 'none'}")
+        same_host = [w for w in waiting if w.host == address]
+        if same_host or waiting:
+            return (same_host or waiting)[0], ""
+        return None, "no rank of this run is waiting for a join"
+
+    def _handle(self, w: Worker, m: dict[str, Any]) -> None:
+        kind = m["type"]
+        if kind == "hb":
+            return
+        if kind == "step":
+            members = self.membership.members
+            if self.peer == "torchft":
+                peers.torchft_step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
+            if m["gen"] == self.membership.gen:
+                w.steps_done = max(w.steps_done, m["step"] + 1)
+                if "loss" in m and (self.peer != "torchft" or w.label == min(members)):
+                    self.recorder.step(m)
+        elif kind == "ready":
+            w.ready = True
+            if w.remote and w.proc is None:
+                self.recorder.event("host", -1, f"rank {w.label} joined from {w.host}", rank=w.label)
+            self._apply(self.membership.ready(w.spawn_id))
+        elif kind == "joined":
+            w.steps_done = m["step"]
+            self.recorder.joined(w.spawn_id, w.label, m)
+        elif kind == "checkpoint":
+            if self.recorder.checkpoint(m):
+                self.membership.checkpoint(m["path"])
+        elif kind == "fault":
+            w.fault = m
+            self.plan.fired(w.label, m)
+            self.recorder.event(m["kind"], m["step"], "planned fault fired", rank=w.label)
+        elif kind == "flip":
+            self.plan.flipped(w.label, m)
+            self.recorder.rank_message(w.label, m)
+        elif kind in ("detected", "apoptosis"):
+            self.recorder.rank_message(w.label, m)
+        elif kind == "quorum":
+            peers.torchft_quorum(self.recorder, w.spawn_id, w.label, m)
+        elif kind == "discarded":
+            peers.torchft_discarded(self.recorder, w.label, m)
+        elif kind == "peer_error":
+            self.recorder.event("peer_error", w.steps_done, m["message"], rank=w.label)
+        elif kind == "done":
+            w.done = True
+            w.fingerprint = m.get("fingerprint")
+            w.group = m.get("group", 0)
+        elif kind == "error":
+            self.recorder.event("error", w.steps_done, m["message"], rank=w.label if w.label is not None else -1)
+            self._outcome = ("failed", f"rank {w.label} raised an error at step {w.steps_done}: {m['message']}")
+
+    # -- plumbing ----------------------------------------------------------------------------------------------------
+    def _log_hint(self, name: str) -> str:
+        return f" (see {self.log_dir}/{name})" if self.log_dir else ""
+
+    def _join_hint(self, w: Worker) -> str:
+        if w.remote and w.proc is None and w.host != "torchrun":
+            return f"; it is to join from {w.host}: workbench rank --store {self.store_address} --rank-hint {w.label}"
+        return ""
+
+    def _cleanup(self) -> None:
+        if self.launcher is not None:
+            for w in self.launcher.workers.values():
+                if w.conn is not None and w.alive:
+                    self.control.send(w, {"type": "stop", "reason": "run ended"})
+            self.launcher.close(self.control.send if self.control else None)
+            for w in self.launcher.workers.values():
+                if w.conn is not None:
+                    w.conn.close()
+        if self.control is not None:
+            self.control.close()
+        if getattr(self, "_store_socket", None) is not None:
+            self._store_socket.close()
+        self.store = None
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()

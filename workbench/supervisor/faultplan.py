@@ -1,0 +1,50 @@
+"""Fault plan: the planned faults of a run until they fire.
+
+Step faults (``kill``/``hang``/``flip`` at a step) and random failures travel with each generation to the rank
+that is to fire them: the rank fires them itself at the step's fault point and says so (``fault``, ``flip``),
+which crosses them off here — a fault fires once, whatever generation changes happen around it. Random failures
+are drawn as (step, position among the live members): the position is resolved against each generation's
+members. Time faults (``time=T`` seconds after the first step) are sent by the supervisor when due.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.config import RunConfig
+
+
+class FaultPlan:
+    def __init__(self, config: RunConfig) -> None:
+        self.time_faults = sorted(config.time_faults, key=lambda f: f.time)
+        self.step_faults = list(config.step_faults)  # kill, hang and flip at a step, until they fire
+        self.random = list(config.random_failures)  # (step, position among live ranks)
+
+    def planned(self) -> int:
+        """How many kills/hangs may still come (torchrun's agent needs a restart budget for them)."""
+        return len(self.step_faults) + len(self.time_faults) + len(self.random)
+
+    def for_member(self, label: int, members: list[int]) -> dict[str, Any]:
+        """The part of a generation message that is ``label``'s pending faults."""
+        random_here = [(step, members[pos % len(members)]) for step, pos in self.random]
+        faults = [str(f) for f in self.step_faults if f.rank == label]
+        faults += [f"kill:rank={label},step={step}" for step, r in random_here if r == label]
+        return {"faults": faults, "random_steps": [step for step, r in random_here if r == label]}
+
+    def fired(self, label: int | None, m: dict[str, Any]) -> None:
+        """A rank announced a planned kill/hang."""
+        self.step_faults = [f for f in self.step_faults if (f.rank, f.step, f.kind) != (label, m["step"], m["kind"])]
+        self.random = [f for f in self.random if f[0] != m["step"] or not m.get("random")]
+
+    def flipped(self, label: int | None, m: dict[str, Any]) -> None:
+        self.step_faults = [f for f in self.step_faults if not (
+            f.kind == "flip" and f.rank == label and f.step == m["planned"] and f.target == m["target"])]
+
+    def due(self, since_first_step: float | None) -> list[Any]:
+        """Time faults whose moment has come (none before the first step)."""
+        if since_first_step is None:
+            return []
+        due = []
+        while self.time_faults and since_first_step >= self.time_faults[0].time:
+            due.append(self.time_faults.pop(0))
+        return due

@@ -1,0 +1,187 @@
+"""Launcher: every process a run owns — ranks, warm spares, the peers' helpers (torchft's lighthouse, torchrun's
+agent), the rank templates of other hosts — how each is started, and how every one of them is stopped.
+
+Ranks on this machine are forked by this process's rank template (:mod:`workbench.template`, ``spawn =
+"template"``, reused by every run of the process) or started as fresh interpreters (``spawn = "fresh"``:
+``python -m workbench.rank``, ~1.1 s of torch import each). A rank placed on another host is started through
+that host's launch line (``ssh HOST``, ``ip netns exec NS``) — forked by a template started there for this run,
+or as a fresh interpreter — or, for a host without a launch line, waits in a slot for a process someone else
+starts (``workbench rank --store``). The peers' ranks start fresh, as their users' do.
+
+No orphans: every rank runs in a session of its own; ``kill`` SIGKILLs the session and reaps it (bounded);
+``close`` kills every process and template of the run, on every exit path of the supervisor. Fresh ranks are
+started from the supervisor's thread (their parent-death signal fires when it ends); forked ranks die with
+their template, and the template with this process; every rank also exits when its control channel closes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import RunStartError
+from workbench.hosts import Host
+from workbench.protocol import LineDecoder
+from workbench.template import ForkedProcess, Template, TemplateError, local_template
+
+TITLE = "workbench.rank"  # forked ranks' command line starts with this: `ps` and the leak checks find them
+
+
+@dataclass
+class Worker:
+    """One process of the run (or a slot waiting for one) and what the supervisor knows of it."""
+
+    spawn_id: int
+    label: int | None  # the rank number users see; None for a warm spare not yet in use
+    proc: Any = None  # subprocess.Popen or template.ForkedProcess (pid, poll, wait, kill)
+    conn: Any = None  # its control connection (socket)
+    decoder: LineDecoder = field(default_factory=LineDecoder)
+    last_heard: float = 0.0
+    steps_done: int = 0
+    ready: bool = False  # data and model built, waiting for (or in) a generation
+    done: bool = False
+    alive: bool = True
+    fingerprint: str | None = None  # hash of the final parameters, sent with "done"
+    group: int = 0  # members of one group hold the same parameters (a pipeline stage's replicas)
+    host: str = "local"  # address of the host it runs on (multi-host runs)
+    remote: bool = False  # not a child process of this machine: signals travel as control messages
+    fault: dict[str, Any] | None = None  # the fault that hit this rank: kind, step, wall-clock time
+    started: float = field(default_factory=time.monotonic)  # when it was spawned (or its slot made)
+
+
+class Launcher:
+    def __init__(self, spawn: str, rank_module: str, log_dir: Path | None, placement: dict[int, Host],
+                 this_host: Host | None, ready_timeout: float) -> None:
+        self.spawn = spawn if rank_module == "workbench.rank" else "fresh"  # the peers start as their users' do
+        self.rank_module = rank_module
+        self.log_dir = log_dir
+        self.placement = placement  # rank number -> host; empty: every rank on this machine
+        self.this_host = this_host
+        self.ready_timeout = ready_timeout
+        self.workers: dict[int, Worker] = {}
+        self.services: list[subprocess.Popen] = []
+        self.host_templates: dict[tuple[str, ...], Template] = {}
+
+    # -- ranks ----------------------------------------------------------------------------------------------------
+    def start_rank(self, spawn_id: int, label: int | None, control: str) -> Worker:
+        """Start the process of rank ``label`` (None: a warm spare, on this machine) on the host that holds it."""
+        host = self.placement.get(label) if label is not None and self.placement else None
+        if host is not None and host is not self.this_host and not host.launch:
+            return self.slot(spawn_id, label, host.address)
+        prefix = list(host.launch) if host is not None and host.launch else []
+        argv = ["--control", control, "--id", str(spawn_id)]
+        log = self._log(f"spawn{spawn_id}.log")
+        what = f"rank {label}" if label is not None else "a warm spare"
+        if self.spawn == "template":
+            template = self._template(prefix)
+            try:
+                proc = template.fork(argv, log=None if prefix else log, timeout=self.ready_timeout,
+                                     title=f"{TITLE} {' '.join(argv)} (forked)")
+            except TemplateError as exc:
+                raise RunStartError(f"cannot start {what}: {exc}") from None
+        else:
+            proc = self.launch([*prefix, sys.executable, "-m", self.rank_module, *argv], f"spawn{spawn_id}.log",
+                               what=what, service=False)
+        worker = Worker(spawn_id, label, proc=proc, last_heard=time.monotonic(),
+                        host=host.address if host is not None else "local", remote=bool(prefix))
+        self.workers[spawn_id] = worker
+        return worker
+
+    def slot(self, spawn_id: int, label: int | None, host: str) -> Worker:
+        """A rank slot that waits for a process started by someone else to join through the store."""
+        worker = Worker(spawn_id, label, last_heard=time.monotonic(), host=host, remote=True)
+        self.workers[spawn_id] = worker
+        return worker
+
+    def _template(self, prefix: list[str]) -> Template:
+        if not prefix:
+            return local_template()
+        key = tuple(prefix)
+        if key not in self.host_templates or not self.host_templates[key].alive:
+            log = open(self._log(f"template-{len(self.host_templates)}.log") or os.devnull, "ab")  # noqa: SIM115
+            try:
+                self.host_templates[key] = Template(prefix, stderr=log, ready_timeout=self.ready_timeout)
+            finally:
+                log.close()
+        return self.host_templates[key]
+
+    def _log(self, name: str) -> str | None:
+        return str(self.log_dir / name) if self.log_dir else None
+
+    # -- any process ----------------------------------------------------------------------------------------------
+    def launch(self, argv: list[str], log_name: str, what: str, env: dict[str, str] | None = None,
+               service: bool = True) -> subprocess.Popen:
+        """Start a process of the run (a fresh rank, the lighthouse, the torchrun agent) in a session of its own,
+        its output in ``logs/<log_name>``. Ranks must import what this process can (a notebook's working
+        directory, the user's package), hence PYTHONPATH; one thread each (gloo on CPU)."""
+        env = {**os.environ, **(env or {}),
+               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
+        env.setdefault("OMP_NUM_THREADS", "1")
+        out = open(self.log_dir / log_name, "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        except OSError as exc:
+            raise RunStartError(f"cannot start {what} ({argv[0]}): {exc.strerror}") from None
+        finally:
+            if self.log_dir:
+                out.close()
+        if service:
+            self.services.append(proc)
+        return proc
+
+    def kill(self, worker: Worker, send: Any = None) -> None:
+        """Stop a rank: a remote one is told to SIGKILL itself (``send``), a local one's session is killed."""
+        if worker.remote and send is not None:
+            send(worker, {"type": "signal", "name": "SIGKILL"})  # and it exits when its connection closes
+        if worker.proc is not None:
+            kill_process(worker.proc)
+
+    def signal(self, worker: Worker, name: str, send: Any) -> None:
+        """Deliver a fault (SIGKILL, SIGSTOP) to a rank, wherever it runs."""
+        if worker.remote:
+            send(worker, {"type": "signal", "name": name})  # not our child: it signals itself
+        else:
+            os.kill(worker.proc.pid, getattr(signal, name))
+
+    def exit_cause(self, worker: Worker) -> str:
+        code = worker.proc.poll() if worker.proc is not None and not worker.remote else None
+        if code is None:
+            if worker.host == "torchrun":
+                return "died (a torchrun worker: its connection closed)"
+            return f"on {worker.host} lost its connection" if worker.remote else "lost its connection"
+        if code < 0:
+            return f"died ({signal.Signals(-code).name})"
+        return f"exited with code {code}"
+
+    def close(self, send: Any = None) -> None:
+        """Kill every process of the run and this run's templates on other hosts; reap each (bounded)."""
+        for worker in self.workers.values():
+            self.kill(worker, send)
+        for service in self.services:
+            kill_process(service)
+        for template in self.host_templates.values():
+            template.close()
+
+
+def kill_process(proc: Any, wait: float = 5.0) -> None:
+    """SIGKILL a process and its session (it leads one), then reap it (bounded)."""
+    if proc.poll() is not None:
+        return
+    if isinstance(proc, ForkedProcess):
+        proc.kill()  # through its template too: it may run on another host
+    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired:
+        pass

@@ -1,0 +1,356 @@
+"""Membership: who is in the run, and what each strategy does when that changes (DESIGN §4) — a pure state
+machine, no sockets, no processes, no clocks.
+
+Events in: ``start()``, ``ready(id)`` (a process built its data and model, or a waiting slot was joined),
+``died(id, cause)`` (its process ended, lost its connection, was killed for freezing or for never getting
+ready), ``checkpoint(path)`` (the last complete checkpoint, where a restarted world resumes) and ``stop()``.
+Decisions out, in the order they are to be carried out: :class:`Start` a process (a rank, a warm spare, a
+waiting slot), :class:`Retire` processes (a restarted world's old members), :class:`Lost` (a member failed:
+the figures the recorder needs), :class:`Generation` (announce generation ``g`` to its members),
+:class:`Note` (an event worth recording) and :class:`End` (the run ends with an outcome and a one-line reason).
+
+Processes have ids (spawn ids, handed out here); ranks have stable numbers, labels: a replacement takes the
+label of the rank it replaces. A label is held by at most one live process at a time.
+
+The strategies, as decisions:
+
+* ``none``: a member's death ends the run (``failed``).
+* ``shrink`` / ``rollback`` / ``forward``: the survivors form generation ``g+1`` with ``recovery`` set; with
+  ``regrow`` a ready warm spare joins that same generation, else a fresh replacement is started and joins a
+  later generation as soon as it is ready.
+* ``reinit``: the survivors wait; a replacement (spare or fresh) for each dead member is made ready, then all
+  form ``g+1`` and take the snapshot of the lowest surviving rank.
+* ``checkpoint_restart``: every member is retired, a fresh world is started and resumes from the last
+  checkpoint (``source`` 0, ``resume`` the checkpoint).
+* ``torchft``: the survivors go on (torchft finds quorum itself); a replacement heals from a peer.
+* ``torchrun``: the agent restarts the whole world: every member and starting slot retires, fresh slots wait
+  for the workers the agent starts next.
+
+A process that dies before it is a member (a starting replacement, a spare, a restarted world's rank) is
+started anew for the same label, at most ``max_starts`` times in a row per label; a death of a first-world
+process during start-up ends the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+RECOVERING = ("shrink", "rollback", "forward")
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start a process for ``label`` (None: a warm spare). ``slot``: no process of ours, a slot that waits for
+    one started elsewhere (torchrun's workers)."""
+
+    id: int
+    label: int | None
+    slot: bool = False
+
+
+@dataclass(frozen=True)
+class Assign:
+    """The ready warm spare ``id`` takes the place of rank ``label``."""
+
+    id: int
+    label: int
+
+
+@dataclass(frozen=True)
+class Retire:
+    """These processes leave without being failures (a restarted world's members). ``kill``: stop them (ours);
+    False: their launcher stops them (torchrun's agent)."""
+
+    ids: tuple[int, ...]
+    kill: bool = True
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A member failed: its generation position and size (which share of the batch it held), the world size
+    the strategy leads to, and the id of the process that takes its place (None: nobody yet)."""
+
+    label: int
+    id: int
+    cause: str
+    position: int
+    size: int
+    world_size_after: int
+    replacement: int | None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Generation ``gen`` of ``members`` (labels, in generation-rank order). ``source``: the generation rank whose
+    state everyone takes (None: the members pick the most advanced one); ``resume``: a checkpoint the source
+    loads first; ``recovery``: the strategy that led here (None: a start or a regrow)."""
+
+    gen: int
+    members: tuple[int, ...]
+    holders: tuple[int, ...]  # the process id holding each member label
+    source: int | None = None
+    resume: str | None = None
+    recovery: str | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    kind: str
+    detail: str
+    rank: int = -1
+
+
+@dataclass(frozen=True)
+class End:
+    outcome: str
+    reason: str
+
+
+Decision = Start | Assign | Retire | Lost | Generation | Note | End
+
+
+@dataclass
+class Proc:
+    id: int
+    label: int | None
+    ready: bool = False
+    alive: bool = True
+    slot: bool = False
+
+
+@dataclass
+class Membership:
+    """The membership of one run. ``stage_of(label)`` (hybrid parallelism): the pipeline stage a label holds."""
+
+    strategy: str
+    world_size: int
+    regrow: bool = False
+    warm_spares: int = 0
+    resume: str | None = None
+    stage_of: Callable[[int], int] | None = None
+    max_starts: int = 5
+    gen: int = -1
+    members: list[int] = field(default_factory=list)
+    procs: dict[int, Proc] = field(default_factory=dict)
+    pending: list[int] = field(default_factory=list)  # ids of replacements (or a restarted world) not yet admitted
+    restarting: bool = False  # checkpoint_restart / torchrun: a fresh world is starting
+    ended: End | None = None
+    _starts: dict[int, int] = field(default_factory=dict)  # label -> consecutive starts that failed
+
+    # -- views ----------------------------------------------------------------------------------------------------
+    def holder(self, label: int) -> Proc | None:
+        """The live process holding ``label``."""
+        for proc in self.procs.values():
+            if proc.label == label and proc.alive:
+                return proc
+        return None
+
+    @property
+    def started(self) -> bool:
+        return self.gen >= 0
+
+    # -- events ---------------------------------------------------------------------------------------------------
+    def start(self) -> list[Decision]:
+        slots = self.strategy == "torchrun"
+        out: list[Decision] = [self._new(label, slot=slots) for label in range(self.world_size)]
+        out += [self._new(None) for _ in range(self.warm_spares)]
+        return out
+
+    def ready(self, id: int) -> list[Decision]:
+        proc = self.procs.get(id)
+        if proc is None or not proc.alive or proc.ready or self.ended:
+            return []
+        proc.ready = True
+        if proc.label is not None:
+            self._starts.pop(proc.label, None)
+        if not self.started:
+            if all(p.ready for p in self.procs.values() if p.alive):
+                return self._generation(list(range(self.world_size)), source=0, resume=self.resume)
+            return []
+        return self._admit()
+
+    def died(self, id: int, cause: str, step: int | None = None) -> list[Decision]:
+        """``id``'s process is gone; ``step``: where the rank was (named in a reason that ends the run)."""
+        proc = self.procs.get(id)
+        if proc is None or not proc.alive or self.ended:
+            return []
+        proc.alive = False
+        if not self.started:
+            who = f"rank {proc.label}" if proc.label is not None else "a warm spare"
+            return self._end("failed", f"{who} {cause} during start-up")
+        if id in self.pending:
+            self.pending.remove(id)
+            if self.strategy == "torchrun" and self.restarting:
+                return [Note("restart", f"a restarted torchrun worker (rank {proc.label}) {cause}; the agent "
+                             "restarts the world again"), *self._restart_torchrun()]
+            return self._start_again(proc, cause)
+        if proc.label is None or proc.label not in self.members or self.restarting:
+            out: list[Decision] = [Note("spare_lost", f"a starting or spare rank {cause}")]
+            if proc.label is None and self._wants_spares():
+                out.append(self._new(None))  # keep the pool full
+            return out
+        out = self._member_lost(proc, cause, "" if step is None else f" at step {step}")
+        return out if self.ended else out + self._admit()  # a spare taken for reinit/torchft may be ready now
+
+    def checkpoint(self, path: str) -> None:
+        self.resume = path
+
+    def stop(self, reason: str) -> list[Decision]:
+        return self._end("stopped", reason)
+
+    # -- a member failed --------------------------------------------------------------------------------------------
+    def _member_lost(self, proc: Proc, cause: str, where: str) -> list[Decision]:
+        label = proc.label
+        assert label is not None
+        position, size = self.members.index(label), len(self.members)
+        survivors = [m for m in self.members if m != label]
+        strategy = self.strategy
+
+        def lost(after: int, replacement: int | None = None) -> Lost:
+            return Lost(label, proc.id, cause, position, size, after, replacement)
+
+        if strategy == "none" or (not survivors and strategy != "checkpoint_restart"):
+            why = "strategy 'none' does not recover" if strategy == "none" else "no rank survived"
+            return [lost(len(survivors)), *self._end("failed", f"rank {label} {cause}{where}; {why}")]
+        if self.stage_of is not None and strategy == "shrink":
+            stage = self.stage_of(label)
+            if not any(self.stage_of(s) == stage for s in survivors):
+                return [lost(len(survivors)), *self._end(
+                    "failed", f"rank {label} {cause}{where}, the last replica of pipeline stage {stage}; shrink cannot "
+                    "rebuild a stage's layers (checkpoint_restart or reinit can)")]
+        if strategy == "torchft":  # the replicas find out by themselves; recovery is a restart + heal
+            self.members = survivors
+            start = self._replace(label)
+            return [lost(len(survivors), start[0].id), *start]
+        if strategy == "torchrun":
+            return [lost(self.world_size), Note("restart", "torchrun restarts the world"),
+                    *self._restart_torchrun()]
+        if strategy == "checkpoint_restart":
+            return [lost(self.world_size), *self._restart_world()]
+        if strategy == "reinit":
+            self.members = survivors  # the replacement is admitted with everyone, in _admit
+            start = self._replace(label)
+            return [lost(self.world_size, start[0].id), *start]
+        # shrink, rollback, forward
+        spare = self._take_spare(label) if self.regrow else []
+        members = sorted(survivors + ([label] if spare else []))
+        out: list[Decision] = [lost(len(members), spare[0].id if spare else None), *spare]
+        out += self._generation(members, recovery=strategy)
+        if self.regrow and not spare:
+            start = self._fresh(label)
+            out[0] = lost(len(members), start.id)
+            out.append(start)
+        return out
+
+    def _restart_world(self) -> list[Decision]:
+        """checkpoint_restart: every member retires, a fresh world starts (and is admitted when all are ready)."""
+        retired = tuple(p.id for p in (self.holder(m) for m in self.members) if p is not None)
+        for id in retired:
+            self.procs[id].alive = False
+        self.restarting = True
+        starts = [self._new(label) for label in range(self.world_size)]
+        self.pending = [s.id for s in starts]
+        where = f"checkpoint {self.resume}" if self.resume else "step 0"
+        return [Retire(retired), *starts,
+                Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}")]
+
+    def _restart_torchrun(self) -> list[Decision]:
+        """Every current worker and slot retires (the agent stops them); fresh slots wait for the next workers."""
+        retired = tuple(p.id for p in self.procs.values()
+                        if p.alive and p.label is not None and (p.label in self.members or p.id in self.pending))
+        for id in retired:
+            self.procs[id].alive = False
+        self.restarting = True
+        starts = [self._new(label, slot=True) for label in range(self.world_size)]
+        self.pending = [s.id for s in starts]
+        return [Retire(retired, kill=False), *starts]
+
+    # -- replacements ---------------------------------------------------------------------------------------------
+    def _replace(self, label: int) -> list[Decision]:
+        """A spare (if one is ready) or a fresh process for ``label``; the first decision names the process."""
+        taken = self._take_spare(label)
+        if taken:
+            self.pending.append(taken[0].id)
+            return taken
+        start = self._fresh(label)
+        return [start, Note("respawn", f"starting a fresh process for rank {label}", rank=label)]
+
+    def _fresh(self, label: int) -> Start:
+        start = self._new(label)
+        self.pending.append(start.id)
+        return start
+
+    def _take_spare(self, label: int) -> list[Decision]:
+        """[Assign the spare to ``label``, the Start of its successor in the pool, a Note] or []."""
+        for proc in self.procs.values():
+            if proc.label is None and proc.alive and proc.ready:
+                proc.label = label
+                return [Assign(proc.id, label), self._new(None),
+                        Note("spare", f"a warm spare takes the place of rank {label}", rank=label)]
+        return []
+
+    def _start_again(self, proc: Proc, cause: str) -> list[Decision]:
+        """A replacement died before it was admitted: start another for its label (bounded)."""
+        label = proc.label
+        if label is None:
+            return [Note("spare_lost", f"a starting or spare rank {cause}"), self._new(None)]
+        failures = self._starts.get(label, 0) + 1
+        self._starts[label] = failures
+        if failures >= self.max_starts:
+            return self._end("failed", f"rank {label}'s replacement failed to start {failures} times in a row "
+                             f"(last: {cause})")
+        start = self._new(label, slot=proc.slot)
+        self.pending.append(start.id)
+        return [Note("respawn", f"rank {label}'s replacement {cause}; starting another", rank=label), start]
+
+    def _admit(self) -> list[Decision]:
+        """Bring ready replacements into the next generation (regrow, reinit, torchft, a restarted world)."""
+        ready = [id for id in self.pending if self.procs[id].ready]
+        if not ready:
+            return []
+        if self.restarting:
+            if len(ready) < len(self.pending):
+                return []
+            self.pending.clear()
+            self.restarting = False
+            recovery = self.strategy
+            return self._generation(list(range(self.world_size)), source=0, resume=self.resume, recovery=recovery)
+        if self.strategy == "reinit":
+            if len(ready) < len(self.pending):
+                return []  # everyone restarts together
+            self.pending.clear()
+            members = sorted(self.members + [self.procs[id].label for id in ready])
+            return self._generation(members, source=members.index(min(self.members)), recovery="reinit")
+        for id in ready:
+            self.pending.remove(id)
+        labels = [self.procs[id].label for id in ready]
+        members = sorted(self.members + labels)
+        return [*self._generation(members), Note("regrow", f"ranks {labels} rejoined: world size {len(members)}")]
+
+    # -- helpers ----------------------------------------------------------------------------------------------------
+    def _new(self, label: int | None, slot: bool = False) -> Start:
+        id = len(self.procs)
+        self.procs[id] = Proc(id, label, slot=slot)
+        return Start(id, label, slot)
+
+    def _wants_spares(self) -> bool:
+        return self.warm_spares > 0 and sum(1 for p in self.procs.values() if p.label is None and p.alive) < \
+            self.warm_spares
+
+    def _generation(self, members: list[int], source: int | None = None, resume: str | None = None,
+                    recovery: str | None = None) -> list[Decision]:
+        self.gen += 1
+        self.members = list(members)
+        holders = []
+        for label in members:
+            proc = self.holder(label)
+            assert proc is not None, f"label {label} has no live process"
+            holders.append(proc.id)
+        return [Generation(self.gen, tuple(members), tuple(holders), source, resume, recovery)]
+
+    def _end(self, outcome: str, reason: str) -> list[Decision]:
+        if self.ended is None:
+            self.ended = End(outcome, reason)
+            return [self.ended]
+        return []

@@ -1,0 +1,206 @@
+"""Recorder: what a run leaves behind — per-step metrics, events, per-failure recovery figures — and the
+:class:`~workbench.results.RunResult` built from them.
+
+Figures of a failure (DESIGN §4): ``detection_s`` (fault to the supervisor seeing it, or to the peer's own
+detection), ``resume_s`` (fault to the first step committed by the recovery generation), ``regrow_s`` (fault to
+the replacement joining), ``steps_redone`` (committed steps the recovery went back over), ``samples_lost``
+(the dead rank's share of a step that was finished without it), ``world_size_after``. The recorder is fed by the
+supervisor's thread only; widgets read ``metrics``/``events``/``status`` (appends are atomic in CPython).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.config import RunConfig
+from workbench.results import RunResult, model_size
+from workbench.supervisor.membership import Generation, Lost
+
+EventCallback = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class Failure:
+    rank: int
+    step: int
+    cause: str
+    fault_time: float  # wall clock of the fault (announced by the rank, or sent by the supervisor)
+    detect_time: float | None
+    committed: int  # steps committed by the run when the fault hit
+    lost_share: int  # samples of the global batch that were the dead rank's share at that step
+    world_size_after: int = 0
+    replacement: int | None = None  # spawn id of the process taking the dead rank's place (regrow, reinit)
+    recovery_gen: int | None = None
+    resume_time: float | None = None
+    regrow_time: float | None = None  # when that replacement joined: the world is back to its size
+    steps_redone: int = 0
+    samples_lost: int = 0
+    peer_seen: bool = False  # a peer's own detection (torchft quorum, torchrun restart) replaced detect_time
+    discarded: set[int] = field(default_factory=set)  # torchft: steps the survivors did not commit
+
+    def figures(self, strategy: str) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "step": self.step, "cause": self.cause, "strategy": strategy,
+            "detection_s": round(self.detect_time - self.fault_time, 4) if self.detect_time is not None else None,
+            "resume_s": None if self.resume_time is None else round(self.resume_time - self.fault_time, 4),
+            "regrow_s": None if self.regrow_time is None else round(self.regrow_time - self.fault_time, 4),
+            "steps_redone": self.steps_redone, "samples_lost": self.samples_lost,
+            "world_size_after": self.world_size_after,
+        }
+
+
+class Recorder:
+    def __init__(self, config: RunConfig, on_event: EventCallback | None = None) -> None:
+        self.config = config
+        self.on_event = on_event
+        self.t0 = time.time()
+        self.metrics: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.failures: list[Failure] = []
+        self.train_start: float | None = None
+        self.committed = 0  # steps committed by the run (rank 0 of the current generation)
+        self.gen = -1
+        self.world_size = 0
+        self.last_checkpoint: dict[str, Any] | None = None
+        self.final_checkpoint: str | None = None
+        self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
+
+    def event(self, kind: str, step: int, detail: str, rank: int = -1) -> None:
+        event = {"time": time.time() - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail}
+        self.events.append(event)
+        if self.on_event:
+            self.on_event("event", event)
+
+    # -- membership -------------------------------------------------------------------------------------------
+    def lost(self, decision: Lost, step: int, fault_time: float, peer: bool) -> Failure:
+        """A member failed: open its failure record (``peer``: the peer's own detection will be the one)."""
+        batch, size = self.config.batch_size, decision.size
+        share = batch // size + (1 if decision.position < batch % size else 0)
+        failure = Failure(decision.label, step, decision.cause, fault_time, None if peer else time.time(),
+                          committed=self.committed, lost_share=share, world_size_after=decision.world_size_after,
+                          replacement=decision.replacement)
+        self.failures.append(failure)
+        self.event("failure", step, f"rank {decision.label} {decision.cause}", rank=decision.label)
+        return failure
+
+    def generation(self, decision: Generation) -> None:
+        self.gen, self.world_size = decision.gen, len(decision.members)
+        if decision.recovery:
+            for failure in self.failures:
+                if failure.recovery_gen is None:
+                    failure.recovery_gen = decision.gen
+        self.status.update(generation=decision.gen, world_size=len(decision.members),
+                           members=list(decision.members))
+        size = len(decision.members)
+        if self.config.parallelism == "gossip" and size & (size - 1):
+            cube = 1 << (size - 1).bit_length()
+            self.event("gossip", self.committed, f"{size} members gossip on a {cube}-slot hypercube: a member "
+                       "whose partner slot is empty skips that round's average (the replicas' mean is kept)")
+        self.event("generation", self.committed, f"generation {decision.gen}: ranks {list(decision.members)}"
+                   + (f" ({decision.recovery})" if decision.recovery else ""))
+
+    def joined(self, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
+        for failure in self.failures:
+            if failure.replacement == spawn_id and failure.regrow_time is None:
+                failure.regrow_time = time.time()
+        if m["gen"] != self.gen:
+            return
+        if "recovery" in m:
+            self._recovery(m)
+        moved = f", {m['bytes_in'] / 2**20:.1f} MiB received" if m.get("bytes_in") else ""
+        self.event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s{moved}",
+                   rank=label if label is not None else -1)
+
+    def _recovery(self, m: dict[str, Any]) -> None:
+        """Rank 0 of a recovery generation says where the state resumed and whether it finished the failed step."""
+        for failure in self.failures:
+            if failure.recovery_gen == m["gen"] or (failure.recovery_gen is not None and failure.recovery_gen < m["gen"]
+                                                   and failure.resume_time is None):
+                failure.steps_redone = max(0, failure.committed - m["resume_step"])
+                failure.samples_lost = failure.lost_share if m.get("retried") else 0
+        detail = f"resumed at step {m['resume_step']}" + (", failed step finished by the survivors"
+                                                           if m.get("retried") else "")
+        self.event("recovered", m["resume_step"], f"{m['recovery']}: {detail}")
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def step(self, m: dict[str, Any]) -> None:
+        if self.train_start is None:
+            self.train_start = time.time() - m["step_time"]
+        self.committed = m["step"] + 1
+        for failure in self.failures:
+            if failure.resume_time is None and failure.recovery_gen is not None and m["gen"] >= failure.recovery_gen:
+                failure.resume_time = m["t"]
+        row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
+               "samples": m["samples"], "world_size": self.world_size, "generation": self.gen,
+               "step_time": m["step_time"]}
+        for key in ("test_acc", "test_loss", "messages", "bytes_sent", "consensus_distance", "parameters",
+                    "hidden_units"):
+            row[key] = m.get(key, float("nan"))
+        self.metrics.append(row)
+        self.status.update(step=m["step"] + 1)
+        if self.on_event:
+            self.on_event("step", row)
+
+    def checkpoint(self, m: dict[str, Any]) -> bool:
+        """Record a complete checkpoint; True for a periodic one (where a restarted world resumes)."""
+        if Path(m["path"]).name == "final.h5":
+            self.final_checkpoint = m["path"]
+            return False
+        self.last_checkpoint = m
+        self.event("checkpoint", m["step"], f"{m['path']} (stall {m['stall_s'] * 1e3:.1f} ms, "
+                   f"write {m['write_s'] * 1e3:.1f} ms)")
+        return True
+
+    def rank_message(self, label: int | None, m: dict[str, Any]) -> None:
+        """Events ranks report that only need recording (flip, detected, apoptosis, peer_error)."""
+        kind = m["type"]
+        if kind == "flip":
+            self.event("flip", m["step"], f"{m['target']} {m['tensor']}[{m['index']}] bit {m['bit']}: "
+                       f"{m['old']:.6g} -> {m['new']:.6g}", rank=label)
+        elif kind == "detected":
+            self.event("detected", m["step"], f"{m['detector']}: {m['detail']}")
+            self.event("recovered", m["to_step"], f"soft error: {m['action']} (resumed at step {m['to_step']})")
+        elif kind == "apoptosis":
+            for layer, removed in m["removed"].items():
+                before, after = m["widths"][layer]
+                self.event("apoptosis", m["step"], f"{layer}: {removed} units removed ({before} -> {after}), "
+                           f"tau {m['tau']:.4g}; model now {m['hidden_units']} hidden units, "
+                           f"{m['parameters']} parameters")
+
+    # -- the result -------------------------------------------------------------------------------------------
+    def result(self, outcome: str, reason: str, world_size_final: int, replicas_identical: bool | None,
+               keep_checkpoint: bool) -> RunResult:
+        failures = [f.figures(self.config.strategy) for f in self.failures]
+        metrics = self.metrics
+        accuracies = [r["test_acc"] for r in metrics if not math.isnan(r["test_acc"])]
+        summary = {
+            "outcome": outcome,
+            "reason": reason,
+            "final_test_accuracy": accuracies[-1] if accuracies else None,
+            "steps_completed": max((r["step"] + 1 for r in metrics), default=0),
+            "world_size_initial": self.config.world_size,
+            "world_size_final": world_size_final,
+            "generations": self.gen + 1,
+            "strategy": self.config.strategy,
+            "parallelism": self.config.parallelism,
+            "replicas_identical": replicas_identical if outcome == "completed" else None,
+            "wall_s": round(time.time() - self.t0, 3),
+            "train_s": round(metrics[-1]["time"] - metrics[0]["time"] + metrics[0]["step_time"], 3)
+            if metrics else 0.0,
+            "overhead_s": None,
+            "steps_redone_total": sum(f["steps_redone"] for f in failures),
+            "samples_lost_total": sum(f["samples_lost"] for f in failures),
+            "checkpoints": sum(1 for e in self.events if e["kind"] == "checkpoint"),
+            "flips": sum(1 for e in self.events if e["kind"] == "flip"),
+            "detections": sum(1 for e in self.events if e["kind"] == "detected"),
+            "final_checkpoint": self.final_checkpoint if keep_checkpoint else None,
+            "failures": failures,
+            "result_path": None,
+        }
+        summary.update(model_size(metrics))
+        return RunResult(self.config.to_dict(), metrics, self.events, failures, summary)
