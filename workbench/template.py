@@ -41,8 +41,9 @@ from typing import Any
 
 from workbench.protocol import LineDecoder, encode
 
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "torch.nn.functional", "numpy", "h5py", "workbench.rank.main",
-           "workbench.rank.gossip", "workbench.rank.pipeline")
+# torch._dynamo: the first optimizer a process builds imports it (~4 s on 2 busy cores, more than torch itself)
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "torch.nn.functional", "numpy", "h5py",
+           "workbench.rank.main", "workbench.rank.gossip", "workbench.rank.pipeline")
 # one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -195,7 +196,8 @@ def main() -> None:
 
     for module in PRELOAD:
         importlib.import_module(module)
-    _set_title(f"{sys.executable} -m workbench.template (rank template of pid {os.getppid()})")  # before any rank's environment replaces this one: the title takes that space
+    # before any rank's environment replaces this one: the title takes that space
+    _set_title(f"{sys.executable} -m workbench.template (rank template of pid {os.getppid()})")
     gc.collect()
     gc.freeze()  # imported objects stay out of the forks' collections: fewer copy-on-write page copies
     server.serve()
