@@ -9,9 +9,12 @@ torchrun-style baseline: tear the world down, start fresh ranks, reload the last
 (torchft 0.2: lighthouse heartbeat detection, the dead replica restarted and healed from a peer; needs
 ``pip install -e .[peers]``) and ``torchrun`` (the elastic agent restarts the world from the last checkpoint).
 ``step_ms`` is the median step time of the run, ``step_vs_ours`` that over our no-fault run's (per-step overhead).
+``bytes_moved`` is the state received by ranks over all recoveries of the run (0 when the survivors agree).
+``--spawns template,fresh`` repeats every row with ranks forked by the rank template and started fresh.
 
 Prints one JSON line: {"benchmark": "recovery", "rows": [...]} with one row per (model, world, strategy).
-Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large] [--kills 5] [--quick] [--peers]
+Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large,huge] [--kills 5] [--quick]
+       [--peers] [--spawns template,fresh] [--strategies shrink,reinit,...]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import workbench
 MODELS = {
     "small": {"hidden": [128, 64], "steps_between": 150, "bucket_cap_mb": 1.0, "params_m": 0.02},
     "large": {"hidden": [4096, 4608], "steps_between": 8, "bucket_cap_mb": 25.0, "params_m": 19.2},
+    "huge": {"hidden": [8192, 12288], "steps_between": 4, "bucket_cap_mb": 100.0, "params_m": 101.3},
 }
 STRATEGIES = {
     "checkpoint_restart": {"strategy": "checkpoint_restart"},
@@ -49,16 +53,20 @@ def step_ms(result: workbench.RunResult) -> float | None:
     return median([row["step_time"] * 1e3 for row in result.metrics])
 
 
-def measure(model: str, world: int, kills: int, peers: bool = False) -> list[dict]:
+def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str = "template",
+            only: list[str] | None = None) -> list[dict]:
     spec = MODELS[model]
     gap = spec["steps_between"]
     steps = gap * (kills + 1) + gap // 2
     base = {"world_size": world, "steps": steps, "hidden": spec["hidden"], "eval_interval": steps,
-            "bucket_cap_mb": spec["bucket_cap_mb"], "checkpoint_every": max(gap // 2, 2)}
+            "bucket_cap_mb": spec["bucket_cap_mb"], "checkpoint_every": max(gap // 2, 2), "spawn": spawn}
     baseline = workbench.run({**base, "checkpoint_every": None})
     rows = []
     ours_ms = step_ms(baseline)
-    for name, extra in {**STRATEGIES, **(PEERS if peers else {})}.items():
+    chosen = {**STRATEGIES, **(PEERS if peers else {})}
+    for name, extra in chosen.items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
         shrinking = extra["strategy"] in ("shrink", "rollback", "forward") and not extra.get("regrow")
         n = min(kills, world - 1) if shrinking else kills
         # plain shrink loses the highest ranks one by one; the others lose rank 1 again and again (its
@@ -75,15 +83,17 @@ def measure(model: str, world: int, kills: int, peers: bool = False) -> list[dic
         result.set_baseline(baseline)
         failures = result.failures
         rows.append({
-            "model": model, "params_m": spec["params_m"], "world_size": world, "strategy": name,
+            "model": model, "params_m": spec["params_m"], "world_size": world, "strategy": name, "spawn": spawn,
             "outcome": result.outcome, "reason": result.summary["reason"] if result.outcome != "completed" else None,
             "kills": len(failures), "step_ms": step_ms(result),
             "step_vs_ours": None if not ours_ms else round(step_ms(result) / ours_ms, 3),
             "detection_s": median([f["detection_s"] for f in failures]),
+            "settle_s": median([f.get("settle_s") for f in failures]),
             "resume_s": median([f["resume_s"] for f in failures]),
             "regrow_s": median([f["regrow_s"] for f in failures]),
             "steps_redone": sum(f["steps_redone"] for f in failures),
             "samples_lost": sum(f["samples_lost"] for f in failures),
+            "bytes_moved": sum(f.get("bytes_moved", 0) for f in failures),
             "overhead_s": result.summary["overhead_s"],
             "baseline_train_s": baseline.summary["train_s"],
             "final_world_size": result.summary["world_size_final"],
@@ -100,6 +110,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small model, world 2 and 4, 2 kills (a smoke run)")
     parser.add_argument("--peers", action="store_true", help="add torchft and torchrun rows (pip install -e .[peers])")
+    parser.add_argument("--spawns", default="template", help="template, fresh, or both: template,fresh")
+    parser.add_argument("--strategies", default="", help="only rows whose name starts with one of these")
     args = parser.parse_args()
     if args.peers:
         from workbench.errors import ConfigError
@@ -112,7 +124,9 @@ def main() -> None:
     worlds = [2, 4] if args.quick else [int(w) for w in args.worlds.split(",")]
     models = ["small"] if args.quick else args.models.split(",")
     kills = 2 if args.quick else args.kills
-    rows = [row for model in models for world in worlds for row in measure(model, world, kills, args.peers)]
+    only = [s for s in args.strategies.split(",") if s]
+    rows = [row for model in models for world in worlds for spawn in args.spawns.split(",")
+            for row in measure(model, world, kills, args.peers, spawn, only)]
     print(json.dumps({"benchmark": "recovery", "kills_per_run": kills, "rows": rows}))
 
 

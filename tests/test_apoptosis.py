@@ -13,7 +13,7 @@ import workbench
 from workbench import ConfigError, RunConfig, checkpoint
 from workbench import apoptosis as apo
 from workbench.models import cnn, mlp
-from workbench.results import _model_size
+from workbench.results import model_size
 
 
 # -- the spec -------------------------------------------------------------------------------------------------------
@@ -233,9 +233,9 @@ def test_checkpoint_keeps_shrunk_shapes_and_the_rule_state(tmp_path):
 def test_summary_sizes_from_the_rows():
     rows = [{"hidden_units": 192, "parameters": 17226}, {"hidden_units": 192, "parameters": 17226},
             {"hidden_units": 60, "parameters": 5000}, {"hidden_units": math.nan, "parameters": math.nan}]
-    assert _model_size(rows) == {"hidden_units": {"start": 192, "end": 60}, "parameters": {"start": 17226,
+    assert model_size(rows) == {"hidden_units": {"start": 192, "end": 60}, "parameters": {"start": 17226,
                                                                                            "end": 5000}}
-    assert _model_size([{"step": 0}]) == {"hidden_units": None, "parameters": None}
+    assert model_size([{"step": 0}]) == {"hidden_units": None, "parameters": None}
 
 
 # -- multi-process runs ---------------------------------------------------------------------------------------------

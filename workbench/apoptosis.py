@@ -24,7 +24,7 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
   subnormals behind, which made every CPU operation that touched them several times slower.
   The threshold rule is what removes units; the pressure is what makes them stop contributing.
 
-Data-parallel protocol (``workbench.rank.main.Trainer``): the norms are computed on replicated parameters
+Data-parallel protocol (``workbench.rank.replicated.Trainer``): the norms are computed on replicated parameters
 (bitwise identical on every replica after a step) and the test accuracy is rank 0's; rank 0 decides and
 broadcasts the rule's whole state and the removal flags (:meth:`Apoptosis.pack`), every rank applies the same
 removals at the same step and rebuilds its gradient buckets and optimizers. The model's current shapes travel

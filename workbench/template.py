@@ -27,7 +27,6 @@ process), and with a parent-death signal of its own: a killed notebook kernel ta
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import select
@@ -39,6 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from workbench.processes import die_with_parent, kill_session
 from workbench.protocol import LineDecoder, encode
 
 # torch._dynamo: the first optimizer a process builds imports it (~4 s on 2 busy cores, more than torch itself)
@@ -46,14 +46,6 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "torch.
            "workbench.rank.main", "workbench.rank.gossip", "workbench.rank.pipeline")
 # one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def die_with_parent() -> None:
-    """Linux: SIGKILL this process when the thread that started it ends."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the end of stdin (template) or of the control channel (rank) still stops it
 
 
 # -- the template process ------------------------------------------------------------------------------------------
@@ -106,7 +98,7 @@ class _Server:
                     if message["type"] == "fork":
                         self.fork(message)
                     elif message["type"] == "kill" and message["pid"] in self.children:
-                        _kill_session(message["pid"])
+                        kill_session(message["pid"])
 
     def reap(self) -> None:
         while self.children:
@@ -167,16 +159,8 @@ class _Server:
 
     def shutdown(self, code: int) -> None:
         for pid in list(self.children):
-            _kill_session(pid)
+            kill_session(pid)
         os._exit(code)
-
-
-def _kill_session(pid: int) -> None:
-    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _set_title(title: str) -> None:
@@ -229,7 +213,7 @@ class ForkedProcess:
         if self.returncode is not None:
             return
         if not self.template.remote:
-            _kill_session(self.pid)
+            kill_session(self.pid)
         self.template.request({"type": "kill", "pid": self.pid})
 
     def _end(self, code: int) -> None:
@@ -290,7 +274,7 @@ class Template:
                 for message in decoder.feed(data):
                     self._on_message(message)
         finally:
-            _kill_session(self.proc.pid)  # a template that stopped talking is of no use: make sure it is gone
+            kill_session(self.proc.pid)  # a template that stopped talking is of no use: make sure it is gone
             self._fail(f"the rank template exited with code {self.proc.wait()}")
 
     def _on_message(self, message: dict[str, Any]) -> None:
@@ -367,7 +351,7 @@ class Template:
         try:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            _kill_session(proc.pid)
+            kill_session(proc.pid)
             proc.wait(timeout=5)
 
 

@@ -18,8 +18,8 @@ import torch
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
+from workbench.rank.base import evaluate
 from workbench.rank.channel import Channel
-from workbench.rank.main import evaluate
 
 
 class PeerRank:

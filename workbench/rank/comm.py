@@ -65,6 +65,7 @@ class Comm:
         self.group: dist.ProcessGroupGloo | None = None
         self._abandoned: list[Any] = []  # old groups, kept alive on purpose (see module docstring)
         self._links: dict[str, Comm] = {}  # two-member groups of this generation (see link())
+        self._syncs = 0  # state transfers of this generation (each names its group, see transfer.move)
 
     def join(self, assignment: dict[str, Any]) -> None:
         """Build the group of ``assignment['gen']``, blocking until all its members have joined.
@@ -78,7 +79,13 @@ class Comm:
             self.group = None
         self.gen, self.rank, self.size = assignment["gen"], assignment["rank"], assignment["size"]
         self._links = {}
+        self._syncs = 0
         self.group = self._build(f"gen{self.gen}", self.rank, self.size)
+
+    def next_sync(self) -> int:
+        """A number for the next state transfer of this generation (the same on every member)."""
+        self._syncs += 1
+        return self._syncs
 
     def subgroup(self, name: str, rank: int, size: int) -> Comm:
         """A group of some members of this generation (e.g. one pipeline stage's replicas), keyed

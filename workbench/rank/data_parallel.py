@@ -175,6 +175,11 @@ class DataParallel:
                 except Exception:  # noqa: BLE001 - only the wait matters here
                     pass
 
+    def optimizer_slots(self) -> list[tuple[str, dict]]:
+        """(parameter name, the optimizer's live state dict of that parameter) for every parameter, in order."""
+        return [(name, bucket.optimizer.state[param]) for bucket in self.buckets
+                for name, param in zip(bucket.names, bucket.params)]
+
     def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
         for bucket in self.buckets:
             if name in bucket.names:

@@ -42,9 +42,9 @@ import torch.nn.functional as F
 
 from workbench.data import LocalPartition
 from workbench.rank import state as st
+from workbench.rank.base import BaseTrainer
 from workbench.rank.comm import Comm
 from workbench.rank.data_parallel import ring_allreduce_traffic
-from workbench.rank.main import BaseTrainer
 from workbench.rank.soft_errors import Injector
 
 ORDER_SEED = 0x905519  # partner orders depend on the run's seed and this constant only

@@ -46,9 +46,9 @@ from torch import nn
 from workbench.config import FaultSpec, RunConfig
 from workbench.models import split_stages, stage_module
 from workbench.rank import state as st
+from workbench.rank.base import BaseTrainer
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
-from workbench.rank.main import BaseTrainer
 from workbench.rank.soft_errors import Injector
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from workbench.errors import RunStartError
 from workbench.hosts import Host
+from workbench.processes import kill_session
 from workbench.protocol import LineDecoder
 from workbench.template import ForkedProcess, Template, TemplateError, local_template
 
@@ -176,11 +177,7 @@ def kill_process(proc: Any, wait: float = 5.0) -> None:
         return
     if isinstance(proc, ForkedProcess):
         proc.kill()  # through its template too: it may run on another host
-    for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
-        try:
-            kill()
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_session(proc.pid)
     try:
         proc.wait(timeout=wait)
     except subprocess.TimeoutExpired:

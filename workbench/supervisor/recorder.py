@@ -2,8 +2,10 @@
 :class:`~workbench.results.RunResult` built from them.
 
 Figures of a failure (DESIGN §4): ``detection_s`` (fault to the supervisor seeing it, or to the peer's own
-detection), ``resume_s`` (fault to the first step committed by the recovery generation), ``regrow_s`` (fault to
-the replacement joining), ``steps_redone`` (committed steps the recovery went back over), ``samples_lost``
+detection), ``settle_s`` (fault to the last member of the recovery generation holding the agreed state: the
+workbench's own cost of a recovery), ``resume_s`` (fault to the first step committed by the recovery generation:
+``settle_s`` plus the work the strategy redoes or finishes), ``regrow_s`` (fault to the replacement joining),
+``bytes_moved`` (state received by members and the replacement), ``steps_redone`` (committed steps the recovery went back over), ``samples_lost``
 (the dead rank's share of a step that was finished without it), ``world_size_after``. The recorder is fed by the
 supervisor's thread only; widgets read ``metrics``/``events``/``status`` (appends are atomic in CPython).
 """
@@ -36,10 +38,12 @@ class Failure:
     world_size_after: int = 0
     replacement: int | None = None  # spawn id of the process taking the dead rank's place (regrow, reinit)
     recovery_gen: int | None = None
-    resume_time: float | None = None
+    resume_time: float | None = None  # the first step committed by the recovery generation
+    settle_time: float | None = None  # the last member of the recovery generation settled its state
     regrow_time: float | None = None  # when that replacement joined: the world is back to its size
     steps_redone: int = 0
     samples_lost: int = 0
+    bytes_moved: int = 0  # state received by members in the recovery generation and by the replacement
     peer_seen: bool = False  # a peer's own detection (torchft quorum, torchrun restart) replaced detect_time
     discarded: set[int] = field(default_factory=set)  # torchft: steps the survivors did not commit
 
@@ -48,9 +52,10 @@ class Failure:
             "rank": self.rank, "step": self.step, "cause": self.cause, "strategy": strategy,
             "detection_s": round(self.detect_time - self.fault_time, 4) if self.detect_time is not None else None,
             "resume_s": None if self.resume_time is None else round(self.resume_time - self.fault_time, 4),
+            "settle_s": None if self.settle_time is None else round(self.settle_time - self.fault_time, 4),
             "regrow_s": None if self.regrow_time is None else round(self.regrow_time - self.fault_time, 4),
             "steps_redone": self.steps_redone, "samples_lost": self.samples_lost,
-            "world_size_after": self.world_size_after,
+            "world_size_after": self.world_size_after, "bytes_moved": self.bytes_moved,
         }
 
 
@@ -108,6 +113,11 @@ class Recorder:
         for failure in self.failures:
             if failure.replacement == spawn_id and failure.regrow_time is None:
                 failure.regrow_time = time.time()
+                failure.bytes_moved += m.get("bytes_in", 0)
+            elif failure.recovery_gen == m["gen"]:
+                failure.bytes_moved += m.get("bytes_in", 0)
+            if failure.recovery_gen == m["gen"]:
+                failure.settle_time = time.time()
         if m["gen"] != self.gen:
             return
         if "recovery" in m:

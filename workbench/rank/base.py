@@ -1,0 +1,243 @@
+"""What every parallel mode's trainer shares (:class:`BaseTrainer`): data, the generation loop, planned faults,
+step reports, checkpoints; and the helpers the peers' ranks use too (``evaluate``, ``fingerprint``).
+
+A mode (:mod:`.replicated` data parallel, :mod:`.pipeline`, :mod:`.gossip`) implements ``join`` (settle a new
+generation), ``train_step`` and the state accessors used by checkpoints and bit flips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workbench import checkpoint as ckpt
+from workbench.config import FaultSpec, RunConfig
+from workbench.data import BatchSequence, load_dataset
+from workbench.models import build_model
+from workbench.rank import state as st
+from workbench.rank.channel import Channel
+from workbench.rank.comm import Comm, GenerationChanged
+from workbench.rank.data_parallel import make_optimizer
+from workbench.rank.recovery import InFlight
+from workbench.rank.soft_errors import Detected
+
+FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Any) -> dict[str, float]:
+    """Test loss and accuracy of a whole model (ours and the peers')."""
+    training = model.training
+    model.eval()
+    out = model(data.x_test)
+    model.train(training)
+    return {"test_loss": F.cross_entropy(out, data.y_test).item(),
+            "test_acc": (out.argmax(1) == data.y_test).float().mean().item()}
+
+
+def fingerprint(model: torch.nn.Module) -> str:
+    """Hash of every parameter's bytes: data-parallel replicas must agree bit for bit."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class BaseTrainer:
+    """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints.
+
+    A mode implements ``join`` (settle a new generation), ``train_step``, and the state accessors used by
+    checkpoints and bit flips (``checkpoint_state``, ``optimizer_state_of``); ``evaluate`` is overridden where the
+    model is spread over ranks (then every member takes part).
+    """
+
+    def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
+        self.config = config
+        self.channel = channel
+        self.checkpoint_dir = checkpoint_dir
+        self.data = load_dataset(config)
+        self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
+        self.model = build_model(config, self.data.input_shape, self.data.num_classes)
+        self.comm = Comm(store, channel, config.op_timeout)
+        self.step = 0
+        self.trained = False  # holds a real training state (not a fresh replacement)
+        self.inflight: InFlight | None = None
+        self.step_faults: dict[int, FaultSpec] = {}
+        self.random_steps: set[int] = set()
+        self.memory_snapshot: Any = None  # reinit: the last global snapshot
+        self._writer: threading.Thread | None = None
+        self.traffic = (0, 0)  # messages and bytes this rank sent in the last step (counted, see README)
+
+    def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
+        faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
+        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang")}
+        self.random_steps = set(a.get("random_steps", []))
+        return faults
+
+    # -- faults -------------------------------------------------------------------------------------------------
+    def _fault_point(self) -> None:
+        """Planned kill/hang of this step fires here, at the mode's mid-step point."""
+        fault = self.step_faults.pop(self.inflight.step, None)
+        if fault is None:
+            return
+        self._before_fault()
+        self.channel.send({"type": "fault", "kind": fault.kind, "step": self.inflight.step, "t": time.time(),
+                           "random": self.inflight.step in self.random_steps})
+        os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+
+    def _before_fault(self) -> None:
+        """Let the communication this step already started complete everywhere: the fault lands mid-exchange."""
+
+    def _report_flip(self, fault: FaultSpec, flip: Any, step: int) -> None:
+        self.channel.send({"type": "flip", "step": step, "target": fault.target, "tensor": flip.target,
+                           "index": flip.index, "bit": flip.bits[0] if flip.bits else -1, "old": flip.old,
+                           "new": flip.new, "planned": fault.step, "t": time.time()})
+
+    def _take_live_faults(self) -> None:
+        if self.channel.live_faults:
+            live, self.channel.live_faults[:] = list(self.channel.live_faults), []
+            self.injector.pending += [FaultSpec.parse(f) for f in live]
+
+    def _begin_step(self) -> tuple[int, float]:
+        """Mark the step in flight and fire the flips due at its start; returns (step, start time)."""
+        self.inflight = InFlight(self.step, self.comm.rank, self.comm.size)
+        self._take_live_faults()
+        self.injector.at_step_start(self.step, self.optimizer_state_of)
+        return self.step, time.perf_counter()
+
+    # -- one optimizer over this rank's parameters (gossip replicas, pipeline stages) ------------------------------
+    def _own_optimizer(self) -> None:
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.optimizer = make_optimizer(self.config.optimizer, self.params, self.config.lr, self.config.momentum)
+
+    def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
+        return self.optimizer.state.get(dict(self.named)[name], {})
+
+    def _local_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """(model state, optimizer state per parameter name) of what this rank holds, cloned."""
+        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                st.named_optimizer_state(self.optimizer, self.named))
+
+    def _replica_snapshot(self) -> None:
+        """Every ``checkpoint_every`` steps of a replicated mode: reinit keeps this replica's state in memory,
+        checkpoint_restart has rank 0 write its replica to HDF5."""
+        every = self.config.checkpoint_every
+        if every and self.step % every == 0:
+            if self.config.strategy == "reinit":
+                self.memory_snapshot = self._take_memory_snapshot()
+            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
+                self._write_checkpoint()
+
+    def _take_memory_snapshot(self) -> Any:
+        """reinit's snapshot of this replica (the serialised state; the data-parallel trainer keeps tensors)."""
+        return self._state_bytes()
+
+    def _state_bytes(self) -> bytes:
+        raise NotImplementedError
+
+    # -- reports ------------------------------------------------------------------------------------------------
+    def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,
+                     evaluation: dict[str, float] | None = None) -> None:
+        """Rank 0 of the generation reports the step's global figures (stats: loss sum, correct, samples)."""
+        report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen}
+        if self.comm.rank == 0:
+            samples = max(stats[2].item(), 1.0)
+            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
+                          step_time=time.perf_counter() - started, t=time.time(), messages=self.traffic[0],
+                          bytes_sent=self.traffic[1], **(extra or {}))
+            if evaluation:
+                report.update(evaluation)
+        self.channel.send(report)
+
+    def _evaluation_due(self) -> bool:
+        return self.step % self.config.eval_interval == 0 or self.step == self.config.steps
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.model, self.data)
+
+    # -- checkpoints --------------------------------------------------------------------------------------------
+    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+        """(model state, optimizer state per parameter name) of the whole model, cloned; collective where the
+        model is spread over ranks (every member calls it)."""
+        raise NotImplementedError
+
+    def _write_checkpoint(self, name: str | None = None,
+                          state: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
+        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor."""
+        started = time.perf_counter()
+        if self._writer is not None:
+            self._writer.join()  # one write at a time; the previous one is normally long done
+        model_state, optimizer_state = state if state is not None else self.checkpoint_state()
+        snapshot = ckpt.Checkpoint(self.step, model_state, optimizer_state, torch.get_rng_state(), self.config.seed,
+                                   self.config.to_dict(), self.extra_state())
+        stall = time.perf_counter() - started
+        path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
+
+        def write() -> None:
+            began = time.perf_counter()
+            ckpt.save(path, snapshot)
+            self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
+                               "write_s": time.perf_counter() - began})
+
+        self._writer = threading.Thread(target=write, name="wb-checkpoint", daemon=True)
+        self._writer.start()
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """Training state beyond model and optimizer that a checkpoint keeps (the apoptosis rule's)."""
+        return {}
+
+    def _final_checkpoint(self) -> None:
+        if self.comm.rank == 0:
+            self._write_checkpoint(FINAL_CHECKPOINT)
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def join(self, a: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def train_step(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        self.channel.send({"type": "ready"})
+        assignment = self._wait_assignment()
+        while True:
+            try:
+                if self.comm.gen != assignment["gen"]:
+                    self.join(assignment)
+                while self.step < self.config.steps:
+                    self.comm.check()
+                    try:
+                        self.train_step()
+                    except Detected as detected:
+                        self._recover_soft(detected)
+                self._final_checkpoint()
+                break
+            except GenerationChanged:
+                assignment = self.channel.latest_generation
+        if self._writer is not None:
+            self._writer.join()
+        self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model),
+                           "group": self.replica_group()})
+
+    def replica_group(self) -> int:
+        """Members with the same group hold replicas of the same parameters (a pipeline stage's replicas)."""
+        return 0
+
+    def _recover_soft(self, detected: Detected) -> None:
+        raise NotImplementedError
+
+    def _wait_assignment(self) -> dict[str, Any]:
+        while self.channel.latest_generation is None:  # a warm spare may wait here for the whole run
+            self.channel.wake.wait(0.5)
+        return self.channel.latest_generation
