@@ -1,13 +1,15 @@
 """Recorder: what a run leaves behind — per-step metrics, events, per-failure recovery figures — and the
 :class:`~workbench.results.RunResult` built from them.
 
-Figures of a failure (DESIGN §4): ``detection_s`` (fault to the supervisor seeing it, or to the peer's own
-detection), ``settle_s`` (fault to the last member of the recovery generation holding the agreed state: the
-workbench's own cost of a recovery), ``resume_s`` (fault to the first step committed by the recovery generation:
-``settle_s`` plus the work the strategy redoes or finishes), ``regrow_s`` (fault to the replacement joining),
-``bytes_moved`` (state received by members and the replacement), ``steps_redone`` (committed steps the recovery went back over), ``samples_lost``
-(the dead rank's share of a step that was finished without it), ``world_size_after``. The recorder is fed by the
-supervisor's thread only; widgets read ``metrics``/``events``/``status`` (appends are atomic in CPython).
+Figures of a failure (DESIGN §4):
+``detection_s`` fault to the supervisor seeing it (or to the peer's own detection);
+``settle_s`` fault to the last member of the recovery generation holding the agreed state (the workbench's own
+cost of a recovery); ``resume_s`` fault to the first step committed by the recovery generation (``settle_s``
+plus the work the strategy redoes or finishes); ``regrow_s`` fault to the replacement joining;
+``steps_redone`` committed steps the recovery went back over; ``samples_lost`` the dead rank's share of a step
+finished without it; ``bytes_moved`` state received by members and the replacement; ``world_size_after``.
+The recorder is fed by the supervisor's thread only; widgets read ``metrics``/``events``/``status`` (appends
+are atomic in CPython).
 """
 
 from __future__ import annotations
