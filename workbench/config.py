@@ -1,35 +1,35 @@
-"""Run configuration and fault plan: dataclasses, validation, and the ways to build them.
+"""Run configuration: :class:`RunConfig`, its validation, and the ways to build it.
 
 A :class:`RunConfig` is built from keyword arguments, from a dict (papermill parameters) or from a YAML file.
 Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.errors.ConfigError` naming the
 field and what is allowed before any rank process starts.
 
-Rank numbers in fault plans are the ranks of the initial world. They are stable identities: after a shrink the
-survivors keep their numbers, and a replacement rank takes the number of the rank it replaces.
+The fault plan's entries (:class:`~workbench.faultspec.FaultSpec`, :class:`~workbench.faultspec.RandomFailures`)
+live in :mod:`workbench.faultspec`, user models and datasets named by import path in :mod:`workbench.callables`;
+both are re-exported here (``from workbench.config import FaultSpec, resolve_callable`` keeps working).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import math
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.errors import ConfigError
+from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+
+__all__ = ["DATASETS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS", "MAX_WORLD_SIZE", "MODELS",
+           "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES", "SHUFFLES", "STRATEGIES",
+           "FaultSpec", "RandomFailures", "RunConfig", "parse_fault", "resolve_callable"]
 
 MODELS = ("mlp", "cnn")
 DATASETS = ("digits", "synthetic")
 OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", "torchft", "torchrun")
 REGROW_STRATEGIES = ("shrink", "rollback", "forward")
-DISTRIBUTIONS = ("exponential", "weibull")
-FAULT_KINDS = ("kill", "hang", "flip")
-FLIP_TARGETS = ("weight", "grad", "grad_local", "activation", "optimizer")
 DETECTORS = ("fingerprint", "guard", "spike")
 PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
@@ -44,177 +44,6 @@ PARALLEL_STRATEGIES = {
     "hybrid": ("none", "checkpoint_restart", "shrink", "reinit"),
 }
 MAX_WORLD_SIZE = 64
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """One planned fault: ``kind`` hits ``rank`` at training ``step`` or ``time`` seconds after the first step.
-
-    ``kill`` sends SIGKILL, ``hang`` sends SIGSTOP (the rank freezes; only heartbeats can tell). A step fault
-    fires inside the rank, in the middle of that step's gradient exchange (just before the rank hands its last
-    gradient bucket to the allreduce), so it is exactly reproducible. A time fault is sent by the supervisor.
-    """
-
-    kind: str
-    rank: int | None  # None only for a flip that names its pipeline ``stage`` instead (resolved by RunConfig)
-    step: int | None = None
-    time: float | None = None
-    # flip only: what is hit (see FLIP_TARGETS), the tensor (a named_parameters() name, or a module name for
-    # activations), the flat element index and the LSB-0 bit; index/bit left out are drawn from seed
-    target: str | None = None
-    tensor: str | None = None
-    index: int | None = None
-    bit: int | None = None
-    seed: int | None = None
-    stage: int | None = None  # pipeline/hybrid flips: the stage hit (its first replica unless rank= is given)
-
-    def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}, random")
-        if self.kind == "flip":
-            if self.target not in FLIP_TARGETS:
-                raise ConfigError("fault", f"flip target={self.target!r} is not known: "
-                                  f"allowed {', '.join(FLIP_TARGETS)}")
-            if not self.tensor and not (self.target == "activation" and self.stage is not None):
-                raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
-                                  "or a module name for target=activation; with stage=S an activation flip "
-                                  "defaults to the activation stage S sends to the next stage)")
-            for key in ("index", "bit", "seed", "stage"):
-                value = getattr(self, key)
-                if value is not None and (not isinstance(value, int) or value < 0):
-                    raise ConfigError("fault", f"flip {key}={value!r} must be an integer >= 0")
-        elif any(v is not None for v in (self.target, self.tensor, self.index, self.bit, self.seed, self.stage)):
-            raise ConfigError("fault", f"{self.kind} takes rank and step or time only")
-        if self.rank is None and self.stage is None:
-            raise ConfigError("fault", f"{self.kind} names no rank (rank=R)")
-        if self.rank is not None and (not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0):
-            raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
-        if (self.step is None) == (self.time is None):
-            raise ConfigError("fault", f"{self.kind}:rank={self.rank} needs exactly one of step=N or time=SECONDS")
-        next_step = self.kind == "flip" and self.step == -1  # a live flip: at the rank's next step
-        if self.step is not None and not next_step and (not isinstance(self.step, int) or self.step < 0):
-            raise ConfigError("fault", f"step={self.step!r} must be an integer >= 0")
-        if self.time is not None and not (isinstance(self.time, (int, float)) and self.time >= 0):
-            raise ConfigError("fault", f"time={self.time!r} must be a number of seconds >= 0")
-
-    @classmethod
-    def parse(cls, text: str) -> FaultSpec:
-        """Parse the CLI form ``kind:key=value,...``, e.g. ``kill:rank=2,step=50`` or ``hang:rank=1,time=3.5``."""
-        kind, sep, rest = text.strip().partition(":")
-        if not sep or not rest:
-            raise ConfigError("fault", f"{text!r} is not of the form kind:rank=R,step=S (or time=T)")
-        values: dict[str, Any] = {}
-        for item in rest.split(","):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            allowed = ("rank", "step", "time", "target", "tensor", "index", "bit", "seed", "stage")
-            if not eq or key not in allowed or (kind.strip() != "flip" and key not in allowed[:3]):
-                raise ConfigError("fault", f"{item!r} in {text!r} is not one of rank=R, step=S, time=T"
-                                  + (", target=, tensor=, index=, bit=, seed=, stage=" if kind.strip() == "flip"
-                                     else ""))
-            try:
-                values[key] = float(value) if key == "time" else value.strip() if key in ("target", "tensor") \
-                    else int(value)
-            except ValueError:
-                raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a number") from None
-        if "rank" not in values and "stage" not in values:
-            raise ConfigError("fault", f"{text!r} names no rank (rank=R)")
-        values.setdefault("rank", None)
-        return cls(kind=kind.strip(), **values)
-
-    @classmethod
-    def coerce(cls, value: Any) -> FaultSpec:
-        if isinstance(value, FaultSpec):
-            return value
-        if isinstance(value, str):
-            return cls.parse(value)
-        if isinstance(value, dict):
-            try:
-                return cls(**value)
-            except TypeError as exc:
-                raise ConfigError("fault", f"{value!r}: {exc}") from None
-        raise ConfigError("fault", f"{value!r} is neither a 'kind:rank=R,step=S' string nor a dict")
-
-    def __str__(self) -> str:
-        where = f"step={self.step}" if self.step is not None else f"time={self.time:g}"
-        extra = "".join(f",{k}={getattr(self, k)}" for k in ("target", "tensor", "index", "bit", "seed", "stage")
-                        if getattr(self, k) is not None)
-        who = f"rank={self.rank}," if self.rank is not None else ""
-        return f"{self.kind}:{who}{where}{extra}"
-
-
-@dataclass(frozen=True)
-class RandomFailures:
-    """A failure process (the ANL failure-simulation framework): up to ``max`` kills of random ranks, with gaps
-    in steps drawn from an exponential or Weibull distribution of mean ``mtbf_steps``. Everything is drawn from
-    ``seed`` up front, so the same seed gives the same failures; a drawn failure names a position in the
-    generation it lands in (``k``-th live rank), so it always hits a live rank."""
-
-    mtbf_steps: float
-    dist: str = "exponential"
-    shape: float = 1.5
-    seed: int = 0
-    max: int = 3
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.mtbf_steps, (int, float)) and self.mtbf_steps >= 1):
-            raise ConfigError("fault", f"random: mtbf_steps={self.mtbf_steps!r} must be a number >= 1")
-        if self.dist not in DISTRIBUTIONS:
-            raise ConfigError("fault", f"random: dist={self.dist!r} is not known: allowed {', '.join(DISTRIBUTIONS)}")
-        if not (isinstance(self.shape, (int, float)) and self.shape > 0):
-            raise ConfigError("fault", f"random: shape={self.shape!r} must be > 0")
-        if not isinstance(self.max, int) or not 0 <= self.max <= 1000:
-            raise ConfigError("fault", f"random: max={self.max!r} must be an integer 0..1000")
-
-    @classmethod
-    def parse(cls, text: str) -> RandomFailures:
-        _, _, rest = text.partition(":")
-        values: dict[str, Any] = {}
-        types = {"mtbf_steps": float, "dist": str, "shape": float, "seed": int, "max": int}
-        for item in filter(None, rest.split(",")):
-            key, eq, value = item.partition("=")
-            key = key.strip()
-            if not eq or key not in types:
-                raise ConfigError("fault", f"{item!r} in {text!r} is not one of {', '.join(f'{k}=' for k in types)}")
-            try:
-                values[key] = types[key](value.strip())
-            except ValueError:
-                raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a {types[key].__name__}") from None
-        if "mtbf_steps" not in values:
-            raise ConfigError("fault", f"{text!r} needs mtbf_steps=M")
-        return cls(**values)
-
-    def draw(self, steps: int, world_size: int) -> list[tuple[int, int]]:
-        """(step, position among the live ranks) of each failure, in step order, within ``1..steps-1``."""
-        import numpy as np
-
-        rng = np.random.default_rng(self.seed)
-        failures, at = [], 0.0
-        for _ in range(self.max):
-            if self.dist == "exponential":
-                gap = rng.exponential(self.mtbf_steps)
-            else:  # Weibull with the given shape, scaled to the requested mean
-                gap = self.mtbf_steps / math.gamma(1 + 1 / self.shape) * rng.weibull(self.shape)
-            at += max(gap, 1.0)
-            if at >= steps:
-                break
-            failures.append((int(at), int(rng.integers(world_size))))
-        return failures
-
-    def __str__(self) -> str:
-        return (f"random:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},"
-                f"max={self.max}")
-
-
-def parse_fault(value: Any) -> FaultSpec | RandomFailures:
-    if isinstance(value, (FaultSpec, RandomFailures)):
-        return value
-    if isinstance(value, str) and value.strip().startswith("random:"):
-        return RandomFailures.parse(value.strip())
-    if isinstance(value, dict) and value.get("kind") == "random":
-        return RandomFailures(**{k: v for k, v in value.items() if k != "kind"})
-    return FaultSpec.coerce(value)
 
 
 @dataclass
@@ -534,22 +363,6 @@ class RunConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def resolve_callable(field_name: str, path: str) -> Callable[..., Any]:
-    """Import ``package.module:callable`` (attribute chains allowed) or raise a ConfigError saying why not."""
-    module_name, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see, in one line
-        raise ConfigError(field_name, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(field_name, f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(field_name, f"{path!r} is not callable")
-    return obj
-
-
 def _int_in(name: str, value: Any, low: int, high: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ConfigError(name, f"{value!r} is out of range: allowed integers {low}..{high}")
@@ -568,7 +381,7 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 def _choice_or_import(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if isinstance(value, str) and value in allowed:
         return
-    if isinstance(value, str) and _IMPORT_PATH.match(value):
+    if isinstance(value, str) and IMPORT_PATH.match(value):
         resolve_callable(name, value)
         return
     raise ConfigError(

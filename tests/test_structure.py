@@ -1,0 +1,128 @@
+"""tools/check_structure.py: import cycles and oversized modules/functions, on small synthetic packages and on
+the real ``workbench`` package."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tools" / "check_structure.py"
+_spec = importlib.util.spec_from_file_location("check_structure", SCRIPT)
+check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check)
+
+
+def package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A package ``pkg`` under ``tmp_path`` with the given files (relative path -> source); returns its dir."""
+    root = tmp_path / "pkg"
+    for name, source in {"__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return root
+
+
+def test_an_acyclic_package_passes(tmp_path):
+    root = package(tmp_path, {"a.py": "import pkg.b\nfrom pkg.c import x\nimport os\n", "b.py": "import pkg.c\n",
+                              "c.py": "x = 1\n", "__init__.py": "from pkg.a import b\n"})
+    assert check.find_cycles(root) == []
+    assert check.import_graph(root) == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b", "pkg.c"}, "pkg.b": {"pkg.c"},
+                                        "pkg.c": set()}
+    assert check.oversized(root) == []
+    assert check.main([str(root)]) == 0
+
+
+def test_a_cycle_is_found_also_through_an_import_inside_a_function(tmp_path):
+    root = package(tmp_path, {"a.py": "from pkg.b import f\n",
+                              "b.py": "def f():\n    from pkg import a\n    return a\n",
+                              "c.py": "import pkg.a\n"})
+    assert check.find_cycles(root) == [["pkg.a", "pkg.b", "pkg.a"]]
+    assert check.main([str(root)]) == 1
+
+
+def test_a_type_checking_import_is_a_cycle(tmp_path, capsys):
+    root = package(tmp_path, {"a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n",
+                              "b.py": "from pkg.a import A\n"})
+    assert check.find_cycles(root) == [["pkg.a", "pkg.b", "pkg.a"]]
+    assert check.main([str(root)]) == 1
+    assert "import cycle: pkg.a -> pkg.b -> pkg.a" in capsys.readouterr().out
+
+
+def test_relative_imports_and_subpackages_resolve(tmp_path):
+    root = package(tmp_path, {"sub/__init__.py": "from . import x\n", "sub/x.py": "from ..y import f\n",
+                              "y.py": "from .sub import x\n", "z.py": "from . import y\n"})
+    graph = check.import_graph(root)
+    assert graph["pkg.sub"] == {"pkg.sub.x"}  # naming itself (``from . import``) is no edge
+    assert graph["pkg.sub.x"] == {"pkg.y"} and graph["pkg.z"] == {"pkg", "pkg.y"}
+    assert check.find_cycles(root) == [["pkg.sub", "pkg.sub.x", "pkg.y", "pkg.sub"]]  # y imports from sub
+
+
+def test_a_package_init_importing_its_submodules_is_no_cycle_unless_one_imports_it_back(tmp_path):
+    root = package(tmp_path, {"__init__.py": "from pkg.a import A\n", "a.py": "import pkg.b\nA = 1\n",
+                              "b.py": "x = 2\n"})
+    assert check.find_cycles(root) == []
+    (root / "b.py").write_text("from pkg import A\n")
+    assert check.find_cycles(root) == [["pkg", "pkg.a", "pkg.b", "pkg"]]
+
+
+def test_every_module_of_a_larger_knot_is_on_a_reported_cycle(tmp_path):
+    root = package(tmp_path, {"hub.py": "import pkg.x\nimport pkg.y\n", "x.py": "import pkg.hub\n",
+                              "y.py": "import pkg.hub\n"})
+    assert check.find_cycles(root) == [["pkg.hub", "pkg.x", "pkg.hub"], ["pkg.y", "pkg.hub", "pkg.y"]]
+
+
+def function(name: str, lines: int, docstring: str = "") -> str:
+    body = [f"    \"\"\"{docstring}\"\"\"\n"] if docstring else []
+    body += [f"    x{i} = {i}\n" for i in range(lines - 1 - len(body))]
+    return f"def {name}():\n{''.join(body)}"
+
+
+def test_long_modules_and_functions_fail_unless_marked_one_piece(tmp_path, capsys):
+    root = package(tmp_path, {"long.py": "x = 1\n" * 401, "short.py": "x = 1\n" * 400,
+                              "f.py": function("ok", 80) + function("too_long", 81),
+                              "m.py": "class C:\n" + "".join("    " + line + "\n"
+                                                             for line in function("method", 90).splitlines())})
+    problems = check.oversized(root)
+    assert len(problems) == 3, problems
+    assert problems[0].startswith(str(Path("pkg/f.py")) + ":81 too_long: 81 lines > 80")
+    assert problems[1].startswith(str(Path("pkg/long.py")) + ": 401 lines > 400")
+    assert problems[2].startswith(str(Path("pkg/m.py")) + ":2 method: 90 lines > 80")
+    assert check.main([str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "too large: pkg/long.py: 401 lines" in out and "3 oversized" in out
+    assert check.oversized(root, max_lines=500, max_function=100) == []
+
+
+def test_the_one_piece_marker_exempts_a_module_or_a_function(tmp_path):
+    root = package(tmp_path, {
+        "long.py": '"""A table.\n\nOne piece: a lookup table read top to bottom."""\n' + "x = 1\n" * 420,
+        "f.py": function("whole", 95, "Steps in order.\n\n    One piece: the phases share their locals."),
+        "g.py": function("unmarked", 95, "A long function without the marker.")})
+    assert [p.split(":")[0] for p in check.oversized(root)] == [str(Path("pkg/g.py"))]
+    # the module's marker exempts its length, not its functions
+    (root / "long.py").write_text('"""One piece: generated."""\n' + function("inner", 90) + "x = 1\n" * 400)
+    assert [p.split(" ")[0] for p in check.oversized(root)] == [str(Path("pkg/g.py")) + ":1",
+                                                                 str(Path("pkg/long.py")) + ":2"]
+    (root / "f.py").write_text(function("whole", 95, "One piece:"))  # the marker needs a reason after it
+    assert str(Path("pkg/f.py")) + ":1" in [p.split(" ")[0] for p in check.oversized(root)]
+
+
+def test_the_script_runs_on_its_own(tmp_path):
+    root = package(tmp_path, {"a.py": "import pkg.b\n", "b.py": "x = 1\n"})
+    done = subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("check_structure OK: 3 modules, 1 import edges, no cycles; largest module")
+    bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a package" in bad.stderr
+
+
+@pytest.mark.xfail(strict=False, reason="main has two import cycles (workbench.rank.main <-> rank.gossip/"
+                   "rank.pipeline, workbench.results <-> workbench.supervisor) and supervisor.py, rank/main.py over "
+                   "400 lines; being fixed in the supervisor/rank rewrite, which removes this xfail")
+def test_the_workbench_package_has_no_cycles_and_no_oversized_rooms():
+    root = ROOT / "workbench"
+    assert check.find_cycles(root) == []
+    assert check.oversized(root) == []
