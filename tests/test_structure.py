@@ -119,9 +119,6 @@ def test_the_script_runs_on_its_own(tmp_path):
     assert bad.returncode == 2 and "not a package" in bad.stderr
 
 
-@pytest.mark.xfail(strict=False, reason="main has two import cycles (workbench.rank.main <-> rank.gossip/"
-                   "rank.pipeline, workbench.results <-> workbench.supervisor) and supervisor.py, rank/main.py over "
-                   "400 lines; being fixed in the supervisor/rank rewrite, which removes this xfail")
 def test_the_workbench_package_has_no_cycles_and_no_oversized_rooms():
     root = ROOT / "workbench"
     assert check.find_cycles(root) == []

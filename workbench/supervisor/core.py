@@ -25,10 +25,8 @@ faults reach them as ``signal`` messages; a remote rank exits when its connectio
 from __future__ import annotations
 
 import queue
-import socket
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +37,9 @@ from workbench.peers import PEER_STRATEGIES
 from workbench.peers import supervision as peers
 from workbench.protocol import CONTROL_KEY
 from workbench.results import RunResult
-from workbench.supervisor.control import ControlServer, Pending
+from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
-from workbench.supervisor.launcher import Launcher, Worker
+from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
 from workbench.supervisor.membership import Assign, Decision, End, Generation, Lost, Membership, Note, Retire, Start
 from workbench.supervisor.recorder import EventCallback, Recorder
 
@@ -123,29 +121,13 @@ class Supervisor:
         self.status.update(state=outcome)
         self.recorder.event("end", -1, f"{outcome}: {reason}")
         workers = [w for w in self.member_workers if w is not None]
-        groups: dict[int, set[str | None]] = {}
-        for w in workers:
-            groups.setdefault(w.group, set()).add(w.fingerprint)
         return self.recorder.result(outcome, reason, world_size_final=len(workers),
-                                    replicas_identical=all(len(p) == 1 for p in groups.values()),
+                                    replicas_identical=replicas_identical(workers),
                                     keep_checkpoint=self.out_dir is not None)
 
     def _start(self) -> None:
-        import torch.distributed as dist
-
-        listen = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listen.bind((self.host, self.config.store_port))
-        except OSError as exc:
-            listen.close()
-            raise RunStartError(f"cannot listen on {self.host}:{self.config.store_port} ({exc.strerror}): choose "
-                                "another --store-port, or a --bind address of this machine") from None
-        listen.listen(256)
-        self._store_socket = listen
-        self.store = dist.TCPStore(self.host, listen.getsockname()[1], is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=self.config.startup_timeout),
-                                   master_listen_fd=listen.fileno())
+        self.store, self._store_socket = open_store(self.host, self.config.store_port, self.config.startup_timeout)
+        listen = self._store_socket
         self.control = ControlServer(self.host, listen.family)
         self.store.set(CONTROL_KEY, self.control.address)
         self.store_address = f"{self.host}:{listen.getsockname()[1]}"
@@ -319,7 +301,7 @@ class Supervisor:
     def _hello(self, pending: Pending, messages: list[dict[str, Any]]) -> None:
         hello = messages[0]
         if hello["id"] is None:  # a rank started elsewhere, joining through the store
-            worker, refusal = self._joining_slot(hello.get("rank_hint"), pending.conn.getpeername()[0])
+            worker, refusal = self.launcher.joining_slot(hello.get("rank_hint"), pending.conn.getpeername()[0])
             if worker is None:
                 self.control.refuse(pending, refusal)
                 self.recorder.event("join_refused", -1, refusal)
@@ -340,23 +322,6 @@ class Supervisor:
                                    "checkpoint_dir": str(self.checkpoint_dir)})
         for message in messages[1:]:
             self._handle(worker, message)
-
-    def _joining_slot(self, hint: int | None, address: str) -> tuple[Worker | None, str]:
-        """The slot a joining rank takes: rank ``hint`` if it waits for a join, else the lowest waiting one of
-        the host it connects from (the lowest of any host if none is listed at that address)."""
-        waiting = sorted((w for w in self.launcher.workers.values() if w.remote and w.proc is None and w.alive
-                          and w.conn is None), key=lambda w: w.label)
-        if hint is not None:
-            chosen = [w for w in waiting if w.label == hint]
-            if chosen:
-                return chosen[0], ""
-            why = "no such rank" if self.placement.get(hint) is None else "it is not waiting for a join"
-            return None, (f"rank {hint} cannot be taken ({why}); ranks waiting for a join: "
-                          f"{[w.label for w in waiting] or 'none'}")
-        same_host = [w for w in waiting if w.host == address]
-        if same_host or waiting:
-            return (same_host or waiting)[0], ""
-        return None, "no rank of this run is waiting for a join"
 
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
         kind = m["type"]

@@ -100,6 +100,24 @@ class Launcher:
         self.workers[spawn_id] = worker
         return worker
 
+    def joining_slot(self, hint: int | None, address: str) -> tuple[Worker | None, str]:
+        """The slot a rank joining from elsewhere takes: rank ``hint`` if it waits for a join, else the lowest
+        waiting one of the host it connects from (the lowest of any host if none is listed at that address);
+        (None, why) when there is none."""
+        waiting = sorted((w for w in self.workers.values() if w.remote and w.proc is None and w.alive
+                          and w.conn is None), key=lambda w: w.label)
+        if hint is not None:
+            chosen = [w for w in waiting if w.label == hint]
+            if chosen:
+                return chosen[0], ""
+            why = "no such rank" if self.placement.get(hint) is None else "it is not waiting for a join"
+            return None, (f"rank {hint} cannot be taken ({why}); ranks waiting for a join: "
+                          f"{[w.label for w in waiting] or 'none'}")
+        same_host = [w for w in waiting if w.host == address]
+        if same_host or waiting:
+            return (same_host or waiting)[0], ""
+        return None, "no rank of this run is waiting for a join"
+
     def _template(self, prefix: list[str]) -> Template:
         if not prefix:
             return local_template()
@@ -169,6 +187,15 @@ class Launcher:
             kill_process(service)
         for template in self.host_templates.values():
             template.close()
+
+
+def replicas_identical(workers: list[Worker]) -> bool:
+    """Whether the ranks holding the same parameters (all of them; a pipeline stage's replicas) finished with the
+    same fingerprint."""
+    groups: dict[int, set[str | None]] = {}
+    for w in workers:
+        groups.setdefault(w.group, set()).add(w.fingerprint)
+    return all(len(prints) == 1 for prints in groups.values())
 
 
 def kill_process(proc: Any, wait: float = 5.0) -> None:
