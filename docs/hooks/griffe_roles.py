@@ -6,7 +6,8 @@ each into inline code, shortened as Sphinx would (``~`` keeps the last component
 Not a link: some targets (the supervisor, errors) are not in the reference yet, and a dangling link fails the
 strict build. A reST simple table (a paragraph that opens with a ``=== ===`` rule) is shown as preformatted text,
 as it reads in the source, and so is the indented body of a reST definition-list item (a line, then lines
-indented by four spaces), under its term. Loaded by mkdocs.yml (mkdocstrings' ``extensions`` option); nothing is imported from the project.
+indented by four spaces), under its term. Loaded by mkdocs.yml (mkdocstrings' ``extensions`` option); nothing
+is imported from the project.
 """
 
 from __future__ import annotations
