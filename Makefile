@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-browser demo test lint lab bench clean
+.PHONY: setup setup-browser demo test lint lab bench docs clean
 
 setup: $(STAMP)
 
@@ -47,5 +47,10 @@ bench: setup
 	$(PY) benchmarks/bench_overhead.py
 	$(PY) benchmarks/bench_sweep.py
 
+# The documentation site (mkdocs-material; mkdocs.yml says why) into site/: offline, strict (a broken link or anchor
+# fails the build). NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner, which is not a build warning.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site
