@@ -36,6 +36,10 @@ class Lab:
 
     def __init__(self, **defaults: Any) -> None:
         base = RunConfig.from_dict(defaults) if defaults else RunConfig()
+        if base.spawn == "template":
+            from workbench.template import prewarm
+
+            prewarm()  # the kernel's rank template imports torch while the researcher reads the panel
         self.run: Run | None = None
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
