@@ -25,7 +25,7 @@ example each), ``wall_s``, the settings, and ``runs_detail`` (one row per run). 
 itself breaks: failures to survive are what it measures.
 
 Usage:
-    python benchmarks/soak.py                       # small: 40 kills, 5 runs of 8 kills (one per strategy), ~1-2 min
+    python benchmarks/soak.py                       # small: 40 kills, runs of up to 8 (~3 min on 2 cores)
     python benchmarks/soak.py --kills 1000          # the full soak: 125 runs, 25 per strategy
     python benchmarks/soak.py --kills 1000 --kills-per-run 10 --seed 7 --strategies rollback reinit
     python benchmarks/soak.py --spawn VALUE         # passed to RunConfig.spawn when RunConfig has that field
