@@ -1,32 +1,56 @@
-import os
-import subprocess
-
+import leaks
 import pytest
+
+# Every process this session starts inherits the tag, so another user's suite on the same machine is not ours.
+TAG = leaks.tag_this_process()
+# The project's processes that were there before the session (a developer's own Jupyter, say): never reported.
+_AT_START = {p.key for p in leaks.project_processes()}
+LEAK_WAIT_S = 3.0  # a process of a test may take this long to go (a kernel shutting down, ranks reaped)
 
 
 def rank_processes(parent: int | None = None) -> list[str]:
-    """Command lines of workbench rank processes: all of them, or the descendants of ``parent`` (a forked rank is
-    a child of its rank template, which is a child of the process that ran it)."""
-    out = subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True, text=True, check=True).stdout
-    rows = [line.split(None, 3) for line in out.splitlines()[1:]]
-    ppid = {int(r[0]): int(r[1]) for r in rows if len(r) >= 2}
+    """``"pid ppid args"`` of the workbench rank processes: all of them, or those below ``parent`` in the process
+    tree (a rank is a child of its supervisor's process, or of that process's rank template)."""
+    procs = leaks.all_processes()
+    below = None if parent is None else leaks.descendants(parent, procs)
+    return [f"{p.pid} {p.ppid} {p.args}" for p in leaks.project_processes(procs=procs)
+            if "workbench.rank" in p.args and (below is None or p.pid in below)]
 
-    def descends(pid: int) -> bool:
-        for _ in range(8):
-            pid = ppid.get(pid, 0)
-            if pid == parent:
-                return True
-            if pid <= 1:
-                return False
-        return False
 
-    return [" ".join(r) for r in rows if len(r) == 4 and "workbench.rank" in r[3] and "ps -eo" not in r[3]
-            and (parent is None or descends(int(r[0])))]
+def _check_leaks(before: set[tuple[int, int]], what: str) -> None:
+    """Fail if project processes started since ``before`` are still there after a bounded wait; kill them so a
+    leak does not fail the tests after it too."""
+    left = leaks.wait_gone(before | _AT_START, TAG, timeout=LEAK_WAIT_S)
+    if left:
+        leaks.kill(left)
+        pytest.fail(f"{what} left {len(left)} process(es) running {LEAK_WAIT_S:g} s after it ended (now killed):\n"
+                    + "\n".join(f"  {p}" for p in left), pytrace=False)
+
+
+def _snapshot() -> set[tuple[int, int]]:
+    return {p.key for p in leaks.project_processes(TAG)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_leaks_from_module():
+    """The same check around a test module: catches what module-scoped fixtures (runs shared by its tests) leave."""
+    before = _snapshot()
+    yield
+    _check_leaks(before, "this test module (its module-scoped fixtures)")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks_from_test():
+    """Every test: the project's processes it started — ranks, templates, peers, CLI runs and sweeps, papermill
+    workers, Jupyter kernels and servers, found by command line whoever their parent is — are gone within
+    ``LEAK_WAIT_S`` after it; this process's own idle rank template may stay (the next run reuses it)."""
+    before = _snapshot()
+    yield
+    _check_leaks(before, "the test")
 
 
 @pytest.fixture
 def no_leaks():
-    """Fails the test if it leaves behind any rank process it started (ranks are children of this process)."""
+    """Kept for the tests that ask for it: every test is checked now (``_no_leaks_from_test``)."""
     yield
-    left = rank_processes(parent=os.getpid())
-    assert not left, f"rank processes left behind: {left}"
+
