@@ -441,11 +441,6 @@ def test_reinit_all_survivors_die_while_waiting():
     assert end == End("failed", f"rank 1 {KILLED} at step 2; no rank survived")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reinit: a survivor that dies while the survivors wait gets a Lost whose position/size come from the survivors "
-    "list (_member_lost already cut self.members to the survivors) instead of the generation it was a member of: "
-    "world 4, rank 1 dies, then rank 3 -> Lost(position=2, size=3), but in generation 0 it held position 3 of 4 "
-    "(the recorder computes lost_share from these)"))
 def test_reinit_second_death_lost_names_its_generation_position():
     d = Driver("reinit", 4).up()
     d.kill(1)
@@ -586,10 +581,6 @@ def test_torchrun_a_restarted_worker_dying_restarts_again():
     assert (gen.gen, gen.holders, gen.recovery) == (1, tuple(s.id for s in out[2:]), "torchrun")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torchrun with world_size=1: the worker's death ends the run ('no rank survived') instead of the agent "
-    "restarting the world from the last checkpoint; _member_lost exempts only checkpoint_restart from the "
-    "no-survivor end, though torchrun restarts the whole world just the same"))
 def test_torchrun_a_single_worker_world_restarts():
     d = Driver("torchrun", 1).up()
     d.checkpoint("c.h5")
@@ -639,10 +630,6 @@ def test_a_spare_dying_after_start_is_replaced_in_the_pool(strategy):
     assert d.gen.gen == 0 and d.m.members == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a warm spare that dies before it is ready is started anew without bound: spares (label None) have no count in "
-    "_starts, while the module docstring says a process that dies before it is a member, a spare included, is "
-    "started anew at most max_starts times in a row"))
 def test_a_spare_that_never_gets_ready_is_not_started_forever():
     d = Driver("rollback", 2, regrow=True, warm_spares=1, max_starts=3).up()
     d.die(d.spares[0], KILLED)  # a ready spare dies: its successor starts

@@ -132,6 +132,7 @@ class Membership:
     max_starts: int = 5
     gen: int = -1
     members: list[int] = field(default_factory=list)
+    generation_members: list[int] = field(default_factory=list)  # as announced (reinit/torchft then wait smaller)
     procs: dict[int, Proc] = field(default_factory=dict)
     pending: list[int] = field(default_factory=list)  # ids of replacements (or a restarted world) not yet admitted
     restarting: bool = False  # checkpoint_restart / torchrun: a fresh world is starting
@@ -162,8 +163,7 @@ class Membership:
         if proc is None or not proc.alive or proc.ready or self.ended:
             return []
         proc.ready = True
-        if proc.label is not None:
-            self._starts.pop(proc.label, None)
+        self._starts.pop(-1 if proc.label is None else proc.label, None)
         if not self.started:
             if all(p.ready for p in self.procs.values() if p.alive):
                 return self._generation(list(range(self.world_size)), source=0, resume=self.resume)
@@ -188,7 +188,7 @@ class Membership:
         if proc.label is None or proc.label not in self.members or self.restarting:
             out: list[Decision] = [Note("spare_lost", f"a starting or spare rank {cause}")]
             if proc.label is None and self._wants_spares():
-                out.append(self._new(None))  # keep the pool full
+                out = self._start_again(proc, cause)  # keep the pool full, bounded like a replacement
             return out
         out = self._member_lost(proc, cause, "" if step is None else f" at step {step}")
         return out if self.ended else out + self._admit()  # a spare taken for reinit/torchft may be ready now
@@ -203,14 +203,15 @@ class Membership:
     def _member_lost(self, proc: Proc, cause: str, where: str) -> list[Decision]:
         label = proc.label
         assert label is not None
-        position, size = self.members.index(label), len(self.members)
+        announced = self.generation_members if label in self.generation_members else self.members
+        position, size = announced.index(label), len(announced)
         survivors = [m for m in self.members if m != label]
         strategy = self.strategy
 
         def lost(after: int, replacement: int | None = None) -> Lost:
             return Lost(label, proc.id, cause, position, size, after, replacement)
 
-        if strategy == "none" or (not survivors and strategy != "checkpoint_restart"):
+        if strategy == "none" or (not survivors and strategy not in ("checkpoint_restart", "torchrun")):
             why = "strategy 'none' does not recover" if strategy == "none" else "no rank survived"
             return [lost(len(survivors)), *self._end("failed", f"rank {label} {cause}{where}; {why}")]
         if self.stage_of is not None and strategy == "shrink":
@@ -293,9 +294,13 @@ class Membership:
     def _start_again(self, proc: Proc, cause: str) -> list[Decision]:
         """A replacement died before it was admitted: start another for its label (bounded)."""
         label = proc.label
+        failures = self._starts.get(-1 if label is None else label, 0) + 1
+        self._starts[-1 if label is None else label] = failures
         if label is None:
+            if failures >= self.max_starts:
+                return [Note("spare_lost", f"a warm spare {cause}; {failures} in a row failed to start: the pool "
+                             "is not refilled")]
             return [Note("spare_lost", f"a starting or spare rank {cause}"), self._new(None)]
-        failures = self._starts.get(label, 0) + 1
         self._starts[label] = failures
         if failures >= self.max_starts:
             return self._end("failed", f"rank {label}'s replacement failed to start {failures} times in a row "
@@ -342,6 +347,7 @@ class Membership:
                     recovery: str | None = None) -> list[Decision]:
         self.gen += 1
         self.members = list(members)
+        self.generation_members = list(members)
         holders = []
         for label in members:
             proc = self.holder(label)
