@@ -2,10 +2,11 @@
 changes under it, and which member's state everyone takes.
 
 On joining generation ``g`` with ``recovery`` set, a rank first prepares locally, then the members agree on a
-source and take its state by broadcast, then they settle the step that was in flight:
+source and settle their state (:mod:`.transfer`: only members that differ from the source receive it), then
+they settle the step that was in flight:
 
 =================== ======================================== =========================================
-recovery            before the state broadcast               after it
+recovery            before the state is settled              after it
 =================== ======================================== =========================================
 ``rollback``        undo the buckets of the failed step      nothing: the training loop redoes the
                     already applied (pre-step snapshots)     whole step, re-split over the new members
@@ -21,7 +22,9 @@ restart``           last HDF5 checkpoint                     checkpoint's step
 
 Source: the supervisor names it when it matters (reinit, restart, the first generation); otherwise the
 members allreduce a progress score (steps committed, then buckets applied) and the most advanced one wins,
-so no committed work is ever dropped. A replacement rank scores -1 and never wins.
+so no committed work is ever dropped. A replacement rank scores -1 and never wins. (The data-parallel trainer
+does this inside :func:`workbench.rank.transfer.agree`; gossip and pipeline still broadcast a serialised state
+to their replacements.)
 """
 
 from __future__ import annotations
