@@ -58,6 +58,7 @@ class ControlServer:
         self.address = f"{host}:{self.server.getsockname()[1]}"
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
+        self._refused: list[socket.socket] = []
         self._sel.register(self.server, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
 
@@ -134,11 +135,16 @@ class ControlServer:
             pass  # its death is noticed by the watch loop
 
     def refuse(self, pending: Pending, reason: str) -> None:
+        """Tell a joining rank why it cannot join. The connection is half-closed, not closed: closing a socket
+        with unread data (a heartbeat in flight) resets it, and the reset can destroy the refusal before the rank
+        reads it; the rank exits on reading it and the socket is closed with the server."""
+        self.forget(pending.conn)
         try:
             pending.conn.sendall(encode({"type": "stop", "reason": reason, "refused": True}))
+            pending.conn.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        self.drop(pending.conn)
+        self._refused.append(pending.conn)
 
     def forget(self, conn: socket.socket) -> None:
         try:
@@ -151,6 +157,6 @@ class ControlServer:
         conn.close()
 
     def close(self) -> None:
-        for sock in (self.server, self._wake_r, self._wake_w):
+        for sock in (self.server, self._wake_r, self._wake_w, *self._refused):
             sock.close()
         self._sel.close()
