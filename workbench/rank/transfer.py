@@ -13,9 +13,9 @@ Protocol (every member calls :func:`agree`, then :func:`move` with the same argu
    the source's metadata), then each tensor's raw buffer, broadcast straight from the source's tensor into the
    receiver's (allocated only where the receiver has no tensor of that shape). No ``torch.save``, no pickle.
 
-The digest is a checksum, not a cryptographic hash: the sum of each tensor's raw bits (an integer view), mixed
-with its position, name and shape. Any single bit flip changes it; it costs one pass over memory (~10 ms per
-10M fp32 values here), where hashing the bytes with SHA-256 costs ~15x more.
+The digest is a checksum, not a cryptographic hash: the sum of each tensor's raw bytes read as 64-bit words,
+mixed with its position, name and shape. Any single bit flip changes it; it costs one pass over memory (~6 ms for
+38M fp32 values here), where hashing the bytes with SHA-256 costs ~500x more.
 
 On failure: a member dying during the agreement or the move raises :class:`~.comm.GenerationChanged` in the
 others as soon as the supervisor announces the next generation (every wait here is a :class:`~.comm.Comm` wait).
@@ -32,7 +32,6 @@ import torch
 
 from workbench.rank.comm import Comm
 
-_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _MASK = (1 << 63) - 1
 
 
@@ -40,12 +39,26 @@ def digest(named: list[tuple[str, torch.Tensor]]) -> int:
     """Checksum of a training state (named tensors, in a fixed order); equal states give equal digests."""
     total = 0
     for i, (name, tensor) in enumerate(named):
-        raw = tensor.detach().contiguous().reshape(-1)
-        bits = raw.view(_INT_VIEW[raw.element_size()]) if raw.numel() else raw
-        value = int(bits.sum(dtype=torch.int64)) if raw.numel() else 0
+        value = _bit_sum(tensor)
+        value = (value & _MASK) ^ (value >> 63)  # 63 bits kept, bit 63 folded into bit 0: a flip there shows too
         tag = zlib.crc32(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        total = (total * 1_000_003 + (value & _MASK) * (2 * i + 1) + tag) & _MASK
+        total = (total * 1_000_003 + value * (2 * i + 1) + tag) & _MASK
     return total
+
+
+def _bit_sum(tensor: torch.Tensor) -> int:
+    """The sum, modulo 2**64, of a tensor's raw bytes read as 64-bit words (the tail as one short word).
+
+    Flipping bit k of a word changes the sum by 2**k, which is never 0 modulo 2**64: any single flip shows. Read
+    as int64 the sum is one native pass over memory (~6 ms for 38M fp32 values here); summing int32 words
+    into an int64 accumulator converts every element and costs ~40x more.
+    """
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    whole = raw.numel() // 8 * 8
+    value = int(raw[:whole].view(torch.int64).sum()) if whole else 0
+    if whole < raw.numel():
+        value += int.from_bytes(raw[whole:].numpy().tobytes(), "little")
+    return value % (1 << 64)
 
 
 @dataclass
