@@ -6,6 +6,8 @@ import pytest
 
 import workbench
 from workbench import checkpoint
+from workbench.config import RunConfig
+from workbench.models import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -115,6 +117,9 @@ def test_gossip_regrow_gives_the_replacement_a_peer_s_state(tmp_path):
                        faults=["kill:rank=1,step=30"])
     assert result.summary["world_size_final"] == 4
     assert result.summary["final_test_accuracy"] > 0.8
+    # raw buffers to the newcomer only: one replica's parameters and momentum (fp32), no pickle, no survivor
+    params = sum(p.numel() for p in build_model(RunConfig(), (64,), 10).parameters())  # the digits MLP
+    assert result.failures[0]["bytes_moved"] == 2 * 4 * params
 
 
 @pytest.mark.parametrize("strategy", ["checkpoint_restart", "reinit"])

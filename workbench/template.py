@@ -41,8 +41,8 @@ from typing import Any
 from workbench.processes import die_with_parent, kill_session
 from workbench.protocol import LineDecoder, encode
 
-# torch._dynamo: the first optimizer a process builds imports it (~4 s on 2 busy cores, more than torch itself)
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.optim", "torch.nn.functional", "numpy", "h5py",
+# not torch._dynamo (~1.6 s, more than torch itself): ranks step with workbench.rank.optim, which never imports it
+PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "numpy", "h5py",
            "workbench.rank.main", "workbench.rank.gossip", "workbench.rank.pipeline")
 # one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

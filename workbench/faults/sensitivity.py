@@ -24,6 +24,7 @@ from workbench.data import BatchSequence, load_dataset
 from workbench.faults.bitflip import apply_masks, bit_field
 from workbench.faults.outcomes import classify_values
 from workbench.models import build_model
+from workbench.rank.optim import make_optimizer
 
 SENSITIVITY_FILE = "sensitivity.h5"
 
@@ -45,8 +46,7 @@ class LocalResume:
         resize_to(model, {k: v.shape for k, v in state.items()})  # a checkpoint of a model shrunk by apoptosis
         model.load_state_dict(state)
         params = dict(model.named_parameters())
-        optimizer = (torch.optim.Adam(params.values(), lr=cfg.lr) if cfg.optimizer == "adam"
-                     else torch.optim.SGD(params.values(), lr=cfg.lr, momentum=cfg.momentum))
+        optimizer = make_optimizer(cfg.optimizer, list(params.values()), cfg.lr, cfg.momentum)  # the ranks' own
         for name, state in self.base.optimizer.items():
             if name in params and state:
                 optimizer.state[params[name]] = {k: v.clone() for k, v in state.items()}

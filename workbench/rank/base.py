@@ -26,7 +26,7 @@ from workbench.models import build_model
 from workbench.rank import state as st
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
-from workbench.rank.data_parallel import make_optimizer
+from workbench.rank.optim import make_optimizer
 from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Detected
 
@@ -140,10 +140,7 @@ class BaseTrainer:
                 self._write_checkpoint()
 
     def _take_memory_snapshot(self) -> Any:
-        """reinit's snapshot of this replica (the serialised state; the data-parallel trainer keeps tensors)."""
-        return self._state_bytes()
-
-    def _state_bytes(self) -> bytes:
+        """reinit's snapshot of this replica (copies of its tensors), restored in place by its join."""
         raise NotImplementedError
 
     # -- reports ------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from torch import nn
 
 from workbench.rank import state as st
 from workbench.rank.comm import Comm
+from workbench.rank.optim import Optimizer, make_optimizer
 
 ALARM_SLOTS = 2  # guard and spike alarms of the soft-error detectors (soft_errors.py), last in the stats
 STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then the alarms
@@ -46,7 +47,7 @@ class Bucket:
     index: int
     names: list[str]
     params: list[nn.Parameter]
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizer
     buffer: torch.Tensor
     pending: int = 0
     work: dist.Work | None = None
@@ -54,12 +55,6 @@ class Bucket:
     views: list[torch.Tensor] = field(default_factory=list)
     local: torch.Tensor | None = None  # this rank's own gradient of the step, before the allreduce
     snapshot: tuple[list[torch.Tensor], dict] | None = None  # params and optimizer state before the update
-
-
-def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, momentum: float) -> torch.optim.Optimizer:
-    if kind == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
 class DataParallel:
@@ -245,7 +240,7 @@ def ring_allreduce_traffic(bucket_bytes: list[int], size: int) -> tuple[int, int
     return 2 * (size - 1) * len(bucket_bytes), sum(2 * (size - 1) * -(-n // size) for n in bucket_bytes)
 
 
-def _clone_state(optimizer: torch.optim.Optimizer) -> dict:
+def _clone_state(optimizer: Optimizer) -> dict:
     state = optimizer.state_dict()
     return {"state": {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in s.items()}
                       for k, s in state["state"].items()},

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from workbench.data import LocalPartition
 from workbench.rank import state as st
+from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.comm import Comm
 from workbench.rank.data_parallel import ring_allreduce_traffic
@@ -141,15 +142,46 @@ class GossipTrainer(BaseTrainer):
             tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
 
-    def _state_bytes(self) -> bytes:
-        return st.to_bytes({"step": self.step, "model": self.model.state_dict(),
-                            "optim": self.optimizer.state_dict()})
+    def _named_state(self) -> list[tuple[str, torch.Tensor]]:
+        """This replica's training state as named live tensors (what a generation change compares and moves)."""
+        named = [(f"model/{k}", v) for k, v in self.model.state_dict().items()]
+        for name, param in self.named:
+            state = self.optimizer.state.get(param, {})
+            named += [(f"optim/{name}/{key}", v) for key, v in sorted(state.items()) if torch.is_tensor(v)]
+        return named
 
-    def _load_state_bytes(self, payload: bytes) -> None:
-        state = st.from_bytes(payload)
-        self.step = int(state["step"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optim"])
+    def _take_memory_snapshot(self) -> dict[str, Any]:
+        return {"step": self.step, "named": [(n, t.detach().clone()) for n, t in self._named_state()]}
+
+    @torch.no_grad()
+    def _restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        own = dict(self._named_state())
+        for name, saved in snapshot["named"]:
+            own[name].copy_(saved)
+        self.step = int(snapshot["step"])
+
+    def _place(self, header: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A receiver takes the source's state into its own tensors (a gossip replica's shapes never change)."""
+        own = dict(self._named_state())
+        for name, shape, dtype in header["tensors"]:
+            tensor = own.get(name)
+            if tensor is None or list(tensor.shape) != shape or str(tensor.dtype).removeprefix("torch.") != dtype:
+                raise RuntimeError(f"gossip state transfer: {name} {shape} {dtype} does not fit this replica")
+        return own
+
+    def _settle(self, source: int | None, score: int, newcomers_only: bool) -> int:
+        """Agree (one small allreduce) and move the source's state to the members that need it; returns the
+        source's step. ``newcomers_only``: gossip replicas differ by design, so only members without state
+        (score 0) receive; otherwise every member whose state differs from the source's."""
+        named = self._named_state()
+        agreement = transfer.agree(self.comm, score, self.step, transfer.digest(named), -1, source)
+        receivers = [r for r, row in enumerate(agreement.rows) if row[0] == 0 and r != agreement.source] \
+            if newcomers_only else None
+        is_source = self.comm.rank == agreement.source
+        header, received = transfer.move(self.comm, agreement, named if is_source else None,
+                                         {"step": self.step} if is_source else None, self._place, receivers)
+        self.bytes_in = received
+        return agreement.rows[agreement.source][1] if header is None else int(header["meta"]["step"])
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         return self._local_state()
@@ -161,24 +193,19 @@ class GossipTrainer(BaseTrainer):
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
         source = a["source"]
+        self.bytes_in = 0
         if a.get("resume") or recovery == "reinit":
-            payload = None
+            # the named source restores (a checkpoint, or reinit's snapshot), then members that differ receive it
             if self.comm.rank == source:
-                payload = (self.memory_snapshot or self._state_bytes()) if recovery == "reinit" \
-                    else self._resumed_bytes(a["resume"])
-            self._load_state_bytes(self.comm.broadcast_bytes(payload, source))
+                if recovery == "reinit":
+                    if self.memory_snapshot is not None:
+                        self._restore_snapshot(self.memory_snapshot)
+                else:
+                    self._load_resumed(a["resume"])
+            self.step = self._settle(source, 1, newcomers_only=False)
         elif source is None:
             # survivors keep their own replicas; a replacement takes the most advanced member's
-            everyone = torch.zeros(self.comm.size, dtype=torch.float64)
-            everyone[self.comm.rank] = self.step + 1.0 if self.trained else 0.0  # 0: a replacement, no state
-            self.comm.allreduce_now(everyone)
-            best = int(torch.argmax(everyone).item())
-            if (everyone == 0).any():
-                payload = self._state_bytes() if self.comm.rank == best else None
-                received = self.comm.broadcast_bytes(payload, best)
-                if not self.trained:
-                    self._load_state_bytes(received)
-            self.step = int(everyone[best].item()) - 1
+            self.step = self._settle(None, self.step + 1 if self.trained else 0, newcomers_only=True)
         self.schedule = GossipSchedule(self.comm.size, self.config.seed)
         peers = {self.schedule.partner(t, self.comm.rank) for t in range(self.schedule.cycle_steps)}
         if self.config.shuffle == "ring":
@@ -187,13 +214,13 @@ class GossipTrainer(BaseTrainer):
         self.partition = LocalPartition(len(self.data.y_train), self.comm.rank, self.comm.size, self.local_batch,
                                         self.config.seed, self.comm.gen)
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started}
+                                  "sync_s": time.monotonic() - started, "bytes_in": self.bytes_in}
         if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=recovery == "shrink")
         self.channel.send(report)
         self.trained = True
 
-    def _resumed_bytes(self, path: str) -> bytes:
+    def _load_resumed(self, path: str) -> None:
         from workbench import checkpoint as ckpt
 
         restored = ckpt.load(path, check=self.config.resume_verify)
@@ -201,7 +228,6 @@ class GossipTrainer(BaseTrainer):
         st.load_named_optimizer_state(self.optimizer, self.named, restored.optimizer)
         st.init_history(self.optimizer)
         self.step = restored.step
-        return self._state_bytes()
 
     @property
     def local_batch(self) -> int:

@@ -48,7 +48,7 @@ from workbench.models import split_stages, stage_module
 from workbench.rank import state as st
 from workbench.rank.base import BaseTrainer
 from workbench.rank.comm import Comm, CommError
-from workbench.rank.data_parallel import make_optimizer, ring_allreduce_traffic
+from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
 
 
@@ -206,9 +206,6 @@ class PipelineTrainer(BaseTrainer):
         self.stage_comm: Comm | None = None
         self.pre_update: dict[str, Any] | None = None  # hybrid shrink: this step's state before its update
         self.keep_pre_update = config.parallelism == "hybrid" and config.strategy == "shrink"
-        # the stage is known only at the first generation; building an optimizer the first time imports a few
-        # seconds of torch machinery: pay that now, during start-up, not inside the first join
-        make_optimizer(config.optimizer, [nn.Parameter(torch.zeros(1))], config.lr, config.momentum)
 
     # -- the stage this process holds ---------------------------------------------------------------------------
     def _take_stage(self, stage: int) -> None:

@@ -94,14 +94,15 @@ Placer = Callable[[dict], dict[str, torch.Tensor]]
 
 
 def move(comm: Comm, agreement: Agreement, named: list[tuple[str, torch.Tensor]] | None, meta: dict | None,
-         place: Placer | None) -> tuple[dict | None, int]:
+         place: Placer | None, receivers: list[int] | None = None) -> tuple[dict | None, int]:
     """Stream the source's named tensors to the receivers; returns (the header, bytes received).
 
     Source: ``named`` and ``meta`` (JSON-able). Receivers: ``place(header)`` returns, by name, the tensors to
     receive into (each of the header's shape and dtype) — the rank's own where they fit, fresh ones where not.
-    Other members return (None, 0) at once.
+    Other members return (None, 0) at once. ``receivers`` overrides the agreement's (members whose state differs):
+    gossip replicas differ by design, and only its newcomers receive.
     """
-    receivers = agreement.receivers
+    receivers = agreement.receivers if receivers is None else receivers
     if not receivers or (comm.rank != agreement.source and comm.rank not in receivers):
         return None, 0
     group = [agreement.source, *receivers]

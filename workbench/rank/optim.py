@@ -1,0 +1,143 @@
+"""The ranks' optimizers: SGD (with momentum) and Adam, the same arithmetic as ``torch.optim`` on the CPU.
+
+Why not ``torch.optim`` itself: building a ``torch.optim.Optimizer``, stepping it or reading its ``state_dict``
+imports ``torch._dynamo`` (its methods are wrapped to disable compilation), ~1.6 s on this machine — longer than
+torch's own import. A rank template that preloads it makes every cold start (a ``workbench run`` from the shell)
+pay it on the critical path; without it every rank would pay it. Ranks need none of compilation, so they use these
+classes, which do exactly what ``torch.optim.SGD``/``Adam`` do on the CPU (their single-tensor path, which is what
+torch picks for CPU tensors), op for op, so results are bitwise the same — ``tests/test_optim.py`` checks that
+against ``torch.optim`` every run.
+
+The parts the workbench uses are kept with torch's layout: ``param_groups`` (dicts with ``params`` and the
+hyper-parameters), ``state`` (parameter -> dict: SGD ``momentum_buffer``; Adam ``step`` as a float32 scalar
+tensor, ``exp_avg``, ``exp_avg_sq``), ``step()``, ``zero_grad()``, ``state_dict()``/``load_state_dict()`` (state
+by parameter index, as torch's). Not supported: weight decay, nesterov, dampening, amsgrad, maximize (nothing in
+the workbench sets them).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Optimizer:
+    """What SGD and Adam share: groups, per-parameter state, zero_grad and the state dict."""
+
+    def __init__(self, params: Iterable[nn.Parameter], defaults: dict[str, Any]) -> None:
+        self.defaults = dict(defaults)
+        self.param_groups: list[dict[str, Any]] = [{"params": list(params), **self.defaults}]
+        self.state: defaultdict[nn.Parameter, dict[str, Any]] = defaultdict(dict)
+
+    def _params(self) -> list[nn.Parameter]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self._params():
+            if param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+            else:
+                param.grad.detach_().zero_()  # a gradient that is a view into a bucket stays that view
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {index: {key: value}}, "param_groups": [{..., "params": [index, ...]}]}`` (live tensors)."""
+        index = {p: i for i, p in enumerate(self._params())}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
+                  for g in self.param_groups]
+        return {"state": {index[p]: s for p, s in self.state.items() if p in index}, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take a state dict's per-parameter state (copies) and hyper-parameters, matching parameters by index."""
+        params = self._params()
+        if len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError("the state dict has a different number of parameter groups")
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError("a parameter group of the state dict has a different number of parameters")
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.state = defaultdict(dict)
+        for i, saved in state_dict["state"].items():
+            param = params[int(i)]
+            self.state[param] = {k: self._cast(param, k, v) for k, v in saved.items()}
+
+    @staticmethod
+    def _cast(param: nn.Parameter, key: str, value: Any) -> Any:
+        if not torch.is_tensor(value):
+            return value
+        if key == "step":  # torch keeps Adam's step as a float32 scalar, whatever the parameter's dtype
+            return value.detach().clone()
+        return value.detach().to(dtype=param.dtype, device=param.device, copy=True)
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD(params, lr, momentum)``: ``buf = momentum * buf + grad`` (the first step's buffer is the
+    gradient itself), ``param -= lr * buf``; without momentum ``param -= lr * grad``."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "dampening": 0, "weight_decay": 0,
+                                  "nesterov": False, "maximize": False})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                if momentum != 0:
+                    state = self.state[param]
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = grad.detach().clone()
+                        state["momentum_buffer"] = buf
+                    else:
+                        buf.mul_(momentum).add_(grad, alpha=1)
+                    grad = buf
+                param.add_(grad, alpha=-lr)
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam(params, lr)`` with torch's defaults (betas 0.9/0.999, eps 1e-8), its single-tensor path."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0, "amsgrad": False,
+                                  "maximize": False})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad
+                state = self.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+                step_t += 1
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step = step_t.item()
+                bias_correction1 = 1 - beta1**step
+                bias_correction2 = 1 - beta2**step
+                step_size = lr / bias_correction1
+                denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+                param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, momentum: float) -> Optimizer:
+    """The rank's optimizer by name (``RunConfig.optimizer``): ``adam`` or ``sgd``."""
+    if kind == "adam":
+        return Adam(params, lr=lr)
+    return SGD(params, lr=lr, momentum=momentum)
