@@ -114,7 +114,10 @@ class Comm:
             if self.newer_generation():
                 raise GenerationChanged()
         if "error" in built:
-            raise CommError(f"could not join {prefix_key}: {built['error']}")
+            # a member that died (or left for a newer generation) during the rendezvous refuses or drops our
+            # connection before the supervisor has seen its death: the generation that replaces it follows
+            self._await_new_generation(RuntimeError(f"could not join {prefix_key}: {built['error']}"),
+                                       "the group could not be built")
         return built["group"]
 
     def newer_generation(self) -> bool:
@@ -151,14 +154,14 @@ class Comm:
                     raise CommError(f"a collective of generation {self.gen} did not complete in "
                                     f"{self.op_timeout:g} s") from exc
 
-    def _await_new_generation(self, cause: Exception) -> None:
+    def _await_new_generation(self, cause: Exception, what: str = "collective failed") -> None:
         deadline = time.monotonic() + self.op_timeout
         while time.monotonic() < deadline:
             if self.newer_generation():
                 raise GenerationChanged()
             self.channel.wake.wait(0.1)
             self.channel.wake.clear()
-        raise CommError(f"collective failed in generation {self.gen} and no new generation came: {cause}")
+        raise CommError(f"{what} in generation {self.gen} and no new generation came: {cause}")
 
     def allreduce(self, tensor: torch.Tensor) -> dist.Work:
         return self.group.allreduce([tensor])
