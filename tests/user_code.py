@@ -23,3 +23,14 @@ class Broken(nn.Module):
 
     def forward(self, x):
         raise ValueError("this model is broken on purpose")
+
+
+def bn_cnn(input_shape, num_classes):
+    """A small conv net with batch norm (running statistics are training state that is not a parameter)."""
+    from collections import OrderedDict
+
+    channels = input_shape[0] if len(input_shape) == 3 else 1
+    return nn.Sequential(OrderedDict(
+        conv1=nn.Conv2d(channels, 8, 3, padding=1), bn1=nn.BatchNorm2d(8), relu1=nn.ReLU(),
+        conv2=nn.Conv2d(8, 16, 3, padding=1), bn2=nn.BatchNorm2d(16), relu2=nn.ReLU(),
+        pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten(), fc=nn.Linear(16, num_classes)))

@@ -19,7 +19,7 @@ from workbench.errors import ConfigError
 
 DISTRIBUTIONS = ("exponential", "weibull")
 FAULT_KINDS = ("kill", "hang", "flip")
-FLIP_TARGETS = ("weight", "grad", "grad_local", "activation", "optimizer")
+FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimizer")
 
 
 @dataclass(frozen=True)

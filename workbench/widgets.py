@@ -69,9 +69,11 @@ class Lab:
         self.stop_button.on_click(lambda _b: self.stop())
         self.rank_buttons = w.HBox([])
         self.flip_rank = w.Dropdown(options=[], description="rank", layout={"width": "150px"})
-        self.flip_target = w.Dropdown(options=["weight", "grad", "grad_local", "optimizer"], value="weight",
+        self.flip_target = w.Dropdown(options=["weight", "buffer", "grad", "grad_local", "optimizer"], value="weight",
                                       description="target", layout={"width": "220px"})
         self.flip_tensor = w.Dropdown(options=[], description="tensor", layout={"width": "260px"})
+        self._flip_names: dict[str, list[str]] = {"buffer": [], "other": []}
+        self.flip_target.observe(lambda _change: self._offer_flip_tensors(), names="value")
         self.flip_index = w.IntText(value=-1, description="index (-1: random)", style={"description_width": "120px"},
                                     layout={"width": "220px"})
         self.flip_bit = w.BoundedIntText(value=30, min=0, max=31, description="bit", layout={"width": "150px"})
@@ -107,6 +109,12 @@ class Lab:
                          detect=list(self.detect.value), steps=self.steps.value, seed=self.seed.value,
                          eval_interval=max(1, min(25, self.steps.value // 10)))
 
+    def _offer_flip_tensors(self) -> None:
+        """The tensor dropdown lists buffers (batch norm's running statistics) for target=buffer, else parameters."""
+        names = self._flip_names["buffer" if self.flip_target.value == "buffer" else "other"]
+        self.flip_tensor.options = names
+        self.flip_tensor.value = names[0] if names else None
+
     # -- actions ---------------------------------------------------------------------------------------------
     def start(self) -> Run | None:
         if self.run is not None and not self.run.done:
@@ -120,11 +128,11 @@ class Lab:
             self._rows, self._events = [], []
         self._reset_figure(config.world_size)
         self._make_rank_buttons(config.world_size)
-        from workbench.faults.targets import model_tensors
+        from workbench.faults.targets import buffer_tensors, model_tensors
 
         params, _ = model_tensors(config)
-        self.flip_tensor.options = list(params)
-        self.flip_tensor.value = next(iter(params))
+        self._flip_names = {"buffer": list(buffer_tensors(config)), "other": list(params)}
+        self._offer_flip_tensors()
         self.flip_rank.options = list(range(config.world_size))
         self.flip_rank.value = 0
         self.run = start(config, on_event=self._on_event)

@@ -19,14 +19,25 @@ def _model(config: RunConfig) -> torch.nn.Module:
         return build_model(config, data.input_shape, data.num_classes)
 
 
-def model_tensors(config: RunConfig, rank: int | None = None) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """(parameters by name, module names) of the run's model, or of the pipeline stage ``rank`` holds."""
+def _held_model(config: RunConfig, rank: int | None) -> torch.nn.Module:
+    """The run's model, or the pipeline stage ``rank`` holds."""
     from workbench.models import split_stages, stage_module
 
     model = _model(config)
     if rank is not None and config.parallelism in ("pipeline", "hybrid"):
         model = stage_module(model, split_stages(model, config.pipeline_stages)[config.stage_of(rank)])
+    return model
+
+
+def model_tensors(config: RunConfig, rank: int | None = None) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """(parameters by name, module names) of the run's model, or of the pipeline stage ``rank`` holds."""
+    model = _held_model(config, rank)
     return dict(model.named_parameters()), {name for name, _ in model.named_modules() if name}
+
+
+def buffer_tensors(config: RunConfig, rank: int | None = None) -> dict[str, torch.Tensor]:
+    """Floating-point buffers by name (batch norm's running statistics) of the model, or of ``rank``'s stage."""
+    return {name: b for name, b in _held_model(config, rank).named_buffers() if b.is_floating_point()}
 
 
 def check_model(config: RunConfig) -> None:
@@ -56,6 +67,13 @@ def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:
                 raise ConfigError("fault", f"{f}: activation flips name a module; {f.tensor!r} is not one of "
                                   f"{', '.join(sorted(modules))}{where}")
             continue
+        if f.target == "buffer":
+            buffers = buffer_tensors(config, f.rank if staged else None)
+            if f.tensor not in buffers:
+                raise ConfigError("fault", f"{f}: buffer flips name a floating-point buffer (batch norm's running "
+                                  f"statistics); {f.tensor!r} is not one{where}; allowed "
+                                  f"{', '.join(buffers) or 'none: the model has no such buffer'}")
+            params = buffers
         if f.tensor not in params:
             raise ConfigError("fault", f"{f}: {f.tensor!r} is not a parameter of the model{where}; allowed "
                               f"{', '.join(params)}")

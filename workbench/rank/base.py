@@ -45,11 +45,12 @@ def evaluate(model: torch.nn.Module, data: Any) -> dict[str, float]:
 
 
 def fingerprint(model: torch.nn.Module) -> str:
-    """Hash of every parameter's bytes: data-parallel replicas must agree bit for bit."""
+    """Hash of every parameter's and buffer's bytes (batch norm's running statistics included): data-parallel
+    replicas must agree bit for bit."""
     digest = hashlib.sha256()
-    for name, param in model.named_parameters():
+    for name, tensor in model.state_dict().items():
         digest.update(name.encode())
-        digest.update(param.detach().contiguous().numpy().tobytes())
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

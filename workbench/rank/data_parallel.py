@@ -13,13 +13,18 @@ Protocol of one step:
      flattened and its allreduce started. Buckets start in a fixed order on every rank (gloo requires the same
      collective order everywhere), gradients are summed: the loss is ``sum / global_batch`` on each rank, so the
      sum is the exact gradient of the global batch whatever the world size.
+     Batch norm's running statistics (updated by this rank's forward on its shard) ride in the first bucket too,
+     with a contributor count: when that bucket's update is applied every replica takes the members' average.
+     torch DDP instead broadcasts rank 0's buffers before each forward (an extra collective, and rank 0's shard
+     only); averaging costs no collective and keeps every replica's buffers bitwise identical.
   3. ``finish()``: wait for each bucket in order and step that bucket's optimizer at once (``update_per_bucket``,
      the overlap the ANL paper assumes), or after the whole exchange (MaTEx-Caffe/ULFM: one allreduce, then the
      update).
 
 What the recovery strategies need from it (``workbench.rank.recovery``):
   * ``snapshot_buckets`` (rollback): each bucket's parameters and optimizer state are copied just before its
-    update, so ``restore_applied()`` undoes a partial step exactly.
+    update, and the running statistics before the step's forward (``save_running``), so ``restore_applied()``
+    undoes a partial step exactly.
   * ``keep_local`` (forward, shrink): each bucket's local gradient is copied before its allreduce (gloo reduces
     in place: a failed allreduce leaves partial sums behind), so ``retry()`` can finish the exchange among the
     survivors with their own shares.
@@ -67,6 +72,11 @@ class DataParallel:
         self.keep_local = keep_local
         self.snapshot_buckets = snapshot_buckets
         self.applied = 0  # buckets whose update of the current step is applied
+        # batch norm's running statistics ride at the end of the first bucket, before the stats: averaged over the
+        # members that contributed (a count slot), so replicas stay identical at no extra collective
+        self.running = st.RunningStats(model)
+        self.tail = STATS_SLOTS + self.running.slots
+        self.running_before: list[torch.Tensor] | None = None  # rollback: the running statistics at step start
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         cap = max(1, int(bucket_cap_mb * 2**20 / 4))
         groups: list[list[tuple[str, nn.Parameter]]] = [[]]
@@ -78,7 +88,7 @@ class DataParallel:
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         for i, group in enumerate(groups):
             params = [p for _, p in group]
-            numel = sum(p.numel() for p in params) + (STATS_SLOTS if i == 0 else 0)
+            numel = sum(p.numel() for p in params) + (self.tail if i == 0 else 0)
             bucket = Bucket(i, [n for n, _ in group], params, make_optimizer(optimizer, params, lr, momentum),
                             torch.zeros(numel))
             offset = 0
@@ -107,8 +117,19 @@ class DataParallel:
             bucket.launched = False
             bucket.local = None
         self.applied = 0
-        self.buckets[0].buffer[-STATS_SLOTS:] = stats
+        first = self.buckets[0].buffer
+        first[-STATS_SLOTS:] = stats
+        self.running.pack(first[-self.tail: -STATS_SLOTS])  # after the forward: this step's statistics
         self._next_launch = 0
+
+    def save_running(self) -> None:
+        """Before the step's forward (rollback): the running statistics to return to if the step is undone."""
+        if self.running.every:
+            self.running_before = self.running.copy()
+
+    def gradients(self, bucket: Bucket) -> torch.Tensor:
+        """The gradient part of a bucket's buffer (the first bucket also carries running statistics and stats)."""
+        return bucket.buffer[: bucket.buffer.numel() - self.tail] if bucket.index == 0 else bucket.buffer
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         bucket = self._bucket_of[param]
@@ -159,6 +180,8 @@ class DataParallel:
         if self.snapshot_buckets:
             bucket.snapshot = ([p.detach().clone() for p in bucket.params], _clone_state(bucket.optimizer))
         bucket.optimizer.step()
+        if bucket.index == 0:
+            self.running.unpack(bucket.buffer[-self.tail: -STATS_SLOTS])
         self.applied += 1
 
     def drain(self) -> None:
@@ -190,6 +213,9 @@ class DataParallel:
                 for p, saved in zip(bucket.params, params):
                     p.copy_(saved)
                 bucket.optimizer.load_state_dict(state)
+            if self.running_before is not None:  # the step's forward moved them, whatever was applied
+                self.running.restore(self.running_before)
+                self.running_before = None
         self.applied = 0
         return undone
 

@@ -4,7 +4,8 @@ Protocol of one step ``t`` on a member at position ``r`` of a generation of ``p`
   1. partner = ``r XOR 2^h`` with ``h = t mod log2(p)`` (cube mode), read through the current partner order:
      after each full cycle of ``log2(p)`` steps the next of ``p`` seeded random orders (rotation) relabels the
      members, so over time every rank meets every other.
-  2. At the start of the step the rank starts the exchange of its parameters and optimizer history (one flat
+  2. At the start of the step the rank starts the exchange of its parameters, batch norm's running statistics
+     and optimizer history (one flat
      vector) with the partner, non-blocking: an allreduce over their two-member link (:meth:`Comm.link`), so
      both get the pair's sum bitwise alike; the ring shuffle sends the batch it trains on to its right
      neighbour and receives the left neighbour's, also non-blocking.
@@ -130,15 +131,18 @@ class GossipTrainer(BaseTrainer):
         self.partition: LocalPartition | None = None
 
     # -- state --------------------------------------------------------------------------------------------------
+    def _gossiped(self) -> list[torch.Tensor]:
+        """What partners average: parameters, batch norm's running statistics, the optimizer's history."""
+        return ([p.data for p in self.params] + [b for _, b in st.float_buffers(self.model)]
+                + st.history(self.optimizer, self.params))
+
     def _flat(self) -> torch.Tensor:
-        tensors = [p.detach().reshape(-1) for p in self.params]
-        tensors += [h.reshape(-1) for h in st.history(self.optimizer, self.params)]
-        return torch.cat(tensors)
+        return torch.cat([t.detach().reshape(-1) for t in self._gossiped()])
 
     @torch.no_grad()
     def _unflat(self, flat: torch.Tensor) -> None:
         offset = 0
-        for tensor in [p.data for p in self.params] + st.history(self.optimizer, self.params):
+        for tensor in self._gossiped():
             tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
 

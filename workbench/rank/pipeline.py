@@ -217,7 +217,10 @@ class PipelineTrainer(BaseTrainer):
         self.full_model = None
         self._own_optimizer()
         numel = sum(p.numel() for p in self.params)
-        self.grads = torch.zeros(numel)  # gradients live in one flat buffer: one allreduce per stage
+        # hybrid: a stage's replicas also average batch norm's running statistics, riding after the gradients
+        # with a contributor count (as in data parallel); each replica's forward saw other lanes
+        self.running = st.RunningStats(self.model)
+        self.grads = torch.zeros(numel + self.running.slots)  # one flat buffer: one allreduce per stage
         self.views, offset = [], 0
         for p in self.params:
             view = self.grads[offset: offset + p.numel()].view_as(p)
@@ -320,6 +323,7 @@ class PipelineTrainer(BaseTrainer):
     # -- one step -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
         step, started = self._begin_step()
+        running_before = self.running.copy() if self.keep_pre_update else None
         lanes = np.array_split(self.batches(step), self.layout.lanes)
         micro = [np.array_split(lane, self.config.micro_batches) for lane in lanes]
         self.grads.zero_()
@@ -330,7 +334,9 @@ class PipelineTrainer(BaseTrainer):
                 p.grad = view
         messages, sent = self.pipe.messages, self.pipe.bytes_sent
         self.injector.into_bucket("grad", step, [n for n, _ in self.named], self.views)
+        self.running.pack(self._running_region())
         self.stage_comm.allreduce_now(self.grads)
+        self.running.unpack(self._running_region())
         self.injector.into_bucket("grad_local", step, [n for n, _ in self.named], self.views)
         self.comm.allreduce_now(stats)  # every stage's gradient is complete: the step's commit point
         for m, b in (ring_allreduce_traffic([self.grads.numel() * 4], self.stage_comm.size),
@@ -338,11 +344,17 @@ class PipelineTrainer(BaseTrainer):
             messages, sent = messages + m, sent + b
         if self.keep_pre_update:
             self.pre_update = {"step": step, **self.stage_state()}
+            # the redo runs the forward again: the running statistics go back to before this step's forward
+            self.pre_update["model"].update(zip(self.running.names, running_before))
         self.optimizer.step()
         self.step = step + 1
         self.inflight = None
         self.traffic = (messages, sent)
         self._commit(step, stats, started)
+
+    def _running_region(self) -> torch.Tensor:
+        """Where the running statistics ride in the stage's allreduce: after the gradients."""
+        return self.grads[self.grads.numel() - self.running.slots:]
 
     def _before_fault(self) -> None:
         self.pipe.wait_sends()  # the activations already sent arrive: the fault lands in the backward phase

@@ -21,7 +21,7 @@ from workbench.data import shard
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel
-from workbench.rank.data_parallel import ALARM_SLOTS, STATS_SLOTS, DataParallel, _clone_state
+from workbench.rank.data_parallel import ALARM_SLOTS, DataParallel, _clone_state
 from workbench.rank.soft_errors import Detected, Detectors, Injector
 
 
@@ -233,8 +233,7 @@ class Trainer(BaseTrainer):
         if self.detectors.active:
             if bucket.index == 0:
                 self.detectors.check_alarms(bucket.buffer[-ALARM_SLOTS:], step)
-            gradients = bucket.buffer[:-STATS_SLOTS] if bucket.index == 0 else bucket.buffer
-            self.detectors.check_reduced(gradients, bucket.names, step)
+            self.detectors.check_reduced(self.dp.gradients(bucket), bucket.names, step)
         self.injector.into_bucket("grad_local", step, bucket.names, bucket.views)
 
     def _recover_soft(self, detected: Detected) -> None:
@@ -284,6 +283,8 @@ class Trainer(BaseTrainer):
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
         step, started = self._begin_step()
+        if self.dp.snapshot_buckets:
+            self.dp.save_running()
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.x_train[indices], self.data.y_train[indices]
         self.model.train()

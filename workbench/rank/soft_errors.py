@@ -3,6 +3,9 @@
 Injection points (``flip:target=...``):
   * ``weight`` / ``optimizer``: at the start of the step, in this rank's parameter / optimizer state
     (``momentum_buffer``, ``exp_avg`` ...): this replica diverges from the others.
+  * ``buffer``: at the start of the step, in a floating-point buffer of this rank's model (batch norm's
+    ``running_mean`` / ``running_var``): used by evaluation, and in data parallel averaged into every replica's
+    at the step's update (one replica's corrupt statistics reach all of them, divided by the world size).
   * ``grad``: in the gradient bucket before its allreduce: the corrupted sum reaches every replica.
   * ``grad_local``: in the bucket after its allreduce, on this rank only: replicas diverge.
   * ``activation``: in the output of module ``tensor`` (forward hook) during the step's forward pass.
@@ -13,9 +16,9 @@ only on collective information.
     the first gradient bucket (no extra collective); gradients are checked after their allreduce, where every
     rank sees the same sum. A flipped exponent bit can leave the loss finite near 1e35: magnitudes count.
   * ``spike``: this rank's loss above ``spike_factor`` x the median of its recent losses; also an alarm slot.
-  * ``fingerprint``: every ``detect_every`` steps the replicas allgather a fingerprint of their parameters;
-    they must be bitwise equal. A strict majority re-broadcasts its parameters to the others; without one, all
-    roll back to the last verified snapshot.
+  * ``fingerprint``: every ``detect_every`` steps the replicas allgather a fingerprint of their parameters and
+    floating-point buffers; they must be bitwise equal. A strict majority re-broadcasts its parameters to the
+    others; without one, all roll back to the last verified snapshot.
 On an alarm every rank returns to the last verified in-memory snapshot (taken every ``detect_every`` steps,
 after the fingerprint agreed when that detector is on). If the same detector fires at the same step again after
 that rollback, the alarm is deterministic (the replay is bit-identical), not a transient error: the step is let
@@ -34,6 +37,7 @@ import torch
 
 from workbench.config import FaultSpec, RunConfig
 from workbench.faults.bitflip import Flip, apply_masks, width
+from workbench.rank.state import float_buffers
 
 SPIKE_MARGIN = 1.0  # nats of cross-entropy a spike must also exceed the recent median by
 
@@ -69,6 +73,7 @@ class Injector:
         self.report = report
         self.pending: list[FaultSpec] = []
         self.params = dict(model.named_parameters())
+        self.buffers = dict(float_buffers(model))
         self.modules = dict(model.named_modules())
         self._hooked: dict[str, torch.nn.Module] = {}  # module name -> the module object that carries our hook
 
@@ -76,6 +81,7 @@ class Injector:
         """Re-read the model after its modules were replaced (apoptosis shrinks layers): parameters by name, and
         the activation hooks moved to the new module objects."""
         self.params = dict(self.model.named_parameters())
+        self.buffers = dict(float_buffers(self.model))
         self.modules = dict(self.model.named_modules())
         for name in list(self._hooked):
             if name in self.modules and self.modules[name] is not self._hooked[name]:
@@ -105,6 +111,8 @@ class Injector:
         self.step_now = step
         for f in self.due("weight", step):
             self.report(f, flip_in(self.params[f.tensor], f, f.tensor, step), step)
+        for f in self.due("buffer", step):
+            self.report(f, flip_in(self.buffers[f.tensor], f, f.tensor, step), step)
         for f in self.due("optimizer", step):
             state = optimizer_state(f.tensor)
             key = next((k for k, v in state.items() if torch.is_tensor(v) and v.numel() > 1), None)
@@ -136,7 +144,7 @@ class Detectors:
         self.spike_factor = config.spike_factor
         self.every = config.detect_every
         self.model = model
-        self.params = list(model.parameters())
+        self.params = self._watched()
         self.recent: deque[float] = deque(maxlen=20)
         # steps whose alarm came back after a rollback: training is deterministic, so such an alarm is not a
         # transient soft error; those steps are let through instead of rolling back forever
@@ -148,7 +156,12 @@ class Detectors:
 
     def refresh(self) -> None:
         """Re-read the parameters after the model's layers were replaced (apoptosis)."""
-        self.params = list(self.model.parameters())
+        self.params = self._watched()
+
+    def _watched(self) -> list[torch.Tensor]:
+        """What the guard and the fingerprint look at: parameters and floating-point buffers (batch norm's
+        running statistics are state every replica must hold alike, and a flipped one can be huge)."""
+        return list(self.model.parameters()) + [b for _, b in float_buffers(self.model)]
 
     def local_alarms(self, loss: float) -> list[float]:
         """[guard, spike] alarms of this rank for this step (1.0 = alarm), sent with the gradients."""

@@ -45,6 +45,51 @@ def init_history(optimizer: Optimizer) -> None:
                 state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
+def float_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The model's floating-point buffers by name (batch norm's ``running_mean``/``running_var``): training state
+    that is not a parameter. Integer buffers (``num_batches_tracked``) advance alike on every replica."""
+    return [(name, b) for name, b in model.named_buffers() if b.is_floating_point()]
+
+
+class RunningStats:
+    """Batch norm's running statistics of one replica, packed into the tail of a buffer that is allreduced anyway
+    (gradients) with a contributor count, and set to the contributors' average afterwards: replicas stay bitwise
+    identical at no extra collective. ``slots`` is 0 for a model without floating-point buffers."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.tensors = [b for _, b in float_buffers(model)]
+        self.names = [name for name, _ in model.named_buffers()]  # every buffer: num_batches_tracked counts too
+        self.every = [b for _, b in model.named_buffers()]
+        self.numel = sum(b.numel() for b in self.tensors)
+        self.slots = self.numel + 1 if self.tensors else 0
+
+    def pack(self, region: torch.Tensor) -> None:
+        """Write this replica's statistics and one contributor into ``region`` (``slots`` values)."""
+        if self.tensors:
+            torch.cat([b.reshape(-1) for b in self.tensors], out=region[:-1])
+            region[-1] = 1.0
+
+    @torch.no_grad()
+    def unpack(self, region: torch.Tensor) -> None:
+        """Take the average from an allreduced ``region`` (its sum over the contributors, and their count)."""
+        count = region[-1].item() if self.tensors else 0.0
+        if count <= 0:
+            return  # nobody contributed (a retry among newcomers only): keep what this replica holds
+        offset = 0
+        for b in self.tensors:
+            b.copy_(region[offset: offset + b.numel()].view_as(b) / count)
+            offset += b.numel()
+
+    def copy(self) -> list[torch.Tensor]:
+        """Every buffer's value (before a forward that a rollback may undo: it also counts the batches)."""
+        return [b.detach().clone() for b in self.every]
+
+    @torch.no_grad()
+    def restore(self, saved: list[torch.Tensor]) -> None:
+        for b, value in zip(self.every, saved):
+            b.copy_(value)
+
+
 def history(optimizer: Optimizer, params: list[nn.Parameter]) -> list[torch.Tensor]:
     """The optimizer's per-element history tensors (momentum, Adam moments), in a fixed order."""
     tensors = []

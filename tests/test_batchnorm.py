@@ -1,0 +1,117 @@
+"""Batch norm's running statistics are training state: replicas keep them identical, recovery moves and restores
+them, checkpoints keep them, bit flips reach them, detectors see them — in every parallel mode."""
+
+import os
+
+import pytest
+import torch
+
+import workbench
+from workbench import checkpoint
+from workbench.errors import ConfigError
+from workbench.faults.hdf5 import alter_checkpoint
+from workbench.rank.state import RunningStats
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+MODEL = os.environ.get("WB_TEST_BN_MODEL", "resnet20")
+WORLD, STEPS, KILL = 4, 60, 30
+
+
+def final_state(result):
+    return checkpoint.load(result.summary["final_checkpoint"]).model
+
+
+def max_diff(a, b):
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, model=MODEL,
+                           out=tmp_path_factory.mktemp("bn-golden"))
+    assert result.completed and result.summary["replicas_identical"]
+    return result
+
+
+def test_running_stats_average_over_contributors_only():
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(2))
+    stats = RunningStats(model)
+    assert stats.slots == 3 + 3 + 2 + 2 + 1
+    region = torch.zeros(stats.slots)
+    stats.pack(region)
+    assert region[-1] == 1.0 and torch.equal(region[3:6], torch.ones(3))  # running_var of the first BN
+    summed = region * 2  # two contributors holding the same values ...
+    summed[0] += 4.0  # ... but the second's running_mean[0] is 4
+    stats.unpack(summed)
+    assert model[0].running_mean[0].item() == 2.0 and model[0].running_var.tolist() == [1.0, 1.0, 1.0]
+    before = stats.copy()
+    stats.unpack(torch.zeros(stats.slots))  # nobody contributed: nothing changes
+    assert all(torch.equal(a, b) for a, b in zip(before, stats.copy()))
+
+
+def test_data_parallel_replicas_keep_identical_running_statistics(golden):
+    state = final_state(golden)
+    assert golden.summary["replicas_identical"]  # the digest covers buffers
+    variances = [v for k, v in state.items() if k.endswith("running_var")]
+    assert len(variances) >= 2 and not any(torch.equal(v, torch.ones_like(v)) for v in variances)  # they moved
+    assert int(state["bn1.num_batches_tracked"]) == STEPS
+
+
+def test_rollback_with_a_replacement_is_bitwise_the_no_fault_run_buffers_included(golden, tmp_path):
+    result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, model=MODEL, strategy="rollback",
+                           regrow=True, faults=[f"kill:rank=2,step={KILL}"], out=tmp_path)
+    assert result.completed and result.summary["replicas_identical"]
+    assert result.summary["world_size_final"] == WORLD and result.failures[0]["samples_lost"] == 0
+    # the step in flight's forward moved the running statistics and counted a batch: both were undone
+    assert max_diff(final_state(result), final_state(golden)) == 0.0
+
+
+@pytest.mark.parametrize("strategy", ["shrink", "forward"])
+def test_shrink_and_forward_keep_replicas_and_buffers_identical(strategy, tmp_path):
+    result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, model=MODEL, strategy=strategy,
+                           faults=[f"kill:rank=1,step={KILL}"], out=tmp_path)
+    assert result.completed and result.summary["replicas_identical"]
+    assert result.summary["world_size_final"] == WORLD - 1
+
+
+def test_a_flipped_running_variance_spreads_to_every_replica_at_the_update(tmp_path):
+    flip = "flip:rank=1,step=20,target=buffer,tensor=bn1.running_var,index=0,bit=30"
+    result = workbench.run(world_size=2, steps=30, eval_interval=30, model=MODEL, faults=[flip], out=tmp_path)
+    assert result.completed and result.summary["flips"] == 1
+    assert result.summary["replicas_identical"]  # averaged: the corruption reached both replicas alike
+    assert final_state(result)["bn1.running_var"][0].item() > 1e30
+
+
+def test_the_guard_sees_a_flipped_buffer_and_rolls_back(tmp_path):
+    flip = "flip:rank=1,step=20,target=buffer,tensor=bn1.running_var,index=0,bit=30"
+    result = workbench.run(world_size=2, steps=30, eval_interval=30, model=MODEL, faults=[flip], detect=["guard"],
+                           detect_every=5, out=tmp_path)
+    assert result.completed and result.summary["detections"] >= 1
+    assert final_state(result)["bn1.running_var"][0].item() < 100.0
+
+
+def test_buffer_flip_names_are_checked_before_any_process_starts():
+    with pytest.raises(ConfigError, match="bn1.running_var"):
+        workbench.start(world_size=2, steps=5, model=MODEL, faults=["flip:rank=0,step=1,target=buffer,tensor=bn9.x"])
+
+
+def test_checkpoint_alteration_reaches_batch_norm_buffers(golden, tmp_path):
+    path = tmp_path / "altered.h5"
+    (flip,) = alter_checkpoint(golden.summary["final_checkpoint"], datasets=["model/bn1.running_var"], index=0,
+                               bit=30, out=path)
+    assert flip.target == "model/bn1.running_var"
+    assert checkpoint.load(path, check=False).model["bn1.running_var"][0].item() == flip.new
+    assert checkpoint.verify(path) == ["model/bn1.running_var"]  # the per-dataset checksum sees it
+
+
+@pytest.mark.parametrize("parallelism, extra", [
+    ("gossip", {}), ("pipeline", {"world_size": 2}), ("hybrid", {"pipeline_stages": 2})])
+def test_every_parallel_mode_trains_a_batch_norm_model(parallelism, extra, tmp_path):
+    result = workbench.run(**{"world_size": 4, **extra}, steps=20, eval_interval=20, model=MODEL,
+                           parallelism=parallelism, out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    state = final_state(result)
+    assert int(state["bn1.num_batches_tracked"]) >= 20
+    if parallelism == "hybrid":
+        assert result.summary["replicas_identical"]  # a stage's replicas average their running statistics
