@@ -20,13 +20,16 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from workbench.config import PARALLELISMS, STRATEGIES, RunConfig
+from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
 from workbench.errors import WorkbenchError
 from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
 from workbench.session import Run, start
 
 REFRESH_HZ = 5
+# the dataset box's suggestions; a directory goes after the colon (the box takes free text)
+DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
+                   "imagefolder:")
 MARKED = ("kill", "hang", "flip", "failure", "detected", "recovered", "generation")
 MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
 
@@ -47,10 +50,12 @@ class Lab:
         self._dirty = threading.Event()
         self._closed = False
         style = {"description_width": "110px"}
-        self.model = w.Dropdown(options=["mlp", "cnn"], value=base.model if base.model in ("mlp", "cnn") else "mlp",
-                                description="model", style=style)
-        self.dataset = w.Dropdown(options=["digits", "synthetic"], value=base.dataset
-                                  if base.dataset in ("digits", "synthetic") else "digits", description="dataset",
+        self._given = dict(defaults)  # settings the panel has no control for (width, augment, ...) are kept
+        models = list(MODELS) + ([base.model] if base.model not in MODELS else [])  # a user factory stays offered
+        self.model = w.Dropdown(options=models, value=base.model, description="model", style=style)
+        # free text: the on-disk data sets take their directory (cifar10:DIR ...), a user loader its import path
+        self.dataset = w.Combobox(options=list(DATASET_CHOICES), value=base.dataset, ensure_option=False,
+                                  placeholder="digits, synthetic_image, cifar10:DIR, ...", description="dataset",
                                   style=style)
         self.world_size = w.BoundedIntText(value=base.world_size, min=1, max=16, description="world size", style=style)
         self.parallelism = w.Dropdown(options=list(PARALLELISMS), value=base.parallelism, description="parallelism",
@@ -102,12 +107,14 @@ class Lab:
         display(self.widget)
 
     def config(self) -> RunConfig:
-        return RunConfig(model=self.model.value, dataset=self.dataset.value, world_size=self.world_size.value,
-                         parallelism=self.parallelism.value, strategy=self.strategy.value, regrow=self.regrow.value,
-                         checkpoint_every=self.checkpoint_every.value
-                         if self.strategy.value in ("checkpoint_restart", "reinit", "torchrun") else None,
-                         detect=list(self.detect.value), steps=self.steps.value, seed=self.seed.value,
-                         eval_interval=max(1, min(25, self.steps.value // 10)))
+        return RunConfig.from_dict({
+            **self._given, "model": self.model.value, "dataset": self.dataset.value.strip(),
+            "world_size": self.world_size.value, "parallelism": self.parallelism.value,
+            "strategy": self.strategy.value, "regrow": self.regrow.value,
+            "checkpoint_every": self.checkpoint_every.value
+            if self.strategy.value in ("checkpoint_restart", "reinit", "torchrun") else None,
+            "detect": list(self.detect.value), "steps": self.steps.value, "seed": self.seed.value,
+            "eval_interval": max(1, min(25, self.steps.value // 10))})
 
     def _offer_flip_tensors(self) -> None:
         """The tensor dropdown lists buffers (batch norm's running statistics) for target=buffer, else parameters."""
