@@ -75,6 +75,9 @@ def test_hybrid_shrinks_a_stage_replica_and_regrows_it_without_losing_a_sample(h
     assert failure["samples_lost"] == 0 and result.summary["world_size_final"] == 4
     assert result.summary["replicas_identical"]  # each stage's replicas agree bitwise
     assert any(e["kind"] == "spare" for e in result.events)
+    # the replacement received its stage only (parameters and momentum as raw buffers), not the whole model
+    whole = 2 * 4 * sum(t.numel() for t in final_weights(result).values())
+    assert 0 < failure["bytes_moved"] < whole
     # the failed step was redone by the survivors: the same training as without the fault, up to summation order
     assert max_diff(final_weights(result), final_weights(hybrid_golden)) < 1e-5
 

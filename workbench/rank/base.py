@@ -125,6 +125,25 @@ class BaseTrainer:
     def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
         return self.optimizer.state.get(dict(self.named)[name], {})
 
+    def _named_state(self) -> list[tuple[str, torch.Tensor]]:
+        """This rank's training state as named live tensors (what a generation change compares and moves): the
+        model's state dict (buffers included) and the optimizer's per-parameter tensors."""
+        named = [(f"model/{k}", v) for k, v in self.model.state_dict().items()]
+        for name, param in self.named:
+            state = self.optimizer.state.get(param, {})
+            named += [(f"optim/{name}/{key}", v) for key, v in sorted(state.items()) if torch.is_tensor(v)]
+        return named
+
+    def _place(self, header: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A receiver takes the source's state into its own tensors (these modes' shapes never change; the
+        optimizer's history exists from step 0: ``state.init_history``)."""
+        own = dict(self._named_state())
+        for name, shape, dtype in header["tensors"]:
+            tensor = own.get(name)
+            if tensor is None or list(tensor.shape) != shape or str(tensor.dtype).removeprefix("torch.") != dtype:
+                raise RuntimeError(f"state transfer: {name} {shape} {dtype} does not fit this rank's state")
+        return own
+
     def _local_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """(model state, optimizer state per parameter name) of what this rank holds, cloned."""
         return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},

@@ -66,6 +66,7 @@ class Comm:
         self._abandoned: list[Any] = []  # old groups, kept alive on purpose (see module docstring)
         self._links: dict[str, Comm] = {}  # two-member groups of this generation (see link())
         self._syncs = 0  # state transfers of this generation (each names its group, see transfer.move)
+        self.path = ""  # a subgroup's name under its generation: its own subgroups are keyed below it
 
     def join(self, assignment: dict[str, Any]) -> None:
         """Build the group of ``assignment['gen']``, blocking until all its members have joined.
@@ -92,8 +93,8 @@ class Comm:
         ``gen{g}/{name}``; it waits and notices new generations exactly like this one. Every member of the
         subgroup must call this with the same ``name`` and ``size``."""
         sub = Comm(self.store, self.channel, self.op_timeout)
-        sub.gen, sub.rank, sub.size = self.gen, rank, size
-        sub.group = self._build(f"gen{self.gen}/{name}", rank, size) if size > 1 else None
+        sub.gen, sub.rank, sub.size, sub.path = self.gen, rank, size, f"{self.path}{name}/"
+        sub.group = self._build(f"gen{self.gen}/{self.path}{name}", rank, size) if size > 1 else None
         self._abandoned.append(sub)
         return sub
 

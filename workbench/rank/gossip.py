@@ -146,14 +146,6 @@ class GossipTrainer(BaseTrainer):
             tensor.copy_(flat[offset: offset + tensor.numel()].view_as(tensor))
             offset += tensor.numel()
 
-    def _named_state(self) -> list[tuple[str, torch.Tensor]]:
-        """This replica's training state as named live tensors (what a generation change compares and moves)."""
-        named = [(f"model/{k}", v) for k, v in self.model.state_dict().items()]
-        for name, param in self.named:
-            state = self.optimizer.state.get(param, {})
-            named += [(f"optim/{name}/{key}", v) for key, v in sorted(state.items()) if torch.is_tensor(v)]
-        return named
-
     def _take_memory_snapshot(self) -> dict[str, Any]:
         return {"step": self.step, "named": [(n, t.detach().clone()) for n, t in self._named_state()]}
 
@@ -163,15 +155,6 @@ class GossipTrainer(BaseTrainer):
         for name, saved in snapshot["named"]:
             own[name].copy_(saved)
         self.step = int(snapshot["step"])
-
-    def _place(self, header: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A receiver takes the source's state into its own tensors (a gossip replica's shapes never change)."""
-        own = dict(self._named_state())
-        for name, shape, dtype in header["tensors"]:
-            tensor = own.get(name)
-            if tensor is None or list(tensor.shape) != shape or str(tensor.dtype).removeprefix("torch.") != dtype:
-                raise RuntimeError(f"gossip state transfer: {name} {shape} {dtype} does not fit this replica")
-        return own
 
     def _settle(self, source: int | None, score: int, newcomers_only: bool) -> int:
         """Agree (one small allreduce) and move the source's state to the members that need it; returns the

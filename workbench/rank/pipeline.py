@@ -46,6 +46,7 @@ from torch import nn
 from workbench.config import FaultSpec, RunConfig
 from workbench.models import split_stages, stage_module
 from workbench.rank import state as st
+from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.data_parallel import ring_allreduce_traffic
@@ -216,6 +217,7 @@ class PipelineTrainer(BaseTrainer):
         self.model = stage_module(self.full_model, self.stage_names[stage])
         self.full_model = None
         self._own_optimizer()
+        st.init_history(self.optimizer)  # the same tensors on every replica from step 0: a transfer fills them
         numel = sum(p.numel() for p in self.params)
         # hybrid: a stage's replicas also average batch norm's running statistics, riding after the gradients
         # with a contributor count (as in data parallel); each replica's forward saw other lanes
@@ -261,6 +263,7 @@ class PipelineTrainer(BaseTrainer):
     def join(self, a: dict[str, Any]) -> None:
         started = time.monotonic()
         recovery = a.get("recovery")
+        self.bytes_in = 0
         self._take_stage(self.config.stage_of(a["members"][a["rank"]]))
         self.injector.set(self._stage_faults(self._set_faults(a)))
         self.comm.join(a)
@@ -289,7 +292,7 @@ class PipelineTrainer(BaseTrainer):
         if self.config.strategy == "reinit" and a["gen"] == 0:
             self._snapshot_in_memory()  # the initial state is the first snapshot to return to
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started}
+                                  "sync_s": time.monotonic() - started, "bytes_in": self.bytes_in}
         if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=False)
         self.channel.send(report)
@@ -314,11 +317,13 @@ class PipelineTrainer(BaseTrainer):
         if not holders:
             raise CommError(f"stage {self.layout.stage} has no replica with its layers left")
         if len(holders) < len(members):
-            source = holders[0]
-            payload = st.to_bytes(self.stage_state()) if self.stage_comm.rank == source else None
-            received = self.stage_comm.broadcast_bytes(payload, source)
-            if not self.trained:
-                self.load_stage_state(st.from_bytes(received))
+            # raw tensor buffers from one replica to the stage's replacements only (transfer.move)
+            rows = [[int(trained[position]), target, 0, 0] for position in members]
+            receivers = [i for i, position in enumerate(members) if not trained[position]]
+            source = self.stage_comm.rank == holders[0]
+            _, self.bytes_in = transfer.move(self.stage_comm, transfer.Agreement(rows, holders[0]),
+                                             self._named_state() if source else None, {} if source else None,
+                                             self._place, receivers)
 
     # -- one step -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
