@@ -14,19 +14,17 @@ import select
 import selectors
 import socket
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from workbench.errors import RunStartError
 from workbench.protocol import LineDecoder, encode
 from workbench.supervisor.launcher import Worker
+from workbench.supervisor.store import StoreServer
 
 
-def open_store(host: str, port: int, timeout: float) -> tuple[Any, socket.socket]:
-    """The run's ``TCPStore`` (gloo's rendezvous), listening on ``host:port`` (0: a free port) through a socket
-    bound here, so it listens on that address only (torch's own binds every interface)."""
-    import torch.distributed as dist
-
+def open_store(host: str, port: int) -> tuple[StoreServer, socket.socket]:
+    """The run's rendezvous store (:mod:`.store`: torch ``TCPStore`` clients, gloo's rendezvous), listening on
+    ``host:port`` (0: a free port) only."""
     listen = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -36,9 +34,7 @@ def open_store(host: str, port: int, timeout: float) -> tuple[Any, socket.socket
         raise RunStartError(f"cannot listen on {host}:{port} ({exc.strerror}): choose another --store-port, or "
                             "a --bind address of this machine") from None
     listen.listen(256)
-    store = dist.TCPStore(host, listen.getsockname()[1], is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout), master_listen_fd=listen.fileno())
-    return store, listen
+    return StoreServer(listen), listen
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.session.Run`.
 
-Protocol (DESIGN §3). The supervisor hosts the ``TCPStore`` (bound to 127.0.0.1 unless a hosts file names this
-machine's address) that the ranks' gloo groups rendezvous through, and the control server through which every
-rank says hello, heartbeats and reports steps. Membership is a numbered generation: the supervisor decides who
-is in generation ``g`` and which member's state is authoritative (``source``) and tells each member; ranks
-build their group under the store prefix ``gen{g}`` and settle their state (:mod:`workbench.rank.transfer`).
+Protocol (DESIGN §3). The supervisor hosts the store (:mod:`.store`, a server for torch ``TCPStore`` clients,
+bound to 127.0.0.1 unless a hosts file names this machine's address) that the ranks' gloo groups rendezvous
+through, and the control server through which every rank says hello, heartbeats and reports steps. Membership
+is a numbered generation: the supervisor decides who is in generation ``g`` and which member's state is
+authoritative (``source``) and tells each member; ranks build their group under the store prefix ``gen{g}``
+and settle their state (:mod:`workbench.rank.transfer`).
 
 This module only wires the rooms together: :mod:`.membership` decides (a pure state machine), :mod:`.launcher`
 starts and stops processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the planned faults,
@@ -126,7 +127,7 @@ class Supervisor:
                                     keep_checkpoint=self.out_dir is not None)
 
     def _start(self) -> None:
-        self.store, self._store_socket = open_store(self.host, self.config.store_port, self.config.startup_timeout)
+        self.store, self._store_socket = open_store(self.host, self.config.store_port)
         listen = self._store_socket
         self.control = ControlServer(self.host, listen.family)
         self.store.set(CONTROL_KEY, self.control.address)
@@ -389,6 +390,8 @@ class Supervisor:
                     w.conn.close()
         if self.control is not None:
             self.control.close()
+        if getattr(self, "store", None) is not None:
+            self.store.close()
         if getattr(self, "_store_socket", None) is not None:
             self._store_socket.close()
         self.store = None
