@@ -23,9 +23,15 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--lr", "lr", float, "learning rate"),
     ("--optimizer", "optimizer", str, "sgd or adam"),
     ("--hidden", "hidden", lambda text: [int(w) for w in text.split(",")], "MLP hidden widths, e.g. 128,64"),
-    ("--model", "model", str, "mlp, cnn, or package.module:callable returning an nn.Module"),
-    ("--dataset", "dataset", str, "digits, synthetic, or package.module:callable"),
-    ("--synthetic-size", "synthetic_size", int, "training samples of the synthetic dataset"),
+    ("--model", "model", str, "mlp, cnn, lenet5, alexnet, vgg11, resnet20, resnet18, or package.module:callable "
+     "returning an nn.Module"),
+    ("--width", "width", float, "vgg11, alexnet: multiplier of every convolution's channels (0 < width <= 4)"),
+    ("--dataset", "dataset", str, "digits, synthetic, synthetic_image (3x32x32, 10 classes), files on disk: "
+     "cifar10:DIR, cifar100:DIR (CIFAR binary version), mnist:DIR, fashion_mnist:DIR (IDX files, .gz or not), "
+     "imagefolder:DIR (class/*.png), or package.module:callable"),
+    ("--synthetic-size", "synthetic_size", int, "training samples of synthetic and synthetic_image"),
+    ("--augment", "augment", str, "image datasets: none or crop_flip (4-pixel padded random crop + horizontal flip, "
+     "decided per seed, step and sample: the same whatever the world size)"),
     ("--seed", "seed", int, "seed of model initialisation and data order"),
     ("--strategy", "strategy", str, "recovery: none, checkpoint_restart, shrink, rollback, forward, reinit; peers: "
      "torchft, torchrun"),
@@ -46,6 +52,8 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--parallelism", "parallelism", str, "data, pipeline (a stage per rank), gossip (GossipGraD), hybrid"),
     ("--micro-batches", "micro_batches", int, "pipeline/hybrid: micro-batches per step (GPipe)"),
     ("--pipeline-stages", "pipeline_stages", int, "hybrid: number of stages, each replicated over world/stages ranks"),
+    ("--stage-cuts", "stage_cuts", lambda text: [int(c) for c in text.split(",")], "pipeline/hybrid: index of the "
+     "top-level module each stage after the first starts at, e.g. 5,11 (default: balanced by measured time)"),
     ("--shuffle", "shuffle", str, "gossip: ring (samples move between neighbours) or none"),
     ("--consensus-every", "consensus_every", int, "gossip: steps between consensus-distance measurements"),
     ("--apoptosis", "apoptosis", str, "adaptive neuron apoptosis: on, off, or tol=T,window=W,delta=D[,grow=,shrink=,"

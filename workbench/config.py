@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from workbench.callables import IMPORT_PATH, resolve_callable
+from workbench.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 from workbench.errors import ConfigError
 from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
 
-__all__ = ["DATASETS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS", "MAX_WORLD_SIZE", "MODELS",
-           "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES", "SHUFFLES", "STRATEGIES",
-           "FaultSpec", "RandomFailures", "RunConfig", "parse_fault", "resolve_callable"]
+__all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
+           "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
+           "SHUFFLES", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig", "parse_fault", "resolve_callable"]
 
-MODELS = ("mlp", "cnn")
-DATASETS = ("digits", "synthetic")
+MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/architectures.py
 OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", "torchft", "torchrun")
 REGROW_STRATEGIES = ("shrink", "rollback", "forward")
@@ -58,8 +58,10 @@ class RunConfig:
     momentum: float = 0.9
     model: str = "mlp"
     hidden: list[int] = field(default_factory=lambda: [128, 64])  # widths of the MLP's hidden layers
-    dataset: str = "digits"
-    synthetic_size: int = 4096
+    width: float = 1.0  # vgg11, alexnet: multiplier of every convolution's channels
+    dataset: str = "digits"  # a DATASETS name, a DATASET_FORMS directory (cifar10:DIR, ...), or an import path
+    synthetic_size: int = 4096  # training samples of synthetic and synthetic_image
+    augment: str = "none"  # image datasets: "crop_flip" (padded random crop + flip, per seed, step and sample)
     seed: int = 0
     strategy: str = "none"
     regrow: bool = False
@@ -76,6 +78,7 @@ class RunConfig:
     parallelism: str = "data"  # data, pipeline (one stage per rank), gossip (GossipGraD), hybrid (stages x replicas)
     micro_batches: int = 4  # pipeline/hybrid: micro-batches per step (GPipe)
     pipeline_stages: int | None = None  # hybrid: number of stages (default 2); pipeline: world_size
+    stage_cuts: list[int] | None = None  # pipeline/hybrid: first module of stages 1..; None: measured at the start
     gossip_sync: bool = False  # gossip: blocking exchange after the update instead of overlapping the step
     shuffle: str = "ring"  # gossip: ring sample shuffle between neighbours, or none (fixed local partitions)
     consensus_every: int = 1  # gossip: steps between measurements of the consensus distance (a measurement only)
@@ -100,9 +103,8 @@ class RunConfig:
         _int_in("steps", self.steps, 1, 10_000_000)
         _int_in("batch_size", self.batch_size, 1, 1_000_000)
         if self.batch_size < self.world_size:
-            raise ConfigError(
-                "batch_size", f"{self.batch_size} is smaller than world_size={self.world_size}: "
-                "the global batch is split over the ranks and each needs at least one sample")
+            raise ConfigError("batch_size", f"{self.batch_size} is smaller than world_size={self.world_size}: the "
+                              "global batch is split over the ranks and each needs at least one sample")
         _positive("lr", self.lr)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
@@ -112,8 +114,9 @@ class RunConfig:
         if not (isinstance(self.hidden, list) and self.hidden
                 and all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 65536 for h in self.hidden)):
             raise ConfigError("hidden", f"{self.hidden!r} must be a non-empty list of layer widths 1..65536")
-        _choice_or_import("dataset", self.dataset, DATASETS)
-        _int_in("synthetic_size", self.synthetic_size, 16, 100_000_000)
+        if not (isinstance(self.width, (int, float)) and not isinstance(self.width, bool) and 0 < self.width <= 4):
+            raise ConfigError("width", f"{self.width!r} is out of range: allowed numbers in (0, 4]")
+        self.dataset = check_dataset(self.dataset, self.augment, self.synthetic_size)  # workbench/dataset_files.py
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("spawn", self.spawn, ("template", "fresh"))
@@ -152,10 +155,8 @@ class RunConfig:
                                   "(resume_verify=False / --no-verify resumes from it anyway)")
         self._check_parallelism()
         self._check_apoptosis()
-        _positive("bucket_cap_mb", self.bucket_cap_mb)
-        _positive("heartbeat_timeout", self.heartbeat_timeout)
-        _positive("startup_timeout", self.startup_timeout)
-        _positive("op_timeout", self.op_timeout)
+        for name in ("bucket_cap_mb", "heartbeat_timeout", "startup_timeout", "op_timeout"):
+            _positive(name, getattr(self, name))
         self._check_hosts()
         self._check_peer()
         self.faults = [self._resolve_stage(f) for f in self.faults]
@@ -163,9 +164,8 @@ class RunConfig:
             if isinstance(fault, RandomFailures):
                 continue
             if fault.rank >= self.world_size:
-                raise ConfigError(
-                    "fault", f"{fault} targets rank {fault.rank} but world_size={self.world_size} "
-                    f"has ranks 0..{self.world_size - 1}")
+                raise ConfigError("fault", f"{fault} targets rank {fault.rank} but world_size={self.world_size} "
+                                  f"has ranks 0..{self.world_size - 1}")
             if fault.step is not None and fault.step >= self.steps:
                 raise ConfigError("fault", f"{fault} is at step {fault.step} but the run has steps 0..{self.steps - 1}")
 
@@ -203,6 +203,7 @@ class RunConfig:
                 raise ConfigError("micro_batches", f"{self.micro_batches} micro-batches do not fit the "
                                   f"{lane} samples each pipeline gets (batch_size {self.batch_size} / "
                                   f"{self.replicas} replicas)")
+        self._check_stage_cuts()
         allowed = PARALLEL_STRATEGIES[mode]
         if self.strategy not in allowed:
             why = {"pipeline": "a dead stage cannot be shrunk away or rolled back: no other rank holds its layers",
@@ -213,6 +214,17 @@ class RunConfig:
         if mode != "data" and self.detect:
             raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
                               "takes bit flips without detectors (outcomes are classified against a golden run)")
+
+    def _check_stage_cuts(self) -> None:
+        """User-given cuts: their count and order here, their range against the model at the start (check_model)."""
+        cuts, n = self.stage_cuts, self.pipeline_stages
+        if cuts is not None and self.parallelism not in ("pipeline", "hybrid"):
+            raise ConfigError("stage_cuts", f"applies to parallelism 'hybrid' or 'pipeline', not {self.parallelism!r}")
+        if cuts is not None and not (isinstance(cuts, (list, tuple)) and len(cuts) == n - 1 and all(
+                type(c) is int for c in cuts) and all(a < b for a, b in zip([0, *cuts], cuts))):
+            raise ConfigError("stage_cuts", f"{cuts!r} must be {n - 1} increasing module indices > 0: where stages "
+                              f"1..{n - 1} of {n} start")
+        self.stage_cuts = None if cuts is None else list(cuts)
 
     def _check_peer(self) -> None:
         """The peers run the same model and data with their own machinery: only what they have applies."""

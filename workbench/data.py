@@ -4,45 +4,46 @@ The batch sequence depends only on the seed and the step, never on the world siz
 global batch ``batch_indices(s)``, which the live ranks split between them (``shard``). A run that loses or
 regains ranks therefore still walks the same data in the same order, and a restart from a checkpoint at step
 ``s`` resumes it exactly (the data cursor is the step).
+
+:class:`Dataset` and the image datasets (uint8 storage, normalisation and augmentation in
+:meth:`Dataset.train_batch`, the on-disk formats) live in :mod:`workbench.datasets`; ``workbench.data.Dataset``
+is the same class.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from workbench.config import RunConfig, resolve_callable
+from workbench.dataset_files import is_file_dataset
+from workbench.datasets import Dataset, load_file_dataset, synthetic_image
 from workbench.errors import ConfigError
 
 _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
 DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
 
 
-@dataclass
-class Dataset:
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
-
-    @property
-    def num_classes(self) -> int:
-        return int(max(self.y_train.max().item(), self.y_test.max().item())) + 1
-
-
 def load_dataset(config: RunConfig) -> Dataset:
+    """The run's dataset, with its augmentation setting; image datasets (``synthetic_image``, ``cifar10:DIR``,
+    ...: :mod:`workbench.datasets`) keep uint8 images and normalise them in :meth:`Dataset.train_batch`."""
     if config.dataset == "digits":
-        return digits()
-    if config.dataset == "synthetic":
-        return synthetic(config.synthetic_size)
-    return _user_dataset(config.dataset)
+        data = digits()
+    elif config.dataset == "synthetic":
+        data = synthetic(config.synthetic_size)
+    elif config.dataset == "synthetic_image":
+        data = synthetic_image(config.synthetic_size)
+    elif is_file_dataset(config.dataset):
+        data = load_file_dataset(config.dataset)
+    else:
+        data = _user_dataset(config.dataset)
+    if config.augment != "none" and len(data.input_shape) != 3:
+        raise ConfigError("augment", f"{config.augment!r} needs (C, H, W) images; {config.dataset!r} gives samples of "
+                          f"shape {data.input_shape}")
+    data.augment, data.seed = config.augment, config.seed
+    return data
 
 
 def digits() -> Dataset:

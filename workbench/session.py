@@ -28,7 +28,8 @@ Listener = Callable[[str, dict[str, Any]], None]
 
 # settings whose default follows from others: re-derived when one of those is overridden
 _DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
-            "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",)}
+            "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
+            "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
 
 
 def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:
@@ -142,12 +143,16 @@ class Run:
 
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
           on_event: Listener | None = None, **overrides: Any) -> Run:
-    """Validate the configuration (errors before any process starts) and start the run in the background."""
-    from workbench.faults.targets import check_flip_targets, check_model
-
+    """Validate the configuration (errors before any process starts) and start the run in the background.
+    Pipeline and hybrid runs get their ``stage_cuts`` here (measured once, the same for every rank)."""
     config = _as_config(config, overrides)
-    check_model(config)
-    check_flip_targets(config, [f for f in config.faults if getattr(f, "kind", None) == "flip"])
+    flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
+    if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
+        # these checks build the model (torch); a run that needs none leaves this process without torch
+        from workbench.faults.targets import check_flip_targets, check_model
+
+        config = check_model(config)
+        check_flip_targets(config, flips)
     return Run(config, out=out, on_event=on_event)
 
 

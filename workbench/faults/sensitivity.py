@@ -55,7 +55,8 @@ class LocalResume:
             for step in range(self.base.step, self.base.step + steps):
                 idx = torch.from_numpy(self.batches(step))
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(model(self.data.x_train[idx]), self.data.y_train[idx])
+                x, y = self.data.train_batch(idx, step)
+                loss = F.cross_entropy(model(x), y)
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.item())

@@ -42,7 +42,7 @@ class PeerRank:
 
     def batch(self, step: int, label: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = shard(self.batches(step), label, self.config.world_size)
-        return self.data.x_train[idx], self.data.y_train[idx]
+        return self.data.train_batch(idx, step)
 
     def fault_point(self, step: int) -> None:
         """A planned kill/hang of this step fires here: after the gradient exchange, before the update."""

@@ -246,7 +246,7 @@ class GossipTrainer(BaseTrainer):
         self._fault_point()  # a planned fault lands with this step's exchange under way
 
         indices = torch.from_numpy(batch)
-        x, y = self.data.x_train[indices], self.data.y_train[indices]
+        x, y = self.data.train_batch(indices, step)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
         out = self.model(x)

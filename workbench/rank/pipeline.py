@@ -1,11 +1,11 @@
 """Model-parallel pipeline (GPipe) and hybrid parallelism: stages of the model on different ranks.
 
-Layout. The model (an ``nn.Sequential``) is split into ``S`` contiguous stages balanced by parameters
-(:func:`workbench.models.split_stages`). Rank number ``k`` holds stage ``k // R`` where ``R`` is the number of
-replicas per stage (1 for ``pipeline``, ``world/S`` for ``hybrid``). The global batch is split into ``R``
-lanes, each lane into ``M`` micro-batches; lane ``l`` of stage ``s`` is computed by the stage's member
-``l mod n_s`` (``n_s`` = the stage's live members), so when a replica dies its lanes move to the others and no
-sample is dropped.
+Layout. The model (an ``nn.Sequential``) is split into ``S`` contiguous stages at ``config.stage_cuts``, the cut
+the run's start balanced by measured forward+backward time (:func:`workbench.models.run_stages`). Rank number
+``k`` holds stage ``k // R`` where ``R`` is the number of replicas per stage (1 for ``pipeline``, ``world/S``
+for ``hybrid``). The global batch is split into ``R`` lanes, each lane into ``M`` micro-batches; lane ``l`` of
+stage ``s`` is computed by the stage's member ``l mod n_s`` (``n_s`` = the stage's live members), so when a
+replica dies its lanes move to the others and no sample is dropped.
 
 Protocol of one step (GPipe: all forwards, then all backwards, then one synchronous update):
   1. forward: for each micro-batch, for each lane this member computes: receive the activation from the
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import FaultSpec, RunConfig
-from workbench.models import split_stages, stage_module
+from workbench.models import run_stages, stage_module
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
@@ -198,8 +198,8 @@ def boundary_shapes(model: nn.Module, stages: list[list[str]], sample: torch.Ten
 class PipelineTrainer(BaseTrainer):
     def __init__(self, config: RunConfig, channel: Any, store: dist.Store, checkpoint_dir: Any) -> None:
         super().__init__(config, channel, store, checkpoint_dir)
-        self.stage_names = split_stages(self.model, config.pipeline_stages)
-        self.shapes = boundary_shapes(self.model, self.stage_names, self.data.x_train)
+        self.stage_names = run_stages(self.model, config)  # the same cut on every rank: config.stage_cuts
+        self.shapes = boundary_shapes(self.model, self.stage_names, self.data.train_batch([0], 0)[0])
         self.full_model = self.model
         self.stage_index: int | None = None  # known once the first generation says which rank this is
         self.layout: Layout | None = None
@@ -329,10 +329,12 @@ class PipelineTrainer(BaseTrainer):
     def train_step(self) -> None:
         step, started = self._begin_step()
         running_before = self.running.copy() if self.keep_pre_update else None
-        lanes = np.array_split(self.batches(step), self.layout.lanes)
+        batch = self.batches(step)
+        x, y = self.data.train_batch(batch, step)  # the global batch; micro-batches index into it
+        lanes = np.array_split(np.arange(len(batch)), self.layout.lanes)
         micro = [np.array_split(lane, self.config.micro_batches) for lane in lanes]
         self.grads.zero_()
-        stats = self.pipe.forward_backward(self.data.x_train, self.data.y_train, micro, 1.0 / self.config.batch_size)
+        stats = self.pipe.forward_backward(x, y, micro, 1.0 / self.config.batch_size)
         for p, view in zip(self.params, self.views):
             if p.grad is not view:  # autograd replaced the gradient tensor: bring it back into the flat buffer
                 view.copy_(p.grad)

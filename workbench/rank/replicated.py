@@ -286,7 +286,7 @@ class Trainer(BaseTrainer):
         if self.dp.snapshot_buckets:
             self.dp.save_running()
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
-        x, y = self.data.x_train[indices], self.data.y_train[indices]
+        x, y = self.data.train_batch(indices, step)
         self.model.train()
         out = self.model(x)
         loss_sum = F.cross_entropy(out, y, reduction="sum")
