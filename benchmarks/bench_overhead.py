@@ -2,7 +2,12 @@
 
 Both sides time the same thing on rank 0: from taking the step's shard to the end of the optimizer step
 (forward, backward, gradient allreduce, update). Rounds alternate DDP and workbench so machine noise hits both.
-Prints one JSON line. Usage: python benchmarks/bench_overhead.py [--world-size 2] [--steps 400] [--rounds 2]
+DDP runs with its defaults (``broadcast_buffers=True``: rank 0's batch-norm buffers are broadcast before every
+forward); the workbench averages them inside its first gradient bucket (docs: Parallel modes).
+
+Prints one JSON line: per model, its parameters and both median step times and their ratio.
+Usage: python benchmarks/bench_overhead.py [--model mlp resnet20 ...] [--dataset synthetic_image]
+       [--batch-size 128] [--world-size 2] [--steps 400] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -80,20 +85,28 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--model", nargs="+", default=["mlp"], help="one or more models, each measured alike")
+    parser.add_argument("--dataset", default="digits", help="e.g. synthetic_image (CIFAR-shaped) for the CNNs")
+    parser.add_argument("--batch-size", type=int, default=64, help="the global batch")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    config = RunConfig(world_size=args.world_size, steps=args.steps, model=args.model, eval_interval=args.steps)
-    ddp, ours = [], []
-    for _ in range(args.rounds):
-        ddp += ddp_step_times(config)
-        ours += workbench_step_times(config)
-    ddp_median, ours_median = statistics.median(ddp), statistics.median(ours)
-    print(json.dumps({
-        "benchmark": "overhead", "model": args.model, "world_size": args.world_size, "steps": args.steps,
-        "rounds": args.rounds, "ddp_median_step_ms": round(ddp_median * 1e3, 3),
-        "workbench_median_step_ms": round(ours_median * 1e3, 3), "ratio": round(ours_median / ddp_median, 3),
-    }))
+    rows = []
+    for model in args.model:
+        config = RunConfig(world_size=args.world_size, steps=args.steps, model=model, dataset=args.dataset,
+                           batch_size=args.batch_size, eval_interval=args.steps)
+        data = load_dataset(config)
+        parameters = sum(p.numel() for p in build_model(config, data.input_shape, data.num_classes).parameters())
+        ddp, ours = [], []
+        for _ in range(args.rounds):
+            ddp += ddp_step_times(config)
+            ours += workbench_step_times(config)
+        ddp_median, ours_median = statistics.median(ddp), statistics.median(ours)
+        rows.append({"model": model, "parameters": parameters, "ddp_median_step_ms": round(ddp_median * 1e3, 3),
+                     "workbench_median_step_ms": round(ours_median * 1e3, 3),
+                     "ratio": round(ours_median / ddp_median, 3)})
+        print(f"[overhead] {rows[-1]}", file=sys.stderr, flush=True)
+    print(json.dumps({"benchmark": "overhead", "dataset": args.dataset, "batch_size": args.batch_size,
+                      "world_size": args.world_size, "steps": args.steps, "rounds": args.rounds, "models": rows}))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 them, checkpoints keep them, bit flips reach them, detectors see them — in every parallel mode."""
 
 import os
+import struct
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 import workbench
 from workbench import checkpoint
 from workbench.errors import ConfigError
+from workbench.faults import bit_sensitivity
 from workbench.faults.hdf5 import alter_checkpoint
 from workbench.rank.state import RunningStats
 
@@ -24,6 +26,12 @@ def final_state(result):
 
 def max_diff(a, b):
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def ieee_flip(value, bit):
+    """The float32 ``value`` with bit ``bit`` (LSB-0) flipped, computed independently of the workbench."""
+    (word,) = struct.unpack("<I", struct.pack("<f", value))
+    return struct.unpack("<f", struct.pack("<I", word ^ (1 << bit)))[0]
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +87,9 @@ def test_a_flipped_running_variance_spreads_to_every_replica_at_the_update(tmp_p
     flip = "flip:rank=1,step=20,target=buffer,tensor=bn1.running_var,index=0,bit=30"
     result = workbench.run(world_size=2, steps=30, eval_interval=30, model=MODEL, faults=[flip], out=tmp_path)
     assert result.completed and result.summary["flips"] == 1
+    (event,) = [e for e in result.events if e["kind"] == "flip"]
+    old, new = (float(v) for v in event["detail"].split(": ")[1].split(" -> "))
+    assert new == ieee_flip(old, 30), event["detail"]  # an exact IEEE flip of the exponent's top bit
     assert result.summary["replicas_identical"]  # averaged: the corruption reached both replicas alike
     assert final_state(result)["bn1.running_var"][0].item() > 1e30
 
@@ -100,13 +111,13 @@ def test_checkpoint_alteration_reaches_batch_norm_buffers(golden, tmp_path):
     path = tmp_path / "altered.h5"
     (flip,) = alter_checkpoint(golden.summary["final_checkpoint"], datasets=["model/bn1.running_var"], index=0,
                                bit=30, out=path)
-    assert flip.target == "model/bn1.running_var"
+    assert flip.target == "model/bn1.running_var" and flip.new == ieee_flip(flip.old, 30)
     assert checkpoint.load(path, check=False).model["bn1.running_var"][0].item() == flip.new
     assert checkpoint.verify(path) == ["model/bn1.running_var"]  # the per-dataset checksum sees it
 
 
 @pytest.mark.parametrize("parallelism, extra", [
-    ("gossip", {}), ("pipeline", {"world_size": 2}), ("hybrid", {"pipeline_stages": 2})])
+    ("gossip", {}), ("pipeline", {"world_size": 2}), ("pipeline", {}), ("hybrid", {"pipeline_stages": 2})])
 def test_every_parallel_mode_trains_a_batch_norm_model(parallelism, extra, tmp_path):
     result = workbench.run(**{"world_size": 4, **extra}, steps=20, eval_interval=20, model=MODEL,
                            parallelism=parallelism, out=tmp_path)
@@ -115,3 +126,13 @@ def test_every_parallel_mode_trains_a_batch_norm_model(parallelism, extra, tmp_p
     assert int(state["bn1.num_batches_tracked"]) >= 20
     if parallelism == "hybrid":
         assert result.summary["replicas_identical"]  # a stage's replicas average their running statistics
+
+
+def test_the_sensitivity_tools_flip_buffers_and_evaluate_with_them(golden):
+    frame = bit_sensitivity(golden.summary["final_checkpoint"], bits=[30, 0], trials=2, steps=2,
+                            datasets=["bn1.running_var"], seed=1)
+    assert set(frame.dataset) == {"bn1.running_var"} and len(frame) == 4
+    assert all(row.new == ieee_flip(row.old, row.bit) for row in frame.itertuples())
+    # evaluation uses the running statistics: a variance blown up by 2**128 silences its channel
+    assert set(frame[frame.bit == 30].outcome) <= {"masked", "degraded", "nonfinite"}
+    assert (frame[frame.bit == 0].outcome == "masked").all()  # a mantissa LSB changes nothing that shows

@@ -157,6 +157,36 @@ def test_pipeline_gradients_equal_the_single_process_model(parallelism, world, s
     assert seen == {n for n, _ in reference.named_parameters()}
 
 
+@pytest.mark.parametrize("parallelism,world,stages", [("pipeline", 2, None), ("pipeline", 4, None),
+                                                      ("hybrid", 4, 2)])
+def test_with_batch_norm_pipeline_gradients_equal_the_model_run_micro_batch_by_micro_batch(parallelism, world,
+                                                                                            stages):
+    """GPipe with batch norm: each micro-batch is normalised with its own statistics, so the pipeline's gradient is
+    the single-process model's accumulated over the same micro-batches (each loss / global batch), not the
+    whole-batch gradient."""
+    from workbench.architectures import resnet20
+
+    torch.manual_seed(0)
+    model = resnet20((3, 8, 8), 10)
+    x, y = torch.randn(24, 3, 8, 8), torch.randint(0, 10, (24,))
+    config = RunConfig(world_size=world, parallelism=parallelism, pipeline_stages=stages, batch_size=24,
+                       micro_batches=3)
+    micro = [m for lane in np.array_split(np.arange(24), config.replicas) for m in np.array_split(lane, 3)]
+    by_micro, whole = copy.deepcopy(model), copy.deepcopy(model)
+    for index in micro:
+        (F.cross_entropy(by_micro(x[index]), y[index], reduction="sum") / len(y)).backward()
+    (F.cross_entropy(whole(x), y, reduction="sum") / len(y)).backward()
+    results = _pipeline_grads(config, list(range(world)), model, x, y, 3)
+    seen, expected, batch_grads = set(), dict(by_micro.named_parameters()), dict(whole.named_parameters())
+    for stats, grads in results:
+        assert stats[2].item() == len(y)
+        for name, grad in grads.items():
+            assert torch.allclose(grad, expected[name].grad, atol=1e-5), name
+            seen.add(name)
+    assert seen == set(expected)
+    assert not torch.allclose(expected["conv1.weight"].grad, batch_grads["conv1.weight"].grad, atol=1e-5)
+
+
 # -- configuration -------------------------------------------------------------------------------------------------
 
 

@@ -173,7 +173,7 @@ class Recorder:
         kind = m["type"]
         if kind == "flip":
             self.event("flip", m["step"], f"{m['target']} {m['tensor']}[{m['index']}] bit {m['bit']}: "
-                       f"{m['old']:.6g} -> {m['new']:.6g}", rank=label)
+                       f"{m['old']!r} -> {m['new']!r}", rank=label)  # repr: the exact values, replayable
         elif kind == "detected":
             self.event("detected", m["step"], f"{m['detector']}: {m['detail']}")
             self.event("recovered", m["to_step"], f"soft error: {m['action']} (resumed at step {m['to_step']})")
