@@ -136,3 +136,20 @@ def test_the_sensitivity_tools_flip_buffers_and_evaluate_with_them(golden):
     # evaluation uses the running statistics: a variance blown up by 2**128 silences its channel
     assert set(frame[frame.bit == 30].outcome) <= {"masked", "degraded", "nonfinite"}
     assert (frame[frame.bit == 0].outcome == "masked").all()  # a mantissa LSB changes nothing that shows
+
+
+@pytest.mark.parametrize("strategy", ["checkpoint_restart", "reinit"])
+def test_restarts_bring_back_the_running_statistics_of_their_snapshot(strategy, golden, tmp_path):
+    result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, model=MODEL, strategy=strategy,
+                           checkpoint_every=10, faults=[f"kill:rank=1,step={KILL + 5}"], out=tmp_path)
+    assert result.completed and result.summary["replicas_identical"]
+    assert result.failures[0]["steps_redone"] == 5
+    # the steps since the snapshot were redone from its parameters and buffers at the same world size
+    assert max_diff(final_state(result), final_state(golden)) < 1e-4
+
+
+def test_the_fingerprint_detector_finds_a_diverged_conv_weight(tmp_path):
+    flip = "flip:rank=1,step=12,target=weight,tensor=layer1_0.conv1.weight,index=3,bit=22"
+    result = workbench.run(world_size=2, steps=30, eval_interval=30, model=MODEL, faults=[flip],
+                           detect=["fingerprint"], detect_every=5, out=tmp_path)
+    assert result.completed and result.summary["detections"] == 1 and result.summary["replicas_identical"]

@@ -222,3 +222,13 @@ def test_slurm_job_array_runs_each_point_as_a_task(tmp_path):
     assert "a must not be negative" in frame.loc[-1, "error"]
     with pytest.raises(SweepError, match=r"point 2 is out of range: the array has points 0\.\.1"):
         cli.cmd_sweep(cli.build_parser().parse_args(["sweep", str(TINY), "--out", str(out), "--point", "2"]))
+
+
+def test_a_sweep_over_models_and_datasets_through_the_notebooks_parameters(tmp_path):
+    out = tmp_path / "models"
+    frame = sweep(ROOT / "notebooks" / "quickstart.ipynb",
+                  {"model": ["resnet20", "lenet5"], "dataset": ["digits"], "world_size": [2], "steps": [12],
+                   "fault": ["kill:rank=1,step=6"], "strategy": ["shrink"]}, out=out, jobs=1, progress=False)
+    assert list(frame.status) == ["completed", "completed"], frame.get("error")
+    table = load_sweep(out).set_index("model")
+    assert set(table.index) == {"resnet20", "lenet5"} and (table.world_size_final == 1).all()

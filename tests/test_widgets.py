@@ -62,3 +62,26 @@ def test_parallelism_is_chosen_in_the_panel_and_bad_choices_are_explained():
     assert "not a power of two" in lab.status.value
     lab.world_size.value = 2
     assert lab.config().parallelism == "gossip"
+
+
+def test_the_panel_offers_every_model_a_dataset_box_and_buffer_flips(tmp_path):
+    lab = Lab(world_size=2, steps=100_000, model="resnet20", width=0.5)
+    try:
+        assert {"mlp", "lenet5", "vgg11", "resnet20", "resnet18"} <= set(lab.model.options)
+        assert lab.model.value == "resnet20" and "cifar10:" in lab.dataset.options
+        lab.dataset.value = f"cifar10:{tmp_path}"  # free text: an empty directory is refused with the files expected
+        assert lab.start() is None and "data_batch_1.bin" in lab.status.value
+        lab.dataset.value = "digits"
+        assert lab.config().width == 0.5  # a setting the panel has no control for is kept
+        lab.start_button.click()
+        wait_for(lambda: len(trace(lab, "training loss").x) > 2)
+        lab.flip_target.value = "buffer"
+        assert "bn1.running_var" in lab.flip_tensor.options and "conv1.weight" not in lab.flip_tensor.options
+        lab.flip_tensor.value, lab.flip_bit.value = "bn1.running_var", 30
+        lab.flip_button.click()
+        wait_for(lambda: len(trace(lab, "flip").x) == 1)
+        assert "bn1.running_var" in trace(lab, "flip").hovertext[0]
+    finally:
+        lab.stop_button.click()
+    wait_for(lambda: lab.run.result is not None)
+    lab.close()
