@@ -175,6 +175,7 @@ def _set_title(title: str) -> None:
 def main() -> None:
     """``python -m workbench.template``: import, then serve fork requests on stdin until it ends."""
     die_with_parent()
+    os.environ[_IN_TEMPLATE] = "1"  # its forks clear it: a rank's environment is the owner's
     server = _Server()
     import importlib
 
@@ -362,6 +363,7 @@ def _ended(template: Template, pid: int) -> ForkedProcess:
     return child
 
 
+_IN_TEMPLATE = "WORKBENCH_IN_TEMPLATE"
 _local: Template | None = None
 _local_lock = threading.Lock()
 
@@ -370,6 +372,11 @@ def local_template() -> Template:
     """This process's template for ranks on this machine: started on first use, reused by every later run
     (a notebook kernel, a sweep worker, a benchmark), started anew if it died."""
     global _local
+    if os.environ.get(_IN_TEMPLATE):
+        # a template never starts one: something its imports ran (e.g. a script named like a module torch imports,
+        # `numbers.py`, on the path) would otherwise start templates without end
+        raise TemplateError("a rank template may not start a run: one of its imports started one (is a file of "
+                            f"yours shadowing a module torch imports? sys.path: {sys.path[:3]})")
     with _local_lock:
         if _local is None or not _local.alive:
             _local = Template()
