@@ -12,10 +12,10 @@ from workbench.config import FaultSpec, RunConfig
 from workbench.data import LocalPartition
 from workbench.errors import ConfigError
 from workbench.faults.targets import check_flip_targets, check_model
-from workbench.models import cnn, mlp, split_stages, stage_module
+from workbench.models import boundary_shapes, cnn, mlp, split_stages, stage_module
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.gossip import GossipSchedule, PairExchange
-from workbench.rank.pipeline import Layout, StagePipeline, boundary_shapes
+from workbench.rank.pipeline import Layout, StagePipeline
 
 # -- gossip -------------------------------------------------------------------------------------------------------
 

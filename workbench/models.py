@@ -190,3 +190,16 @@ def stage_module(model: nn.Module, names: list[str]) -> nn.Sequential:
     so checkpoints, fault plans and bit flips use the whole model's names on every stage."""
     children = dict(model.named_children())
     return nn.Sequential(OrderedDict((name, children[name]) for name in names))
+
+
+def boundary_shapes(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> list[tuple[int, ...]]:
+    """Per-sample shape of each stage's output (what crosses to the next stage), found with one sample in eval
+    mode: batch norm's running statistics are not touched."""
+    shapes, out, training = [], sample[:1], model.training
+    model.eval()
+    with torch.no_grad():
+        for names in stages:
+            out = stage_module(model, names)(out)
+            shapes.append(tuple(out.shape[1:]))
+    model.train(training)
+    return shapes

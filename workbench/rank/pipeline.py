@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import FaultSpec, RunConfig
-from workbench.models import run_stages, stage_module
+from workbench.models import boundary_shapes, run_stages, stage_module
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
@@ -185,16 +185,6 @@ class StagePipeline:
         return stats
 
 
-def boundary_shapes(model: nn.Module, stages: list[list[str]], sample: torch.Tensor) -> list[tuple[int, ...]]:
-    """Per-sample shape of each stage's output (what crosses to the next stage)."""
-    shapes, out = [], sample[:1]
-    with torch.no_grad():
-        for names in stages:
-            out = stage_module(model, names)(out)
-            shapes.append(tuple(out.shape[1:]))
-    return shapes
-
-
 class PipelineTrainer(BaseTrainer):
     def __init__(self, config: RunConfig, channel: Any, store: dist.Store, checkpoint_dir: Any) -> None:
         super().__init__(config, channel, store, checkpoint_dir)
@@ -247,17 +237,18 @@ class PipelineTrainer(BaseTrainer):
         self.model.load_state_dict({k: v for k, v in state["model"].items() if k in mine})
         st.load_named_optimizer_state(self.optimizer, self.named, state["optim"])
 
-    def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """The whole model: each stage's first member broadcasts its stage's state (collective)."""
-        model: dict[str, torch.Tensor] = {}
-        optim: dict[str, dict[str, torch.Tensor]] = {}
+    def checkpoint_state(self, everyone: bool = False) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """The whole model, gathered as raw tensors (collective): each stage's first member sends its stage's
+        state to rank 0, which writes checkpoints (others get None), or, ``everyone``, to every member (reinit's
+        snapshot: any survivor can then restore any stage)."""
+        named: dict[str, torch.Tensor] = {}
         for members in self.layout.stage_members:
             head = members[0]
-            payload = st.to_bytes(self.stage_state()) if self.comm.rank == head else None
-            part = st.from_bytes(self.comm.broadcast_bytes(payload, head))
-            model.update(part["model"])
-            optim.update(part["optim"])
-        return model, optim
+            receivers = [r for r in range(self.comm.size) if r != head] if everyone else [0] if head else []
+            mine = self.comm.rank == head
+            got = transfer.send_named(self.comm, head, receivers, self._named_state() if mine else None)
+            named.update({k: v.detach().clone() for k, v in got.items()} if mine else got or {})
+        return st.unflatten_state(named) if everyone or self.comm.rank == 0 else None
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
@@ -282,11 +273,9 @@ class PipelineTrainer(BaseTrainer):
             self.load_stage_state({"model": restored.model, "optim": restored.optimizer})
             self.step = restored.step
         elif recovery == "reinit":
-            snapshot = st.from_bytes(self.comm.broadcast_bytes(
-                self.memory_snapshot if self.comm.rank == a["source"] else None, a["source"]))
-            self.memory_snapshot = st.to_bytes(snapshot)
-            self.load_stage_state(snapshot)
-            self.step = int(snapshot["step"])
+            self._share_snapshot(a["source"])
+            self.load_stage_state(self.memory_snapshot)
+            self.step = int(self.memory_snapshot["step"])
         elif a["source"] is None:
             self._settle_replicas()
         if self.config.strategy == "reinit" and a["gen"] == 0:
@@ -380,8 +369,20 @@ class PipelineTrainer(BaseTrainer):
 
     def _snapshot_in_memory(self) -> None:
         """reinit: every member keeps the whole model's state, so any survivor can restore any stage."""
-        model, optim = self.checkpoint_state()
-        self.memory_snapshot = st.to_bytes({"step": self.step, "model": model, "optim": optim})
+        model, optim = self.checkpoint_state(everyone=True)
+        self.memory_snapshot = {"step": self.step, "model": model, "optim": optim}
+
+    def _share_snapshot(self, source: int) -> None:
+        """reinit: the members agree on the snapshot's step (one small allreduce); only those without it (a
+        replacement, or a member that missed the last one) receive the source's, as raw tensors."""
+        snap = self.memory_snapshot
+        agreement = transfer.agree(self.comm, int(snap is not None), snap["step"] if snap else -1, 0, -1, source)
+        named = st.flatten_state(snap["model"], snap["optim"]) if self.comm.rank == source else None
+        got = transfer.send_named(self.comm, source, agreement.receivers, named)
+        if self.comm.rank in agreement.receivers:
+            self.bytes_in = sum(t.numel() * t.element_size() for t in got.values())
+            model, optim = st.unflatten_state(got)
+            self.memory_snapshot = {"step": agreement.rows[source][1], "model": model, "optim": optim}
 
     def _final_checkpoint(self) -> None:
         state = self.checkpoint_state()

@@ -99,6 +99,29 @@ def history(optimizer: Optimizer, params: list[nn.Parameter]) -> list[torch.Tens
     return tensors
 
 
+def flatten_state(model: dict[str, torch.Tensor],
+                  optim: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """A (model state, optimizer state per parameter) pair as named tensors ``model/<name>``,
+    ``optim/<parameter>/<key>``: what :mod:`.transfer` moves as raw buffers."""
+    named = [(f"model/{k}", v) for k, v in model.items()]
+    for name, state in optim.items():
+        named += [(f"optim/{name}/{key}", v) for key, v in sorted(state.items()) if torch.is_tensor(v)]
+    return named
+
+
+def unflatten_state(named: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """The inverse of :func:`flatten_state`."""
+    model: dict[str, torch.Tensor] = {}
+    optim: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named.items():
+        if name.startswith("model/"):
+            model[name[len("model/"):]] = tensor
+        else:
+            param, key = name[len("optim/"):].rsplit("/", 1)
+            optim.setdefault(param, {})[key] = tensor
+    return model, optim
+
+
 def to_bytes(value: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(value, buffer)

@@ -103,10 +103,11 @@ def move(comm: Comm, agreement: Agreement, named: list[tuple[str, torch.Tensor]]
     gossip replicas differ by design, and only its newcomers receive.
     """
     receivers = agreement.receivers if receivers is None else receivers
+    number = comm.next_sync()  # on every member, taking part or not: later transfers' groups keep one name
     if not receivers or (comm.rank != agreement.source and comm.rank not in receivers):
         return None, 0
     group = [agreement.source, *receivers]
-    sub = comm.subgroup(f"sync{comm.next_sync()}-" + "-".join(map(str, group)), group.index(comm.rank), len(group))
+    sub = comm.subgroup(f"sync{number}-" + "-".join(map(str, group)), group.index(comm.rank), len(group))
     source = comm.rank == agreement.source
     header = None
     if source:
@@ -124,6 +125,25 @@ def move(comm: Comm, agreement: Agreement, named: list[tuple[str, torch.Tensor]]
             sub.broadcast(tensor, 0)
             received += 0 if source else tensor.numel() * tensor.element_size()
     return header, received
+
+
+def send_named(comm: Comm, source: int, receivers: list[int],
+               named: list[tuple[str, torch.Tensor]] | None) -> dict[str, torch.Tensor] | None:
+    """The source's named tensors to ``receivers`` only (:func:`move`, raw buffers into fresh tensors); returns,
+    by name, what this rank holds afterwards: the source its own tensors, a receiver what it received, any other
+    member None. Every member calls it with the same ``source`` and ``receivers``."""
+    received: dict[str, torch.Tensor] = {}
+
+    def place(header: dict) -> dict[str, torch.Tensor]:
+        received.update({name: torch.empty(shape, dtype=dtype_of(dtype)) for name, shape, dtype in header["tensors"]})
+        return received
+
+    is_source = comm.rank == source
+    move(comm, Agreement([[0, 0, 0, 0]] * comm.size, source), named if is_source else None, {} if is_source else None,
+         place, receivers)
+    if is_source:
+        return dict(named or [])
+    return received if comm.rank in receivers else None
 
 
 def dtype_of(name: str) -> torch.dtype:
