@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import io
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -120,13 +117,3 @@ def unflatten_state(named: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
             param, key = name[len("optim/"):].rsplit("/", 1)
             optim.setdefault(param, {})[key] = tensor
     return model, optim
-
-
-def to_bytes(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def from_bytes(payload: bytes) -> Any:
-    return torch.load(io.BytesIO(payload), weights_only=True)
