@@ -1,4 +1,5 @@
-"""Training state helpers shared by the parallel modes: optimizer state by parameter name, serialised state."""
+"""Training state helpers shared by the parallel modes: optimizer state by parameter name, batch norm's running
+statistics riding in an allreduce, and state as named tensors (what :mod:`.transfer` moves)."""
 
 from __future__ import annotations
 
