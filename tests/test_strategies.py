@@ -4,12 +4,21 @@ import pytest
 
 import workbench
 from workbench import checkpoint
+from workbench.models import mlp
+from workbench.rank.data_parallel import bucket_layout
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 WORLD, STEPS, KILL = 4, 160, 100
 BATCH = 64
 SHARE = BATCH // WORLD  # rank 2's share of the global batch at world 4
+# the default layout of the digits MLP (backward order): fc3 and fc2 in bucket 0, fc1 in bucket 1. A planned kill
+# fires just before the last bucket is launched: bucket 0 is applied (from every share) when rank 2 dies, and the
+# survivors finish bucket 1 (fc1) with their own shares
+_PARAMS = list(mlp((1, 8, 8), 10).named_parameters())[::-1]
+BUCKETS = [[_PARAMS[i][0] for i in group] for group in bucket_layout([p.numel() for _, p in _PARAMS], None, 1.0)]
+assert BUCKETS == [["fc3.bias", "fc3.weight", "fc2.bias", "fc2.weight"], ["fc1.bias", "fc1.weight"]]
+APPLIED_AT_FAULT = [name for bucket in BUCKETS[:-1] for name in bucket]
 
 
 def final_weights(result):
@@ -27,6 +36,19 @@ def golden(tmp_path_factory):
     return result
 
 
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """One run per strategy with the same kill (rank 2 at step KILL), made once for the tests that compare them."""
+    runs = {}
+
+    def get(strategy):
+        if strategy not in runs:
+            runs[strategy] = faulty(strategy, tmp_path_factory.mktemp(strategy))
+        return runs[strategy]
+
+    return get
+
+
 def faulty(strategy, tmp_path, *faults, **extra):
     result = workbench.run(world_size=WORLD, steps=STEPS, eval_interval=STEPS, strategy=strategy, out=tmp_path,
                            faults=list(faults) or [f"kill:rank=2,step={KILL}"], **extra)
@@ -35,8 +57,8 @@ def faulty(strategy, tmp_path, *faults, **extra):
     return result
 
 
-def test_rollback_loses_nothing_and_matches_the_no_fault_run(golden, tmp_path):
-    result = faulty("rollback", tmp_path)
+def test_rollback_loses_nothing_and_matches_the_no_fault_run(golden, killed):
+    result = killed("rollback")
     (failure,) = result.failures
     assert failure["samples_lost"] == 0 and failure["steps_redone"] == 0 and failure["world_size_after"] == 3
     assert all(row["samples"] == BATCH for row in result.metrics)
@@ -45,15 +67,41 @@ def test_rollback_loses_nothing_and_matches_the_no_fault_run(golden, tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["forward", "shrink"])
-def test_forward_and_shrink_lose_exactly_the_dead_ranks_share(strategy, golden, tmp_path):
-    result = faulty(strategy, tmp_path)
+def test_forward_and_shrink_lose_exactly_the_dead_ranks_share(strategy, golden, killed):
+    result = killed(strategy)
     (failure,) = result.failures
     assert failure["samples_lost"] == SHARE and failure["steps_redone"] == 0
     samples = {row["step"]: row["samples"] for row in result.metrics}
-    assert samples[KILL] == BATCH - SHARE and all(n == BATCH for s, n in samples.items() if s != KILL)
+    # the step's figures ride in bucket 0: forward applied it from every share before the fault, shrink redid it
+    assert samples[KILL] == (BATCH if strategy == "forward" else BATCH - SHARE)
+    assert all(n == BATCH for s, n in samples.items() if s != KILL)
     assert [row["step"] for row in result.metrics] == list(range(STEPS))  # no step redone or skipped
     assert result.summary["world_size_final"] == 3
     assert max_diff(final_weights(result), final_weights(golden)) > 1e-3  # the lost share shows
+
+
+def test_forward_and_shrink_end_apart_after_the_same_kill(golden, killed):
+    forward, shrink = final_weights(killed("forward")), final_weights(killed("shrink"))
+    assert max_diff(forward, shrink) > 1e-3  # forward kept bucket 0's full-batch update of the failed step
+    assert max_diff(forward, final_weights(golden)) > 1e-3 and max_diff(shrink, final_weights(golden)) > 1e-3
+
+
+@pytest.mark.parametrize("strategy", ["forward", "shrink", "rollback"])
+def test_at_the_last_step_forward_keeps_the_applied_buckets_and_loses_the_rest(strategy, golden, tmp_path):
+    """Kill at the last step, so the failed step's update is what the final weights show: forward's bucket 0
+    (applied before the fault, from all 4 shares) equals the no-fault run's and bucket 1 does not; shrink applies
+    nothing before the whole exchange, so every parameter shows the lost share; rollback redoes the whole batch."""
+    result = faulty(strategy, tmp_path, f"kill:rank=2,step={STEPS - 1}")
+    assert result.failures[0]["samples_lost"] == (0 if strategy == "rollback" else SHARE)
+    ours, reference = final_weights(result), final_weights(golden)
+    diff = {name: (ours[name] - reference[name]).abs().max().item() for name, _ in _PARAMS}
+    if strategy == "forward":
+        assert all(diff[name] < 1e-6 for name in APPLIED_AT_FAULT), diff
+        assert all(diff[name] > 1e-5 for name in BUCKETS[-1]), diff
+    elif strategy == "shrink":
+        assert all(d > 1e-5 for d in diff.values()), diff
+    else:
+        assert all(d < 1e-5 for d in diff.values()), diff
 
 
 def test_checkpoint_restart_redoes_exactly_the_steps_since_the_checkpoint(tmp_path):

@@ -40,6 +40,7 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--resume", "resume", str, "HDF5 checkpoint to start from"),
     ("--eval-interval", "eval_interval", int, "steps between test-set evaluations"),
     ("--bucket-cap-mb", "bucket_cap_mb", float, "gradient bucket size in MB"),
+    ("--buckets", "buckets", int, "gradient buckets per step (default 2), cut further where one exceeds the cap"),
     ("--detect", "detect", str, "soft-error detectors, comma-separated: fingerprint, guard, spike"),
     ("--detect-every", "detect_every", int, "steps between fingerprints and verified snapshots"),
     ("--bind", "bind", str, "address the store and control server listen on (default 127.0.0.1, or the hosts "

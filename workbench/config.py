@@ -86,11 +86,10 @@ class RunConfig:
     # kept as the canonical "key=value,..." text of every setting so ranks and result files read the same rule
     apoptosis: str | None = None
     bucket_cap_mb: float = 1.0
+    buckets: int | None = None  # gradient buckets per step (None: 2), more where one would exceed bucket_cap_mb
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
-    # how rank processes start: forked by this process's rank template (milliseconds; workbench/template.py)
-    # or as fresh interpreters (each imports torch, ~1.1 s)
-    spawn: str = "template"
+    spawn: str = "template"  # forked by this process's rank template (ms; workbench/template.py), "fresh": ~1.1 s
     op_timeout: float = 60.0
     # where the ranks live (workbench/hosts.py): None = every rank on this machine; else hosts in file order
     hosts: list[dict[str, Any]] | None = None
@@ -157,6 +156,7 @@ class RunConfig:
         self._check_apoptosis()
         for name in ("bucket_cap_mb", "heartbeat_timeout", "startup_timeout", "op_timeout"):
             _positive(name, getattr(self, name))
+        _int_in("buckets", 1 if self.buckets is None else self.buckets, 1, 100_000)
         self._check_hosts()
         self._check_peer()
         self.faults = [self._resolve_stage(f) for f in self.faults]

@@ -17,9 +17,21 @@ Protocol of one step:
      with a contributor count: when that bucket's update is applied every replica takes the members' average.
      torch DDP instead broadcasts rank 0's buffers before each forward (an extra collective, and rank 0's shard
      only); averaging costs no collective and keeps every replica's buffers bitwise identical.
-  3. ``finish()``: wait for each bucket in order and step that bucket's optimizer at once (``update_per_bucket``,
-     the overlap the ANL paper assumes), or after the whole exchange (MaTEx-Caffe/ULFM: one allreduce, then the
-     update).
+  3. With ``update_per_bucket`` (rollback, forward, no recovery: the overlap the ANL paper assumes) a bucket's
+     optimizer step is applied as soon as its allreduce has completed, while the backward pass goes on: after
+     each gradient hook the launched buckets are polled (``Work.is_completed``, never blocking) in launch order,
+     and every completed one is applied — bucket k only after buckets < k. Updating a layer's parameters in
+     place once its gradient hook fired is safe: autograd has used them already. ``finish()`` then waits for
+     the rest and applies them in order. Without it (shrink: MaTEx-Caffe/ULFM, one allreduce, then the update)
+     ``finish()`` waits for the whole exchange and applies every bucket after it.
+     Bucket 0's running statistics are taken when the backward pass has ended (``finish``, or ``settle`` when
+     a failure interrupted the step): batch norm's backward checks the version of the running buffers it saved.
+
+Bucket layout (:func:`bucket_layout`): parameters in backward order (reverse of ``named_parameters``), cut at
+parameter boundaries into ``buckets`` runs, balanced by parameter count (default ``DEFAULT_BUCKETS`` = 2, so
+every model, the 17k-parameter digits MLP included, has several buckets and forward differs from shrink); a run
+larger than ``bucket_cap_mb`` is cut further, so the cap wins when the two disagree; never more buckets than
+parameters.
 
 What the recovery strategies need from it (``workbench.rank.recovery``):
   * ``snapshot_buckets`` (rollback): each bucket's parameters and optimizer state are copied just before its
@@ -45,6 +57,44 @@ from workbench.rank.optim import Optimizer, make_optimizer
 
 ALARM_SLOTS = 2  # guard and spike alarms of the soft-error detectors (soft_errors.py), last in the stats
 STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then the alarms
+# buckets per step when RunConfig.buckets is None: the fewest that make forward differ from shrink. Each further
+# bucket's allreduce costs ~0.3-1 ms on 2 busy cores, hidden by no backward pass there: 4 buckets measured
+# 1.26-1.30x plain DDP's step (mlp, cnn), 1.08x (lenet5); 2 buckets 0.92-1.00x (docs/permanent-faults.md)
+DEFAULT_BUCKETS = 2
+
+
+def bucket_layout(sizes: list[int], buckets: int | None, bucket_cap_mb: float) -> list[list[int]]:
+    """Indices into ``sizes`` (parameter sizes in backward order) of each bucket: ``buckets`` (default
+    ``DEFAULT_BUCKETS``) runs cut at parameter boundaries so that the largest is as small as it can be (balanced),
+    then cut further where a run exceeds the cap (a single parameter over the cap is a bucket of its own); never
+    more buckets than parameters."""
+    if not sizes:
+        return [[]]
+    count = min(len(sizes), buckets or DEFAULT_BUCKETS)
+    low, high = max(sizes), sum(sizes)  # binary search: the smallest largest run that `count` runs can reach
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if len(_runs(sizes, mid)) <= count else (mid + 1, high)
+    groups = _runs(sizes, min(low, max(1, int(bucket_cap_mb * 2**20 / 4))))
+    while len(groups) < count:  # a dominant parameter left fewer runs: halve the largest run that has several
+        k = max((g for g in range(len(groups)) if len(groups[g]) > 1), key=lambda g: sum(sizes[i] for i in groups[g]))
+        run = groups[k]
+        cut = min(range(1, len(run)), key=lambda c: max(sum(sizes[i] for i in run[:c]), sum(sizes[i] for i in run[c:])))
+        groups[k: k + 1] = [run[:cut], run[cut:]]
+    return groups
+
+
+def _runs(sizes: list[int], limit: int) -> list[list[int]]:
+    """Greedy runs of consecutive parameters, each at most ``limit`` unless one parameter alone is larger."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for i, size in enumerate(sizes):
+        if groups[-1] and total + size > limit:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += size
+    return groups
 
 
 @dataclass
@@ -60,30 +110,30 @@ class Bucket:
     views: list[torch.Tensor] = field(default_factory=list)
     local: torch.Tensor | None = None  # this rank's own gradient of the step, before the allreduce
     snapshot: tuple[list[torch.Tensor], dict] | None = None  # params and optimizer state before the update
+    overlapped: bool = False  # this step's update was applied during the backward pass
 
 
 class DataParallel:
     def __init__(self, model: nn.Module, comm: Comm, optimizer: str, lr: float, momentum: float,
                  bucket_cap_mb: float, update_per_bucket: bool = True, keep_local: bool = False,
-                 snapshot_buckets: bool = False) -> None:
+                 snapshot_buckets: bool = False, buckets: int | None = None) -> None:
         self.model = model
         self.comm = comm
         self.update_per_bucket = update_per_bucket
         self.keep_local = keep_local
         self.snapshot_buckets = snapshot_buckets
         self.applied = 0  # buckets whose update of the current step is applied
+        self.overlapped = 0  # of those, applied while the backward pass went on
+        self._running_due = False  # bucket 0 applied during the backward pass: its running statistics not yet taken
+        self._deferred: Exception | None = None  # raised in a gradient hook: finish() raises it (_apply_completed)
         # batch norm's running statistics ride at the end of the first bucket, before the stats: averaged over the
         # members that contributed (a count slot), so replicas stay identical at no extra collective
         self.running = st.RunningStats(model)
         self.tail = STATS_SLOTS + self.running.slots
         self.running_before: list[torch.Tensor] | None = None  # rollback: the running statistics at step start
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        cap = max(1, int(bucket_cap_mb * 2**20 / 4))
-        groups: list[list[tuple[str, nn.Parameter]]] = [[]]
-        for name, param in reversed(named):  # backward produces the last layers' grads first
-            if groups[-1] and sum(p.numel() for _, p in groups[-1]) + param.numel() > cap:
-                groups.append([])
-            groups[-1].append((name, param))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad][::-1]  # backward: last layers first
+        groups = [[named[i] for i in group]
+                  for group in bucket_layout([p.numel() for _, p in named], buckets, bucket_cap_mb)]
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
         for i, group in enumerate(groups):
@@ -116,7 +166,10 @@ class DataParallel:
             bucket.work = None
             bucket.launched = False
             bucket.local = None
-        self.applied = 0
+            bucket.overlapped = False
+        self.applied = self.overlapped = 0
+        self._running_due = False
+        self._deferred = None
         first = self.buckets[0].buffer
         first[-STATS_SLOTS:] = stats
         self.running.pack(first[-self.tail: -STATS_SLOTS])  # after the forward: this step's statistics
@@ -136,6 +189,45 @@ class DataParallel:
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready()
+        if self.update_per_bucket and self.applied < self._next_launch and self._deferred is None:
+            self._apply_completed()
+
+    def _apply_completed(self) -> None:
+        """During the backward pass: apply, in launch order, every bucket whose allreduce has completed; stop at
+        the first one still running (never blocks). An error of the soft-error hook (a detector's alarm) is kept
+        for ``finish`` to raise once every bucket is launched: a member that raised here would skip launches its
+        peers make (they may see the alarm only in ``finish``), and their collectives would no longer pair up."""
+        while self.applied < self._next_launch:
+            bucket = self.buckets[self.applied]
+            if not bucket.work.is_completed():
+                return
+            self._wait(bucket)
+            try:
+                if self.on_reduced is not None:
+                    self.on_reduced(bucket)
+            except Exception as exc:  # noqa: BLE001 - raised again by finish()
+                self._deferred = exc
+                return
+            bucket.overlapped = True
+            self.overlapped += 1
+            self._apply(bucket, in_backward=True)
+
+    def _reduced(self, bucket: Bucket) -> None:
+        """Wait for the bucket's allreduce, then the soft-error hook."""
+        self._wait(bucket)
+        if self.on_reduced is not None:
+            self.on_reduced(bucket)
+
+    def _wait(self, bucket: Bucket) -> None:
+        """A completed allreduce is taken even if a newer generation was announced meanwhile (its sum holds every
+        member's share); otherwise the comm's wait (which notices a new generation)."""
+        if bucket.work.is_completed():
+            try:
+                bucket.work.wait()
+            except RuntimeError:
+                self.comm.wait(bucket.work)  # failed: the comm's handling (a new generation follows)
+        else:
+            self.comm.wait(bucket.work)
 
     def _launch_ready(self, force: bool = False) -> None:
         while self._next_launch < len(self.buckets):
@@ -165,24 +257,38 @@ class DataParallel:
     def finish(self) -> torch.Tensor:
         """Complete the exchange and apply the update; returns the global stats (loss sum, correct, samples)."""
         self._launch_ready(force=True)
-        for bucket in self.buckets:
-            self.comm.wait(bucket.work)
-            if self.on_reduced is not None:
-                self.on_reduced(bucket)
-            if self.update_per_bucket:
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            raise deferred
+        if self.update_per_bucket:
+            self.settle()
+            for bucket in self.buckets[self.applied:]:  # the ones not applied during the backward pass, in order
+                self._reduced(bucket)
                 self._apply(bucket)
-        if not self.update_per_bucket:
+        else:
+            for bucket in self.buckets:
+                self._reduced(bucket)
             for bucket in self.buckets:
                 self._apply(bucket)
         return self.buckets[0].buffer[-STATS_SLOTS:].clone()
 
-    def _apply(self, bucket: Bucket) -> None:
+    def _apply(self, bucket: Bucket, in_backward: bool = False) -> None:
         if self.snapshot_buckets:
             bucket.snapshot = ([p.detach().clone() for p in bucket.params], _clone_state(bucket.optimizer))
         bucket.optimizer.step()
         if bucket.index == 0:
-            self.running.unpack(bucket.buffer[-self.tail: -STATS_SLOTS])
+            if in_backward:
+                self._running_due = True  # batch norm's backward may still read the running buffers
+            else:
+                self.running.unpack(bucket.buffer[-self.tail: -STATS_SLOTS])
         self.applied += 1
+
+    def settle(self) -> None:
+        """After the backward pass (or a failure that ended it): take bucket 0's running statistics if its update
+        was applied during the pass. A recovery calls it before the members compare their states."""
+        if self._running_due:
+            self._running_due = False
+            self.running.unpack(self.buckets[0].buffer[-self.tail: -STATS_SLOTS])
 
     def drain(self) -> None:
         """Wait for every allreduce still running (before the buckets are reused), whatever its outcome."""
@@ -213,6 +319,7 @@ class DataParallel:
                 for p, saved in zip(bucket.params, params):
                     p.copy_(saved)
                 bucket.optimizer.load_state_dict(state)
+            self._running_due = False
             if self.running_before is not None:  # the step's forward moved them, whatever was applied
                 self.running.restore(self.running_before)
                 self.running_before = None
@@ -222,6 +329,7 @@ class DataParallel:
     def retry(self, first: int, have_local: bool) -> torch.Tensor:
         """Finish a failed step in the current group: allreduce buckets ``first..`` again, each rank contributing
         its kept local gradient (zeros if it has none, e.g. a replacement rank), and apply them."""
+        self.settle()
         for bucket in self.buckets[first:]:
             if have_local and bucket.local is not None:
                 bucket.buffer.copy_(bucket.local)

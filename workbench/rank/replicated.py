@@ -49,7 +49,8 @@ class Trainer(BaseTrainer):
         config, strategy = self.config, self.config.strategy
         self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
                                config.bucket_cap_mb, update_per_bucket=strategy != "shrink",
-                               keep_local=strategy in ("shrink", "forward"), snapshot_buckets=strategy == "rollback")
+                               keep_local=strategy in ("shrink", "forward"), snapshot_buckets=strategy == "rollback",
+                               buckets=config.buckets)
         self.dp.before_last_launch = self._fault_point
         self.dp.on_launch = self._on_launch
         self.dp.on_reduced = self._on_reduced
@@ -119,6 +120,7 @@ class Trainer(BaseTrainer):
         recovery = a.get("recovery")
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
+        self.dp.settle()  # a step cut short after bucket 0 was applied mid-backward: take its running statistics
         if recovery == "rollback" and self.inflight is not None:
             self.dp.restore_applied()
         if recovery == "reinit" and self.memory_snapshot is not None:
