@@ -272,3 +272,81 @@ def test_a_warm_spare_regrows_into_the_shrunk_model(tmp_path):
     assert summary["replicas_identical"]  # the spare started full-size and now holds the same shrunk parameters
     assert summary["hidden_units"]["end"] < 192 and summary["parameters"]["end"] < summary["parameters"]["start"]
 
+
+
+# -- conv channels with batch norm ---------------------------------------------------------------------------------
+def conv_bn_model():
+    from collections import OrderedDict
+
+    torch.manual_seed(0)
+    return nn.Sequential(OrderedDict(
+        conv1=nn.Conv2d(3, 8, 3, padding=1), bn1=nn.BatchNorm2d(8), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
+        conv2=nn.Conv2d(8, 16, 3, padding=1), bn2=nn.BatchNorm2d(16), relu2=nn.ReLU(),
+        pool=nn.AdaptiveAvgPool2d(2), flatten=nn.Flatten(), fc=nn.Linear(64, 10)))
+
+
+def test_a_conv_channel_goes_with_its_batch_norm_entries_and_the_consumer_inputs_that_read_it():
+    model = conv_bn_model()
+    model(torch.randn(16, 3, 8, 8))  # running statistics that differ per channel
+    pairs = apo.find_pairs(model)
+    assert [(p.layer, p.norm, p.consumer) for p in pairs] == [("conv1", "bn1", "conv2"), ("conv2", "bn2", "fc")]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = {n: {"momentum_buffer": torch.full_like(p, i)} for i, (n, p) in enumerate(model.named_parameters())}
+    state = apo.shrink(model, pairs, {"conv1": torch.tensor([2, 5]), "conv2": torch.tensor([0])}, momentum)
+    after = model.state_dict()
+    keep1, keep2 = [0, 1, 3, 4, 6, 7], list(range(1, 16))
+    for name in ("bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "conv1.weight"):
+        assert torch.equal(after[name], before[name][keep1]), name
+    assert torch.equal(after["conv2.weight"], before["conv2.weight"][keep2][:, keep1])
+    assert torch.equal(after["bn2.running_var"], before["bn2.running_var"][keep2])
+    assert torch.equal(after["fc.weight"], before["fc.weight"].view(10, 16, 4)[:, keep2].reshape(10, 60))
+    assert model.bn1.num_features == 6 and model.bn2.num_features == 15 and model.fc.in_features == 60
+    assert torch.equal(state["bn1.weight"]["momentum_buffer"], momentum["bn1.weight"]["momentum_buffer"][keep1])
+    assert int(after["bn1.num_batches_tracked"]) == 1
+
+
+def test_removing_channels_whose_scale_and_shift_are_zero_leaves_the_function_unchanged():
+    model = conv_bn_model()
+    model(torch.randn(16, 3, 8, 8))
+    with torch.no_grad():  # channels 1 and 6 of bn1 and 3 of bn2 are dead: γ = β = 0, output exactly 0
+        for bn, dead in ((model.bn1, [1, 6]), (model.bn2, [3])):
+            bn.weight[dead] = 0.0
+            bn.bias[dead] = 0.0
+    x = torch.randn(4, 3, 8, 8)
+    model.eval()
+    expected = model(x)
+    norms = apo.unit_norms(model, apo.find_pairs(model))
+    assert norms["conv1"][0][1] == 0 and norms["conv1"][0][0] > 0  # importance is the channel's γ and β
+    apo.shrink(model, apo.find_pairs(model), {"conv1": torch.tensor([1, 6]), "conv2": torch.tensor([3])})
+    assert torch.allclose(model(x), expected, atol=1e-6)
+
+
+def test_a_shrunk_conv_bn_state_loads_into_a_full_size_model_and_lasso_zeroes_whole_groups():
+    shrunk = conv_bn_model()
+    apo.shrink(shrunk, apo.find_pairs(shrunk), {"conv1": torch.tensor([0, 1, 2])})
+    full = conv_bn_model()
+    assert apo.resize_to(full, {k: v.shape for k, v in shrunk.state_dict().items()})
+    full.load_state_dict(shrunk.state_dict())
+    assert full.bn1.num_features == 5 and full.conv2.in_channels == 5
+    with torch.no_grad():
+        full.bn1.weight[0], full.bn1.bias[0] = 1e-4, -1e-4  # a weak channel
+    apo.group_lasso_(full, apo.find_pairs(full), strength=0.05, lr=0.05, gamma=2.0)
+    assert full.bn1.weight[0] == 0 and full.bn1.bias[0] == 0 and (full.bn1.weight[1:] != 0).all()
+
+
+def test_residual_blocks_end_a_pair_and_resnets_are_refused_with_the_reason():
+    from workbench.architectures import lenet5, resnet20
+
+    assert apo.find_pairs(resnet20((3, 8, 8), 10)) == []
+    with pytest.raises(ConfigError, match="cannot shrink"):
+        apo.require_pairs(resnet20((3, 8, 8), 10))
+    assert [p.norm for p in apo.find_pairs(lenet5((3, 32, 32), 10))][:2] == ["bn1", "bn2"]
+
+
+def test_apoptosis_removes_conv_channels_of_lenet5_while_it_trains(tmp_path):
+    result = workbench.run(world_size=2, steps=200, model="lenet5", apoptosis="on", out=tmp_path)
+    assert result.completed and result.summary["replicas_identical"]
+    assert result.summary["parameters"]["end"] < result.summary["parameters"]["start"] / 2
+    state = checkpoint.load(result.summary["final_checkpoint"]).model
+    assert state["bn1.running_var"].shape[0] == state["conv1.weight"].shape[0] == state["conv2.weight"].shape[1]
+    assert result.summary["final_test_accuracy"] > 0.8

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from workbench.errors import ConfigError
 
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)  # a producer's batch norm: its entries go with the unit
 # parameter-free modules a unit's activation may pass through between producer and consumer
 _PASS_THROUGH = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout,
                  nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten)
@@ -29,12 +31,16 @@ class Pair:
 
     layer: str
     consumer: str
+    norm: str | None = None  # the batch norm right after the producer, whose channel entries belong to the unit
 
     def producer_module(self, model: nn.Module) -> nn.Module:
         return model.get_submodule(self.layer)
 
     def consumer_module(self, model: nn.Module) -> nn.Module:
         return model.get_submodule(self.consumer)
+
+    def norm_module(self, model: nn.Module) -> nn.Module | None:
+        return model.get_submodule(self.norm) if self.norm else None
 
     def units(self, model: nn.Module) -> int:
         return self.producer_module(model).weight.shape[0]
@@ -52,9 +58,11 @@ def _shrinkable(module: nn.Module) -> bool:
 
 def find_pairs(model: nn.Module) -> list[Pair]:
     """Producer/consumer pairs of an ``nn.Sequential`` (top-level modules): ``Linear``/``Conv2d`` followed,
-    through parameter-free modules only (activations, pooling, ``Flatten``, dropout), by a ``Linear``/``Conv2d``
-    whose inputs are the producer's outputs. Anything else (another parametrised module, ``Unflatten``, a
-    ``Linear`` after a conv without ``Flatten``) ends a pair. Returns [] for models it cannot read."""
+    through parameter-free modules only (activations, pooling, ``Flatten``, dropout) and at most one batch norm
+    of the producer's width (its entries belong to the unit: ``Pair.norm``), by a ``Linear``/``Conv2d`` whose
+    inputs are the producer's outputs. Anything else (another parametrised module such as a residual block,
+    ``Unflatten``, a ``Linear`` after a conv without ``Flatten``) ends a pair. Returns [] for models it cannot
+    read."""
     if not isinstance(model, nn.Sequential):
         return []
     pairs: list[Pair] = []
@@ -62,21 +70,23 @@ def find_pairs(model: nn.Module) -> list[Pair]:
     for i, (name, module) in enumerate(children):
         if not _shrinkable(module):
             continue
-        flattened = False
+        flattened, norm, units = False, None, module.weight.shape[0]
         for next_name, nxt in children[i + 1:]:
             if isinstance(nxt, nn.Flatten):
                 flattened = True
+                continue
+            if isinstance(nxt, _NORMS) and norm is None and not flattened and nxt.num_features == units:
+                norm = next_name
                 continue
             if isinstance(nxt, _PASS_THROUGH):
                 continue
             if not _shrinkable(nxt):
                 break
-            units = module.weight.shape[0]
             conv_to_linear = isinstance(module, nn.Conv2d) and isinstance(nxt, nn.Linear)
             fits = (nxt.weight.shape[1] == units if not conv_to_linear
                     else flattened and nxt.weight.shape[1] % units == 0)
             if fits and not (isinstance(module, nn.Linear) and isinstance(nxt, nn.Conv2d)):
-                pairs.append(Pair(name, next_name))
+                pairs.append(Pair(name, next_name, norm))
             break
     return pairs
 
@@ -108,15 +118,25 @@ def unit_norms(model: nn.Module, pairs: list[Pair]) -> dict[str, tuple[torch.Ten
     for pair in pairs:
         producer, consumer = pair.producer_module(model), pair.consumer_module(model)
         units = producer.weight.shape[0]
-        incoming = producer.weight.detach().reshape(units, -1).double()
-        if producer.bias is not None:
-            incoming = torch.cat([incoming, producer.bias.detach().double().unsqueeze(1)], 1)
+        incoming = _incoming_group(model, pair).detach().double()
         block = pair.block(model)
         # consumer weight (out, units*block[, k, k]) -> per unit all the weights reading it
         outgoing = consumer.weight.detach().double().reshape(consumer.weight.shape[0], units, block, -1)
         outgoing = outgoing.transpose(0, 1).reshape(units, -1)
         norms[pair.layer] = (incoming.pow(2).mean(1).sqrt(), outgoing.pow(2).mean(1).sqrt())
     return norms
+
+
+def _incoming_group(model: nn.Module, pair: Pair) -> torch.Tensor:
+    """(units, k): what makes each unit's output. After a batch norm the producer's weights do not (the norm
+    divides their scale away): the channel's output is γ·x̂ + β, so its scale and shift are the group (the
+    network-slimming view: a channel with γ = β = 0 outputs exactly 0, whatever its convolution)."""
+    norm = pair.norm_module(model)
+    if norm is not None and norm.affine:
+        return torch.stack([norm.weight, norm.bias], 1)
+    producer = pair.producer_module(model)
+    rows = producer.weight.reshape(producer.weight.shape[0], -1)
+    return rows if producer.bias is None else torch.cat([rows, producer.bias.unsqueeze(1)], 1)
 
 
 # -- shrinking --------------------------------------------------------------------------------------------------
@@ -140,6 +160,10 @@ def slice_plan(model: nn.Module, pairs: list[Pair], removals: Mapping[str, torch
         plan.setdefault(f"{pair.layer}.weight", []).append((0, kept))
         if pair.producer_module(model).bias is not None:
             plan.setdefault(f"{pair.layer}.bias", []).append((0, kept))
+        norm = pair.norm_module(model)
+        for entry in ("weight", "bias", "running_mean", "running_var"):  # the unit's batch-norm entries go with it
+            if norm is not None and getattr(norm, entry, None) is not None:
+                plan.setdefault(f"{pair.norm}.{entry}", []).append((0, kept))
         plan.setdefault(f"{pair.consumer}.weight", []).append((1, columns))
     return plan
 
@@ -164,6 +188,9 @@ def resize_to(model: nn.Module, shapes: Mapping[str, torch.Size | tuple[int, ...
     state next). Returns whether anything changed. Raises ConfigError for a mismatch it cannot rebuild."""
     changed = False
     for name, module in list(model.named_modules()):
+        if isinstance(module, _NORMS):
+            changed |= _resize_norm(model, name, module, shapes)
+            continue
         key = f"{name}.weight"
         if key not in shapes or not hasattr(module, "weight") or tuple(module.weight.shape) == tuple(shapes[key]):
             continue
@@ -176,11 +203,23 @@ def resize_to(model: nn.Module, shapes: Mapping[str, torch.Size | tuple[int, ...
                             bias=bias, padding_mode=module.padding_mode, device="meta")
         else:
             raise ConfigError("apoptosis", f"cannot resize {name} ({type(module).__name__}) to weight shape {shape}")
-        new = new.to_empty(device=module.weight.device)
+        new = new.to_empty(device=module.weight.device).train(module.training)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
         changed = True
     return changed
+
+
+def _resize_norm(model: nn.Module, name: str, module: nn.Module, shapes: Mapping[str, Any]) -> bool:
+    """A batch norm whose state in ``shapes`` has another number of channels is replaced by one of that size."""
+    key = f"{name}.running_mean" if f"{name}.running_mean" in shapes else f"{name}.weight"
+    if key not in shapes or tuple(shapes[key])[0] == module.num_features:
+        return False
+    new = type(module)(tuple(shapes[key])[0], module.eps, module.momentum, module.affine,
+                       module.track_running_stats, device="meta").to_empty(device="cpu").train(module.training)
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+    return True
 
 
 @torch.no_grad()
@@ -227,14 +266,20 @@ def group_lasso_(model: nn.Module, pairs: list[Pair], strength: float, lr: float
     for pair in pairs:
         producer, consumer = pair.producer_module(model), pair.consumer_module(model)
         units = producer.weight.shape[0]
-        rows = producer.weight.view(units, -1)
-        square = rows.square().sum(1)
-        if producer.bias is not None:
-            factor = keep(square.add_(producer.bias.square()), rows.shape[1] + 1)
-            producer.bias.mul_(factor)
+        norm = pair.norm_module(model)
+        if norm is not None and norm.affine:  # after a batch norm, the channel's scale and shift are its group
+            factor = keep(norm.weight.square() + norm.bias.square(), 2)
+            norm.weight.mul_(factor)
+            norm.bias.mul_(factor)
         else:
-            factor = keep(square, rows.shape[1])
-        rows.mul_(factor.unsqueeze(1))
+            rows = producer.weight.view(units, -1)
+            square = rows.square().sum(1)
+            if producer.bias is not None:
+                factor = keep(square.add_(producer.bias.square()), rows.shape[1] + 1)
+                producer.bias.mul_(factor)
+            else:
+                factor = keep(square, rows.shape[1])
+            rows.mul_(factor.unsqueeze(1))
         cols = consumer.weight.view(consumer.weight.shape[0], units, -1)
         factor = keep(cols.square().sum((0, 2)), cols.shape[0] * cols.shape[2])
         cols.mul_(factor.view(1, units, 1))
