@@ -6,6 +6,7 @@
 Both flip random bits of random elements of the same >= 10 MB float32 checkpoint, in one run. Then the same
 no-fault training with no detector and with each detector, median step time, overhead in %.
 Prints one JSON line. Usage: python benchmarks/bench_bitflip.py [--mb 12] [--flips 200000] [--peer-flips 3000]
+       [--model resnet20 --dataset synthetic_image --batch-size 128]  (the detector runs' workload; default the MLP)
 """
 
 from __future__ import annotations
@@ -56,14 +57,14 @@ def our_flips(path: Path, count: int, seed: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def detector_overheads(steps: int, rounds: int) -> dict[str, float]:
+def detector_overheads(steps: int, rounds: int, **workload: object) -> dict[str, float]:
     """Median step time without and with each detector; rounds interleave the variants so that noise of the
     machine falls on all of them alike."""
     variants = {"none": [], "guard": ["guard"], "spike": ["spike"], "fingerprint": ["fingerprint"]}
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, detect in variants.items():
-            result = workbench.run(world_size=2, steps=steps, eval_interval=steps, detect=detect)
+            result = workbench.run(world_size=2, steps=steps, eval_interval=steps, detect=detect, **workload)
             times[name] += [r["step_time"] for r in result.metrics[20:]]
     base = statistics.median(times["none"])
     figures = {"no_detector_step_ms": round(base * 1e3, 3)}
@@ -79,6 +80,9 @@ def main() -> None:
     parser.add_argument("--peer-flips", type=int, default=3_000)
     parser.add_argument("--steps", type=int, default=400, help="training steps per detector measurement")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the detector runs")
+    parser.add_argument("--model", default="mlp", help="the detector runs' model (e.g. resnet20)")
+    parser.add_argument("--dataset", default="digits", help="the detector runs' dataset (e.g. synthetic_image)")
+    parser.add_argument("--batch-size", type=int, default=64, help="the detector runs' global batch")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         original = Path(tmp) / "ckpt.h5"
@@ -91,7 +95,9 @@ def main() -> None:
         size_mb = original.stat().st_size / 2**20
     print(json.dumps({"benchmark": "bitflip", "checkpoint_mb": round(size_mb, 1),
                       "workbench_flips_per_s": round(ours), "peer_struct_h5py_flips_per_s": round(peer),
-                      "ratio": round(ours / peer, 1), **detector_overheads(args.steps, args.rounds)}))
+                      "ratio": round(ours / peer, 1), "detector_model": args.model,
+                      **detector_overheads(args.steps, args.rounds, model=args.model, dataset=args.dataset,
+                                           batch_size=args.batch_size)}))
 
 
 if __name__ == "__main__":
