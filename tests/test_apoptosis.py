@@ -238,6 +238,50 @@ def test_summary_sizes_from_the_rows():
     assert model_size([{"step": 0}]) == {"hidden_units": None, "parameters": None}
 
 
+# -- the validation split the rule decides on ------------------------------------------------------------------------
+def test_apoptosis_holds_out_a_validation_split_of_the_training_data_never_the_test_set():
+    from workbench.data import load_dataset
+
+    plain = load_dataset(RunConfig())
+    carved = load_dataset(RunConfig(apoptosis="val=0.2"))
+    assert plain.x_val is None
+    n = len(plain.y_train)
+    assert len(carved.y_val) == round(0.2 * n) and len(carved.y_train) == n - len(carved.y_val)
+    assert torch.equal(carved.x_test, plain.x_test)  # the test set is untouched
+    rows = {tuple(r.tolist()) for r in plain.x_train.flatten(1)}
+    val_rows = {tuple(r.tolist()) for r in carved.x_val.flatten(1)}
+    train_rows = {tuple(r.tolist()) for r in carved.x_train.flatten(1)}
+    assert val_rows <= rows and not val_rows & train_rows  # carved out of training, and training never sees it
+    again = load_dataset(RunConfig(apoptosis="val=0.2", seed=7))
+    assert torch.equal(again.x_val, carved.x_val)  # the same split for every seed: seeds compare like with like
+    with pytest.raises(ConfigError, match="val=0.9"):
+        RunConfig(apoptosis="val=0.9")
+
+
+def test_an_image_dataset_validation_split_is_normalised_like_the_test_set():
+    from workbench.datasets import synthetic_image
+
+    data = synthetic_image(200)
+    data.carve_validation(0.25)
+    assert data.x_val.dtype == torch.float32 and data.x_train.dtype == torch.uint8 and len(data.y_val) == 50
+    assert abs(data.x_val.mean().item()) < 0.5  # normalised per channel, as x_test is
+
+
+def test_the_rule_reads_the_validation_accuracy_that_every_evaluation_reports():
+    from workbench.rank.base import evaluate
+
+    data = load_dataset_with_val()
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    figures = evaluate(model, data)
+    assert set(figures) == {"test_loss", "test_acc", "val_acc"} and 0 <= figures["val_acc"] <= 1
+
+
+def load_dataset_with_val():
+    from workbench.data import load_dataset
+
+    return load_dataset(RunConfig(apoptosis="on"))
+
+
 # -- multi-process runs ---------------------------------------------------------------------------------------------
 FAST = "lasso=0.05,tol=0.005,window=1,until=0.5"  # units die and go within the first few evaluations
 
@@ -271,6 +315,8 @@ def test_a_warm_spare_regrows_into_the_shrunk_model(tmp_path):
     assert summary["failures"][0]["world_size_after"] == 2 and summary["failures"][0]["samples_lost"] == 0
     assert summary["replicas_identical"]  # the spare started full-size and now holds the same shrunk parameters
     assert summary["hidden_units"]["end"] < 192 and summary["parameters"]["end"] < summary["parameters"]["start"]
+    evaluations = result.to_dataframe().dropna(subset=["test_acc"])
+    assert evaluations.val_acc.notna().all()  # the accuracy the rule decided on, reported beside the test accuracy
 
 
 

@@ -7,12 +7,14 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
   consumer layer (the next ``Linear``/``Conv2d`` of an ``nn.Sequential``, through parameter-free modules only).
   Its *incoming* norm is the RMS of its producer weights and bias, its *outgoing* norm the RMS of the consumer
   weights that read it (RMS = L2 norm / sqrt(count), so one tolerance fits layers of any fan-in).
-* At every test-set evaluation (except the last one), a unit whose incoming AND outgoing norms are both below
+* At every evaluation (except the last one), a unit whose incoming AND outgoing norms are both below
   the tolerance τ gets one more strike; a unit above it loses its strikes. A unit with ``window`` consecutive
   strikes is removed: the layer is physically shrunk (producer rows/channels and consumer columns sliced out),
   and the optimizer state (momentum, Adam moments) is sliced alike. A layer never drops below ``min`` units.
-* τ adapts: it is multiplied by ``grow`` while the test accuracy holds within ``delta`` of its best so far, and
-  by ``shrink`` when it falls further (removals that hurt make the rule more careful).
+* τ adapts: it is multiplied by ``grow`` while the *validation* accuracy holds within ``delta`` of its best so
+  far, and by ``shrink`` when it falls further (removals that hurt make the rule more careful). The validation
+  split is ``val`` (10 %) of the training data, held out of training for the whole run
+  (:meth:`workbench.datasets.Dataset.carve_validation`); the test set never steers the rule.
 * Pressure (part of OUR reading, stated plainly): with plain SGD the weights of units the loss does not need do
   not fade by themselves in a few hundred steps (measured: no unit fell below any useful τ on digits), so with
   apoptosis on, training steps end with the proximal step of a reweighted group-lasso penalty on each unit's
@@ -25,7 +27,7 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
   The threshold rule is what removes units; the pressure is what makes them stop contributing.
 
 Data-parallel protocol (``workbench.rank.replicated.Trainer``): the norms are computed on replicated parameters
-(bitwise identical on every replica after a step) and the test accuracy is rank 0's; rank 0 decides and
+(bitwise identical on every replica after a step) and the validation accuracy is rank 0's; rank 0 decides and
 broadcasts the rule's whole state and the removal flags (:meth:`Apoptosis.pack`), every rank applies the same
 removals at the same step and rebuilds its gradient buckets and optimizers. The model's current shapes travel
 with every state (generation changes, checkpoints, in-memory snapshots): :func:`resize_to` makes a full-size
@@ -82,6 +84,7 @@ class ApoptosisConfig:
     lasso: float = 0.015  # group-lasso strength: the pressure that drives unneeded units to zero (see module doc)
     gamma: float = 2.0  # reweighting: a unit at half its layer's mean norm is pressed 2**gamma times harder
     until: float = 0.75  # fraction of the run over which the pressure fades linearly to zero (then: fine-tuning)
+    val: float = 0.1  # fraction of the training data held out as the validation split the rule decides on
 
     def __post_init__(self) -> None:
         _check(self.tol > 0, "tol", self.tol, "a number > 0")
@@ -93,6 +96,7 @@ class ApoptosisConfig:
         _check(self.lasso >= 0, "lasso", self.lasso, "a number >= 0")
         _check(self.gamma >= 0, "gamma", self.gamma, "a number >= 0")
         _check(0 < self.until <= 1, "until", self.until, "a fraction in (0, 1]")
+        _check(0 < self.val <= 0.5, "val", self.val, "a fraction in (0, 0.5]")
 
     @classmethod
     def parse(cls, value: Any) -> ApoptosisConfig | None:
@@ -156,7 +160,7 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 # -- the decision -----------------------------------------------------------------------------------------------
 class Apoptosis:
-    """The rule's state: τ, the best test accuracy so far, and each unit's consecutive strikes.
+    """The rule's state: τ, the best validation accuracy so far, and each unit's consecutive strikes.
 
     ``observe`` is pure over its inputs (norms, accuracy) and this state, so replicas that apply the same
     observations hold the same state; in a data-parallel run only rank 0 observes and :meth:`pack` /

@@ -43,6 +43,10 @@ def load_dataset(config: RunConfig) -> Dataset:
         raise ConfigError("augment", f"{config.augment!r} needs (C, H, W) images; {config.dataset!r} gives samples of "
                           f"shape {data.input_shape}")
     data.augment, data.seed = config.augment, config.seed
+    if config.apoptosis:  # the rule decides on a validation split of the training data, never on the test set
+        from workbench.apoptosis import ApoptosisConfig
+
+        data.carve_validation(ApoptosisConfig.parse(config.apoptosis).val)
     return data
 
 

@@ -52,6 +52,8 @@ class Dataset:
     std: torch.Tensor | None = None
     augment: str = "none"  # RunConfig.augment, set by workbench.data.load_dataset
     seed: int = 0  # the run's seed: augmentation depends on it
+    x_val: torch.Tensor | None = None  # a validation split carved from the training data (float32, normalised)
+    y_val: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -68,6 +70,19 @@ class Dataset:
         if self.augment == "crop_flip":
             x = crop_flip(x, idx, self.seed, step)
         return (self.normalise(x) if self.mean is not None else x), self.y_train[torch.from_numpy(idx)]
+
+    def carve_validation(self, fraction: float) -> None:
+        """Hold out ``fraction`` of the training samples (a fixed draw, the same for every seed and rank) as
+        ``x_val``/``y_val``; training then never sees them. Decisions taken during training (apoptosis) read
+        these, never the test set, which stays for the reported accuracy."""
+        n = len(self.y_train)
+        held = max(1, round(fraction * n))
+        if held >= n:
+            raise ConfigError("apoptosis", f"val={fraction} leaves no training sample of {n}")
+        order = torch.from_numpy(np.random.default_rng(_SPLIT_SEED + 1).permutation(n))
+        val, train = order[:held].sort().values, order[held:].sort().values
+        self.x_val, self.y_val = self.normalise(self.x_train[val]), self.y_train[val]
+        self.x_train, self.y_train = self.x_train[train], self.y_train[train]
 
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images -> float32, per channel ``(x - mean) / std``; float inputs pass unchanged."""

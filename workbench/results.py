@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 RESULT_FILE = "result.h5"
-METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "world_size",
+METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "val_acc", "world_size",
                   "generation", "step_time", "messages", "bytes_sent", "consensus_distance", "parameters",
                   "hidden_units")
 

@@ -35,13 +35,17 @@ FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, besid
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: Any) -> dict[str, float]:
-    """Test loss and accuracy of a whole model (ours and the peers')."""
+    """Test loss and accuracy of a whole model (ours and the peers'), and validation accuracy where the data
+    has a validation split (``val_acc``: what apoptosis decides on)."""
     training = model.training
     model.eval()
     out = model(data.x_test)
+    figures = {"test_loss": F.cross_entropy(out, data.y_test).item(),
+               "test_acc": (out.argmax(1) == data.y_test).float().mean().item()}
+    if getattr(data, "x_val", None) is not None:
+        figures["val_acc"] = (model(data.x_val).argmax(1) == data.y_val).float().mean().item()
     model.train(training)
-    return {"test_loss": F.cross_entropy(out, data.y_test).item(),
-            "test_acc": (out.argmax(1) == data.y_test).float().mean().item()}
+    return figures
 
 
 def fingerprint(model: torch.nn.Module) -> str:

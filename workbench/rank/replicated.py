@@ -83,12 +83,12 @@ class Trainer(BaseTrainer):
         return self.apoptosis.state_dict() if self.apoptosis is not None else {}
 
     def _apoptosis_step(self, evaluation: dict[str, float] | None) -> None:
-        """At an evaluation: rank 0 (which holds the test accuracy) observes the replicated parameters' unit
+        """At an evaluation: rank 0 (which holds the validation accuracy) observes the replicated parameters' unit
         norms and decides; the rule's state and the removal flags are broadcast, so every rank removes the same
         units at the same step, then rebuilds its buckets and optimizers for the new shapes. A generation change
         during the broadcast is harmless: the new generation adopts its source's model, shapes and rule state."""
         if self.comm.rank == 0:
-            removals = self.apoptosis.observe(apo.unit_norms(self.model, self.pairs), evaluation["test_acc"])
+            removals = self.apoptosis.observe(apo.unit_norms(self.model, self.pairs), evaluation["val_acc"])
             packed = self.apoptosis.pack(removals)
         else:
             packed = torch.zeros(self.apoptosis.packed_size(), dtype=torch.float64)

@@ -150,7 +150,7 @@ class Recorder:
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
                "samples": m["samples"], "world_size": self.world_size, "generation": self.gen,
                "step_time": m["step_time"]}
-        for key in ("test_acc", "test_loss", "messages", "bytes_sent", "consensus_distance", "parameters",
+        for key in ("test_acc", "test_loss", "val_acc", "messages", "bytes_sent", "consensus_distance", "parameters",
                     "hidden_units"):
             row[key] = m.get(key, float("nan"))
         self.metrics.append(row)
