@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup setup-browser demo test lint lab bench docs clean
+.PHONY: setup setup-browser demo reproduce test lint lab bench docs clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,19 @@ demo: setup
 		-p world_size 2 -p fault kill:rank=1,step=60
 	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
 	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
+
+# The seed papers' findings at paper scale (notebooks/reproduce/, one sweep point each; about 40 min on 2 cores),
+# then runs/reproduce/report.html with a verdict per finding. Resumable: every run of a campaign is cached, and
+# a second invocation re-runs only unfinished notebooks. A finding that does not hold fails its notebook's last
+# cell, not the target: the report shows it.
+REPRO ?= runs/reproduce
+REPRODUCE_NOTEBOOKS = ccgrid22:ccgrid22_resilience jpdc24:jpdc24_soft_errors europmpi17:europmpi17_mpi_needs \
+	gossipgrad:gossipgrad apoptosis:apoptosis
+reproduce: setup
+	@for pair in $(REPRODUCE_NOTEBOOKS); do key=$${pair%%:*}; nb=$${pair#*:}; \
+		$(VENV)/bin/workbench sweep notebooks/reproduce/$$nb.ipynb --out $(REPRO)/$$key -p scale paper || true; \
+	done
+	$(PY) -m workbench.reproduce.report $(REPRO)
 
 test: setup
 	$(VENV)/bin/pytest -q -rs tests

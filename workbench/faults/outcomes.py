@@ -29,3 +29,13 @@ def classify(result: Any, golden: Any, tolerance: float = 0.01) -> dict[str, Any
             "recovered": "recovered" in kinds and outcome == "masked",
             "accuracy": accuracy, "accuracy_delta": None if accuracy is None else accuracy - golden_accuracy,
             "flips": kinds.count("flip")}
+
+
+def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Share and its Wilson score interval (share, low, high); NaNs for no trials."""
+    if trials == 0:
+        return math.nan, math.nan, math.nan
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return p, max(0.0, centre - half), min(1.0, centre + half)

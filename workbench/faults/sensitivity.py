@@ -2,8 +2,10 @@
 
 A trial resumes in this process on one replica. That is the same computation as the data-parallel run: the
 gradient of a step is that of the global batch whatever the number of ranks (up to float summation order), and
-the batch sequence depends only on (seed, step). So hundreds of trials take seconds, where a multi-process
-resume per trial would pay the ranks' start-up each time.
+the batch sequence depends only on (seed, step). A pipeline (or hybrid) checkpoint resumes as GPipe computes:
+the batch in the run's micro-batches, gradients summed (batch norm normalises each micro-batch on its own).
+So hundreds of trials take seconds, where a multi-process resume per trial would pay the ranks' start-up each
+time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from workbench.apoptosis import resize_to
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, load_dataset
 from workbench.faults.bitflip import apply_masks, bit_field
-from workbench.faults.outcomes import classify_values
+from workbench.faults.outcomes import classify_values, wilson
 from workbench.models import build_model
 from workbench.rank.optim import make_optimizer
 
@@ -37,6 +39,8 @@ class LocalResume:
         self.config = config or RunConfig.from_dict({**self.base.config, "resume": None, "faults": []})
         self.data = load_dataset(self.config)
         self.batches = BatchSequence(len(self.data.y_train), self.config.batch_size, self.config.seed)
+        # a pipeline's checkpoint resumes as a pipeline computes: micro-batch by micro-batch
+        self.micro_batches = self.config.micro_batches if self.config.parallelism in ("pipeline", "hybrid") else 1
         torch.set_num_threads(1)
 
     def run(self, steps: int, model_state: dict[str, torch.Tensor] | None = None) -> tuple[float, list[float]]:
@@ -56,10 +60,13 @@ class LocalResume:
                 idx = torch.from_numpy(self.batches(step))
                 optimizer.zero_grad(set_to_none=True)
                 x, y = self.data.train_batch(idx, step)
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
+                loss = 0.0
+                for xs, ys in zip(x.chunk(self.micro_batches), y.chunk(self.micro_batches)):
+                    part = F.cross_entropy(model(xs), ys, reduction="sum") / len(y)
+                    part.backward()  # GPipe: the gradient summed over micro-batches (batch norm per micro-batch)
+                    loss += part.item()
                 optimizer.step()
-                losses.append(loss.item())
+                losses.append(loss)
             model.eval()
             with torch.no_grad():
                 accuracy = (model(self.data.x_test).argmax(1) == self.data.y_test).float().mean().item()
@@ -104,12 +111,9 @@ def outcome_shares(frame: Any, z: float = 1.96) -> Any:
     for bit, group in frame.groupby("bit"):
         n = len(group)
         for outcome in ("masked", "degraded", "nonfinite", "crash"):
-            k = int((group.outcome == outcome).sum())
-            p = k / n
-            centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-            half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-            rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": p,
-                         "low": max(0.0, centre - half), "high": min(1.0, centre + half)})
+            share, low, high = wilson(int((group.outcome == outcome).sum()), n, z)
+            rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": share,
+                         "low": low, "high": high})
     return pd.DataFrame(rows)
 
 

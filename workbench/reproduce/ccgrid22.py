@@ -1,0 +1,153 @@
+"""*Towards Low-Overhead Resilience for Data Parallel Deep Learning* (CCGrid'22): the trade-off between the
+accuracy a recovery strategy costs and the runtime it adds, under a simulated failure process.
+
+The paper's finding, in our words: checkpoint-restart loses the progress made since the last checkpoint and so
+adds the most runtime, more the longer the checkpoint interval; *immediate mini-batch rollback* redoes only the
+mini-batch in flight and loses no accuracy; *lossy forward recovery* keeps the gradient buckets already applied
+and drops the dead rank's share of the rest, so it redoes nothing and pays with a small accuracy loss.
+
+The campaign: failures drawn from an exponential process of mean ``mtbf_steps`` (several per run; the same
+failures for every strategy of a seed), each strategy run per seed and world size, and a failure-free run of
+the same seed as reference: overhead is the training time beyond it in % of it, accuracy loss its test
+accuracy minus the run's, in points. Elastic strategies regrow to the original world size from a warm spare,
+so every strategy finishes at the same world size (checkpoint-restart restarts the whole world).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, one_sided, paired
+
+KEY = "ccgrid22"
+TITLE = "Low-overhead resilience for data-parallel DL (CCGrid'22)"
+PAPER = ("Checkpoint-restart adds the most runtime (progress since the last checkpoint is redone, more with a "
+         "longer interval); immediate mini-batch rollback loses no accuracy at a small runtime cost; lossy forward "
+         "recovery redoes nothing and loses a little accuracy (the dead rank's share of the buckets not yet applied).")
+
+SCALES: dict[str, dict[str, Any]] = {
+    "small": {"worlds": [4], "seeds": [0, 1, 2], "steps": 120, "mtbf_steps": 50, "max_failures": 2,
+              "intervals": [30], "elastic": ["rollback", "forward"]},
+    "paper": {"worlds": [4, 8], "seeds": [0, 1, 2, 3, 4], "steps": 300, "mtbf_steps": 90, "max_failures": 3,
+              "intervals": [25, 50, 100], "elastic": ["rollback", "forward", "shrink"]},
+}
+
+
+def strategies(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Label -> run settings of every strategy the campaign compares."""
+    chosen = {f"checkpoint_restart/{k}": {"strategy": "checkpoint_restart", "checkpoint_every": k}
+              for k in settings["intervals"]}
+    chosen.update({name: {"strategy": name, "regrow": True} for name in settings["elastic"]})
+    return chosen
+
+
+def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", model: str = "mlp",
+             dataset: str = "digits", **overrides: Any) -> Any:
+    """Run (or load, when already run) every (world size, seed, strategy) of the scale; one row per run."""
+    import pandas as pd
+
+    settings = {**SCALES[scale], **overrides}
+    rows = []
+    for world in settings["worlds"]:
+        for seed in settings["seeds"]:
+            common = {"world_size": world, "steps": settings["steps"], "seed": seed, "model": model,
+                      "dataset": dataset, "eval_interval": max(settings["steps"] // 10, 1)}
+            base = cached_run(Path(out) / "runs" / f"w{world}-s{seed}-none", **common)
+            failures = f"random:mtbf_steps={settings['mtbf_steps']},seed={seed},max={settings['max_failures']}"
+            for label, extra in strategies(settings).items():
+                name = label.replace("/", "-")
+                result = cached_run(Path(out) / "runs" / f"w{world}-s{seed}-{name}", **common, **extra,
+                                    faults=[failures])
+                rows.append(_row(label, world, seed, result, base))
+    return pd.DataFrame(rows)
+
+
+def _row(label: str, world: int, seed: int, result: Any, base: Any) -> dict[str, Any]:
+    s, b = result.summary, base.summary
+    ok = result.completed and base.completed
+    return {"strategy": label, "world_size": world, "seed": seed, "outcome": result.outcome,
+            "reason": s["reason"], "failures": len(result.failures),
+            "overhead_pct": 100 * (s["train_s"] - b["train_s"]) / b["train_s"] if ok else None,
+            "accuracy_loss_pt": 100 * (b["final_test_accuracy"] - s["final_test_accuracy"]) if ok else None,
+            "steps_redone": s["steps_redone_total"], "samples_lost": s["samples_lost_total"],
+            "train_s": s["train_s"], "baseline_train_s": b["train_s"], "final_test_accuracy": s["final_test_accuracy"],
+            "baseline_accuracy": b["final_test_accuracy"]}
+
+
+def statistics(frame: Any) -> Any:
+    """Per strategy and world size: runs, completed, failures, mean and 95 % t interval of overhead (%) and
+    accuracy loss (points), mean steps redone, total samples lost."""
+    import pandas as pd
+
+    rows = []
+    for (label, world), part in frame.groupby(["strategy", "world_size"], sort=False):
+        done = part[part.outcome == "completed"]
+        over, loss = mean_interval(done.overhead_pct), mean_interval(done.accuracy_loss_pt)
+        rows.append({"strategy": label, "world_size": world, "runs": len(part), "completed": len(done),
+                     "failures": int(part.failures.sum()), "overhead_pct": over[0], "overhead_low": over[1],
+                     "overhead_high": over[2], "loss_pt": loss[0], "loss_low": loss[1], "loss_high": loss[2],
+                     "steps_redone": done.steps_redone.mean(), "samples_lost": int(done.samples_lost.sum())})
+    return pd.DataFrame(rows)
+
+
+def verdict(frame: Any, scale: str) -> Verdict:
+    """The paper's directions, checked on every world size of the campaign."""
+    v = Verdict(KEY, TITLE, PAPER, scale)
+    stats = statistics(frame)
+    v.statistics = {"runs": len(frame), "completed": int((frame.outcome == "completed").sum()),
+                    "seeds": sorted(frame.seed.unique().tolist()), "worlds": sorted(frame.world_size.unique().tolist()),
+                    "failures_injected": int(frame.failures.sum())}
+    if (stats.completed < 2).any() or frame.failures.sum() == 0:
+        v.comparable, v.reason = False, "fewer than 2 completed runs of a strategy, or no failure was injected"
+        return v
+    for world, part in stats.groupby("world_size"):
+        by = part.set_index("strategy")
+        roll = by.loc["rollback"]
+        v.check(f"rollback loses no samples (world {world})", roll.samples_lost == 0,
+                f"{int(roll.samples_lost)} samples lost over {int(roll.completed)} runs")
+        v.check(f"rollback loses no accuracy (world {world})", roll.loss_high <= 0.5,
+                f"accuracy loss {fmt((roll.loss_pt, roll.loss_low, roll.loss_high), ' pt')} (upper bound <= 0.5 pt)")
+        fwd = by.loc["forward"]
+        fwd_loss = fmt((fwd.loss_pt, fwd.loss_low, fwd.loss_high), " pt")
+        v.check(f"forward drops the dead ranks' share (world {world})", fwd.samples_lost > 0,
+                f"{int(fwd.samples_lost)} samples lost, accuracy loss {fwd_loss}")
+        at = frame[frame.world_size == world]
+        diff = one_sided(paired(at, "forward", "rollback", "overhead_pct"))
+        v.check(f"forward adds no more runtime than rollback (world {world})", diff[1] <= 0,
+                f"forward - rollback overhead, paired by seed: {fmt(diff, ' pt', 1)} (one-sided 95 % lower bound <= 0)")
+        restarts = by[by.index.str.startswith("checkpoint_restart")]
+        for label in restarts.index:
+            diff = one_sided(paired(at, label, "rollback", "overhead_pct"))
+            v.check(f"{label} adds more runtime than rollback (world {world})", diff[1] > 0,
+                    f"{label} - rollback overhead, paired by seed: {fmt(diff, ' pt', 1)} (one-sided 95 % lower "
+                    "bound > 0)")
+        if len(restarts) > 1:
+            redone = restarts.steps_redone.tolist()
+            v.check(f"checkpoint-restart redoes more the longer its interval (world {world})",
+                    all(a < b for a, b in zip(redone, redone[1:])),
+                    "mean steps redone " + ", ".join(f"{k}: {r:.1f}" for k, r in restarts.steps_redone.items()))
+    return v
+
+
+def figure(frame: Any) -> Any:
+    """The paper's view: accuracy loss (points) against runtime overhead (% of the failure-free run), mean and
+    95 % interval per strategy, one marker shape per world size."""
+    import plotly.graph_objects as go
+
+    stats = statistics(frame)
+    fig = go.Figure()
+    symbols = ["circle", "diamond", "square", "triangle-up"]
+    for k, (world, part) in enumerate(stats.groupby("world_size")):
+        for _, row in part.iterrows():
+            fig.add_trace(go.Scatter(
+                x=[row.overhead_pct], y=[row.loss_pt], mode="markers", name=f"{row.strategy} (world {world})",
+                marker={"size": 11, "symbol": symbols[k % 4]},
+                error_x={"type": "data", "symmetric": False, "array": [row.overhead_high - row.overhead_pct],
+                         "arrayminus": [row.overhead_pct - row.overhead_low]},
+                error_y={"type": "data", "symmetric": False, "array": [row.loss_high - row.loss_pt],
+                         "arrayminus": [row.loss_pt - row.loss_low]}))
+    fig.update_layout(title="accuracy loss vs runtime overhead under random failures (mean, 95 % interval)",
+                      xaxis_title="runtime overhead (% of the failure-free run)",
+                      yaxis_title="test accuracy lost (points)", template="plotly_white", height=480)
+    return fig

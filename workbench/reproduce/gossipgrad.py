@@ -1,0 +1,113 @@
+"""*GossipGraD* (Daily et al., arXiv 1803.05880): gossip SGD with O(1) communication per step against allreduce.
+
+The paper's finding, in our words: each rank exchanges with one partner per step (rotating partners, so
+updates diffuse to every rank within log2(p) steps), so a rank's communication per step is constant in the
+number of ranks where allreduce's grows with it, and the accuracy reached matches that of allreduce SGD
+(the paper: ResNet-50 on ImageNet, top-1 as published, ~100 % compute efficiency on 128 GPUs).
+
+The campaign: the same model, data and steps under ``parallelism="data"`` (allreduce) and ``"gossip"`` at each
+``p``, per seed: accuracy against step and training time, the consensus distance of the gossip replicas and
+the messages and bytes one rank sends per step (counted, not timed). Compute efficiency at scale is not
+comparable on a 2-core machine (p ranks share 2 cores): the time axis is shown, not judged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench.reproduce.common import Verdict, cached_run, fmt, one_sided
+
+KEY = "gossipgrad"
+TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"
+PAPER = ("A rank's communication per step is constant in the number of ranks p (one partner per step, rotating), "
+         "against allreduce's that grows with p; the accuracy reached matches allreduce SGD (ResNet-50/ImageNet "
+         "top-1 as published); replicas stay close because partners rotate (diffusion in log2 p steps).")
+
+SCALES: dict[str, dict[str, Any]] = {
+    "small": {"worlds": [2, 4], "seeds": [0, 1], "steps": 100},
+    "paper": {"worlds": [2, 4, 8], "seeds": [0, 1, 2, 3, 4], "steps": 300},
+}
+MODES = ("data", "gossip")
+
+
+def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad", model: str = "mlp",
+             dataset: str = "digits", **overrides: Any) -> tuple[Any, Any]:
+    """(one row per run, per-step rows of every run) for every (p, seed, mode) of the scale."""
+    import pandas as pd
+
+    settings = {**SCALES[scale], **overrides}
+    rows, steps = [], []
+    for p in settings["worlds"]:
+        for seed in settings["seeds"]:
+            for mode in MODES:
+                extra = {"consensus_every": 5} if mode == "gossip" else {}
+                result = cached_run(Path(out) / "runs" / f"p{p}-s{seed}-{mode}", world_size=p, seed=seed,
+                                    steps=settings["steps"], parallelism=mode, model=model, dataset=dataset,
+                                    eval_interval=max(settings["steps"] // 10, 1), **extra)
+                frame = result.to_dataframe().assign(parallelism=mode, world_size=p, seed=seed)
+                frame["time"] = frame.step_time.cumsum()  # training time only: no start-up, no measurement
+                steps.append(frame)
+                late = frame[frame.step >= settings["steps"] // 2].consensus_distance.dropna()
+                early = frame[frame.step < settings["steps"] // 2].consensus_distance.dropna()
+                rows.append({"parallelism": mode, "world_size": p, "seed": seed, "outcome": result.outcome,
+                             "reason": result.summary["reason"],
+                             "final_test_accuracy": result.summary["final_test_accuracy"],
+                             "train_s": float(frame.step_time.sum()), "messages": float(frame.messages.median()),
+                             "bytes_sent": float(frame.bytes_sent.median()),
+                             "consensus_early": float(early.mean()) if len(early) else None,
+                             "consensus_late": float(late.mean()) if len(late) else None})
+    return pd.DataFrame(rows), pd.concat(steps, ignore_index=True)
+
+
+def verdict(frame: Any, scale: str) -> Verdict:
+    v = Verdict(KEY, TITLE, PAPER, scale)
+    done = frame[frame.outcome == "completed"]
+    v.statistics = {"runs": len(frame), "completed": len(done), "seeds": sorted(frame.seed.unique().tolist()),
+                    "p": sorted(frame.world_size.unique().tolist())}
+    if len(done) < len(frame):
+        bad = frame[frame.outcome != "completed"]
+        v.check("every run completes", False, "; ".join(f"{r.parallelism} p={r.world_size} seed {r.seed}: {r.reason}"
+                                                         for r in bad.itertuples()))
+    if frame.world_size.nunique() < 2:
+        v.comparable, v.reason = False, "the communication claim needs at least two values of p"
+        return v
+    per_p = done.groupby(["parallelism", "world_size"])[["messages", "bytes_sent"]].median()
+    gossip, allreduce = per_p.loc["gossip"], per_p.loc["data"]
+    v.check("gossip: messages per rank per step constant in p", gossip.messages.nunique() == 1,
+            "messages " + ", ".join(f"p={p}: {m:.0f}" for p, m in gossip.messages.items()))
+    v.check("allreduce: messages per rank per step grow with p", allreduce.messages.is_monotonic_increasing
+            and allreduce.messages.iloc[-1] > allreduce.messages.iloc[0],
+            "messages " + ", ".join(f"p={p}: {m:.0f}" for p, m in allreduce.messages.items()))
+    for p in sorted(done.world_size.unique()):
+        at = done[done.world_size == p].pivot_table(index="seed", columns="parallelism", values="final_test_accuracy")
+        at = at.dropna()
+        diff = one_sided(100 * (at["gossip"] - at["data"]))
+        v.check(f"gossip matches allreduce's accuracy (p={p})", diff[2] >= -1.0,
+                f"gossip - allreduce test accuracy, paired by seed: {fmt(diff, ' pt')} (one-sided 95 % upper "
+                "bound >= -1 pt: not shown to be worse by more than 1 pt)")
+    cons = done[(done.parallelism == "gossip") & done.consensus_late.notna()]
+    if len(cons):
+        grows = (cons.consensus_late > 2 * cons.consensus_early).sum()
+        v.check("gossip replicas stay close (consensus distance does not grow)", grows == 0,
+                f"{grows} of {len(cons)} runs doubled their consensus distance from the first to the second half; "
+                f"late mean {cons.consensus_late.mean():.3g}")
+    return v
+
+
+def figure(steps: Any) -> Any:
+    """Accuracy vs step and vs training time and the consensus distance at the largest p (seeds averaged), as
+    in the paper's convergence figures; and :func:`workbench.plots.traffic` for messages and bytes vs p."""
+    from workbench import plots
+
+    largest = steps.world_size.max()
+    mean = (steps[steps.world_size == largest].groupby(["parallelism", "step"], as_index=False)
+            [["time", "test_acc", "consensus_distance"]].mean())
+    return plots.gossip_vs_allreduce(mean).update_layout(
+        title=f"gossip vs allreduce at p = {largest} (mean over {steps.seed.nunique()} seeds)")
+
+
+def traffic_figure(steps: Any) -> Any:
+    from workbench import plots
+
+    return plots.traffic(steps)

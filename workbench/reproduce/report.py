@@ -1,0 +1,104 @@
+"""``runs/reproduce/report.html``: per seed paper, the finding as the paper states it beside our figures, the
+verdict (holds / does not hold / not comparable) with every check's numbers, and how the campaign was run.
+
+Reads what the reproduction notebooks save under ``ROOT/<key>/`` (directly, or in a sweep point directory
+below it): ``verdict.json``, ``figures/*.json`` (plotly) and ``table.csv``. A finding whose notebook did not
+save a verdict is listed as *not run*. plotly.js is inlined once (the page needs no network); written atomically.
+
+``python -m workbench.reproduce.report [ROOT] [--out FILE]`` (what ``make reproduce`` ends with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import sys
+import time
+from pathlib import Path
+
+from workbench.reproduce.common import FIGURES_DIR, HOLDS, NOT_COMPARABLE, VERDICT_FILE, Verdict
+
+# key -> notebook, in the order of the report
+NOTEBOOKS = {
+    "ccgrid22": "ccgrid22_resilience.ipynb",
+    "jpdc24": "jpdc24_soft_errors.ipynb",
+    "europmpi17": "europmpi17_mpi_needs.ipynb",
+    "gossipgrad": "gossipgrad.ipynb",
+    "apoptosis": "apoptosis.ipynb",
+}
+_COLOURS = {HOLDS: "#1a7f37", NOT_COMPARABLE: "#9a6700"}
+
+
+def find_verdict(root: Path, key: str) -> Path | None:
+    """The newest ``verdict.json`` under ``root/key`` (a sweep keeps it in its point directory)."""
+    found = sorted((root / key).rglob(VERDICT_FILE), key=lambda p: p.stat().st_mtime) if (root / key).is_dir() else []
+    return found[-1] if found else None
+
+
+def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
+    import plotly.io as pio
+
+    if path is None:
+        return (f"<section><h2>{html.escape(key)}</h2><p class='status' style='color:#cf222e'>not run</p>"
+                f"<p>No verdict under this key: run <code>notebooks/reproduce/{NOTEBOOKS[key]}</code>.</p></section>")
+    v = Verdict.load(path)
+    colour = _COLOURS.get(v.status, "#cf222e")
+    checks = "".join(f"<tr><td>{'✔' if c.ok else '✘'}</td><td>{html.escape(c.name)}</td>"
+                     f"<td>{html.escape(c.detail)}</td></tr>" for c in v.checks)
+    figures = []
+    for fig_path in sorted((path.parent / FIGURES_DIR).glob("*.json")):
+        fig = pio.from_json(fig_path.read_text())
+        figures.append(fig.to_html(full_html=False, include_plotlyjs=bool(first_figure[0])))
+        first_figure[0] = False
+    stats = "".join(f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(val))}</li>"
+                    for k, val in v.statistics.items())
+    reason = f"<p><b>Not comparable:</b> {html.escape(v.reason)}</p>" if not v.comparable else ""
+    return (f"<section><h2>{html.escape(v.title)}</h2>"
+            f"<p class='status' style='color:{colour}'>{html.escape(v.status)} <small>(scale: "
+            f"{html.escape(v.scale)})</small></p>{reason}"
+            f"<div class='pair'><div class='paper'><h3>The paper</h3><p>{html.escape(v.paper)}</p>"
+            f"<h3>Campaign</h3><ul>{stats}</ul></div><div class='ours'><h3>Ours</h3>{''.join(figures)}</div></div>"
+            f"<table><tr><th></th><th>check</th><th>measured</th></tr>{checks}</table>"
+            f"<p><small>{html.escape(str(path.parent))}</small></p></section>")
+
+
+def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathLike | None = None) -> Path:
+    """Assemble the report of every finding under ``root``; returns its path (default ``root/report.html``)."""
+    root = Path(root)
+    out = Path(out) if out is not None else root / "report.html"
+    first = [True]
+    paths = {key: find_verdict(root, key) for key in NOTEBOOKS}
+    sections = [_section(key, path, first) for key, path in paths.items()]
+    verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
+    summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b></li>" for k, s in verdicts.items())
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the seed papers</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px} .status{font-size:1.3em;font-weight:bold}"
+        " .pair{display:flex;gap:2em} .paper{flex:1} .ours{flex:2} table{border-collapse:collapse}"
+        " td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}</style></head><body>"
+        f"<h1>The seed papers' findings, reproduced</h1><p>Written {time.strftime('%Y-%m-%d %H:%M:%S')} from "
+        f"{html.escape(str(root.resolve()))}. A finding holds when every check passes; the thresholds are the "
+        f"paper's direction, not tuned to our numbers.</p><ul>{summary}</ul>{''.join(sections)}</body></html>")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(page)
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workbench.reproduce.report", description=__doc__.split("\n")[0])
+    parser.add_argument("root", nargs="?", default="runs/reproduce")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    path = write_report(args.root, args.out)
+    for key in NOTEBOOKS:
+        found = find_verdict(Path(args.root), key)
+        print(Verdict.load(found).summary() if found else f"{key}: not run")
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
