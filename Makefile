@@ -19,14 +19,16 @@ $(STAMP): pyproject.toml
 setup-browser: setup
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
-# The paper workflow in a few minutes: every recovery strategy x 2 seeds on 2 ranks, rank 1 killed at step 60,
-# then a small bit-flip campaign, then one HTML report. Resumable: run it again and only unfinished points run.
-# A failed point does not stop the demo (the report shows it).
+# The paper workflow in a few minutes: every recovery strategy x 2 seeds on 4 ranks, 300 steps, under a failure
+# process (exponential gaps of mean 80 steps, up to 3 failures: the ANL failure-simulation framework), then a small
+# bit-flip campaign, then one HTML report whose trade-off figure shows overhead in % of the failure-free run and
+# lists failed runs apart. Resumable: run it again and only unfinished points run. A failed point does not stop the
+# demo (the report shows it).
 DEMO ?= runs/demo
 demo: setup
 	-$(VENV)/bin/workbench sweep notebooks/permanent_faults.ipynb --out $(DEMO)/permanent_faults \
 		-p strategy none checkpoint_restart shrink rollback forward reinit -p seed 0 1 \
-		-p world_size 2 -p fault kill:rank=1,step=60
+		-p world_size 4 -p steps 300 -p fault random:mtbf_steps=80,seed=1,max=3
 	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
 	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
 

@@ -31,8 +31,21 @@ def test_strategy_tradeoff_error_bars():
                           "final_test_accuracy": [0.95, 0.96, 0.93, 0.91], "baseline_accuracy": [0.96] * 4,
                           "overhead_s": [0.5, 0.7, 0.2, 0.1]})
     fig = plots.strategy_tradeoff(frame)
-    forward = next(t for t in fig.data if t.name == "forward")
-    assert abs(forward.y[0] - 0.04) < 1e-9 and forward.error_y.array[0] > 0 and abs(forward.x[0] - 0.15) < 1e-9
+    forward = next(t for t in fig.data if t.name.startswith("forward"))
+    assert abs(forward.y[0] - 4.0) < 1e-9 and forward.error_y.array[0] > 0 and abs(forward.x[0] - 0.15) < 1e-9
+    assert fig.layout.xaxis.title.text == "runtime overhead (s)"  # a frame without overhead_pct
+
+
+def test_strategy_tradeoff_in_percent_with_failed_runs_apart():
+    frame = pd.DataFrame({"config.strategy": ["rollback", "rollback", "none", "none"],
+                          "outcome": ["completed", "completed", "failed", "failed"],
+                          "final_test_accuracy": [0.95, 0.96, None, None], "baseline_accuracy": [0.96] * 4,
+                          "overhead_s": [0.5, 0.7, None, None], "overhead_pct": [5.0, 7.0, None, None]})
+    fig = plots.strategy_tradeoff(frame)
+    assert [t.name for t in fig.data] == ["rollback (2 runs)"]  # the failed runs are no trade-off point
+    assert fig.data[0].x[0] == 6.0 and "%" in fig.layout.xaxis.title.text
+    assert "none: 2 failed" in fig.layout.annotations[0].text
+    assert all(t.mode == "markers" for t in fig.data)  # no text labels to overlap: the legend names them
 
 
 def test_bit_sensitivity_heatmap_and_scaling():

@@ -140,25 +140,38 @@ def recovery_timeline(result: RunResult) -> go.Figure:
     return fig
 
 
-def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhead: str = "overhead_s",
-                      strategy: str = "config.strategy", baseline: str = "baseline_accuracy") -> go.Figure:
-    """Accuracy loss vs runtime overhead per strategy (the ANL paper's trade-off view), mean and standard
-    deviation over the runs of each strategy (seeds). ``frame``: :func:`workbench.load_results` rows whose
-    summary has ``overhead_s`` and ``baseline_accuracy`` (set by ``RunResult.set_baseline``)."""
+def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhead: str | None = None,
+                      strategy: str = "config.strategy", baseline: str = "baseline_accuracy",
+                      outcome: str = "outcome") -> go.Figure:
+    """Accuracy loss (points) vs runtime overhead per strategy (the ANL paper's trade-off view): mean and standard
+    deviation over the completed runs of each strategy (seeds). Overhead is in % of the failure-free run
+    (``overhead_pct``; ``overhead_s`` in seconds for results that predate it). A run that failed is not a point
+    of the trade-off: failed runs are listed under the figure, per strategy. Strategies are told apart by colour
+    and marker in the legend, not by labels on the plot (which overlap where strategies sit together).
+    ``frame``: :func:`workbench.load_results` rows whose summary was completed by ``RunResult.set_baseline``."""
+    overhead = overhead or ("overhead_pct" if "overhead_pct" in frame else "overhead_s")
     data = frame.copy()
-    data["accuracy_loss"] = data[baseline] - data[accuracy]
+    failed = data[data[outcome] != "completed"] if outcome in data else data.iloc[:0]
+    data = data[data[outcome] == "completed"] if outcome in data else data
+    data["accuracy_loss"] = 100 * (data[baseline] - data[accuracy])
     stats = data.groupby(strategy).agg(loss=("accuracy_loss", "mean"), loss_sd=("accuracy_loss", "std"),
                                        overhead=(overhead, "mean"), overhead_sd=(overhead, "std"),
                                        runs=(accuracy, "size")).fillna(0.0).reset_index()
     fig = go.Figure()
-    for _, row in stats.iterrows():
+    symbols = ["circle", "diamond", "square", "triangle-up", "cross", "x", "star", "hexagon"]
+    for k, (_, row) in enumerate(stats.iterrows()):
         fig.add_trace(go.Scatter(
-            x=[row.overhead], y=[row.loss], mode="markers+text", text=[row[strategy]], textposition="top center",
-            name=row[strategy], marker={"size": 12},
-            error_x={"type": "data", "array": [row.overhead_sd]}, error_y={"type": "data", "array": [row.loss_sd]},
-            hovertext=f"{row[strategy]}: {int(row.runs)} runs", hoverinfo="text+x+y"))
-    fig.update_layout(title="accuracy loss vs runtime overhead", xaxis_title="runtime overhead (s)",
-                      yaxis_title="test accuracy lost", template="plotly_white")
+            x=[row.overhead], y=[row.loss], mode="markers", name=f"{row[strategy]} ({int(row.runs)} runs)",
+            marker={"size": 13, "symbol": symbols[k % len(symbols)]},
+            error_x={"type": "data", "array": [row.overhead_sd]}, error_y={"type": "data", "array": [row.loss_sd]}))
+    unit = "% of the failure-free run" if overhead == "overhead_pct" else "s"
+    if len(failed):
+        listed = "; ".join(f"{name}: {len(rows)} failed" for name, rows in failed.groupby(strategy))
+        fig.add_annotation(text=f"not trade-off points (runs that failed): {listed}", xref="paper", yref="paper",
+                           x=0, y=-0.22, showarrow=False, xanchor="left", font={"color": "crimson"})
+    fig.update_layout(title="accuracy loss vs runtime overhead (completed runs; mean ± sd)",
+                      xaxis_title=f"runtime overhead ({unit})", yaxis_title="test accuracy lost (points)",
+                      template="plotly_white", margin={"b": 110})
     return fig
 
 

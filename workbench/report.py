@@ -3,8 +3,9 @@ of its points.
 
 Which figures (each only when its data is there; the page says when none fits):
 - **strategy trade-off** (``plots.strategy_tradeoff``): completed points of at least two recovery strategies
-  (``config.strategy``, ``+regrow`` appended where set), some with failures, with ``overhead_s`` and
-  ``baseline_accuracy`` in their summary (the permanent-faults notebook sets them);
+  (``config.strategy``, ``+regrow`` appended where set), some with failures, with ``overhead_pct`` (or
+  ``overhead_s``) and ``baseline_accuracy`` in their summary (the permanent-faults notebook sets them); points
+  whose run failed (strategy ``none``) are listed under the figure, not drawn as trade-off points;
 - **recovery timelines** (``plots.recovery_timeline``): per strategy, the first completed point that had failures;
 - **bit sensitivity** (``plots.bit_sensitivity``): the per-bit trials that points saved as ``sensitivity.h5``
   (the soft-errors notebook), all points' trials together;
@@ -42,16 +43,20 @@ def strategy_label(row: Any) -> str:
 
 def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
     """(title, figure) for each figure that fits the sweep's table (see the module docstring)."""
+    import pandas as pd
+
     from workbench import plots
 
     done = frame[frame.status == "completed"].copy()
     found: list[tuple[str, Any]] = []
     if {"config.strategy", "overhead_s", "baseline_accuracy", "final_test_accuracy"} <= set(done.columns):
         done["strategy_label"] = [strategy_label(r) for _, r in done.iterrows()]
-        usable = done.dropna(subset=["overhead_s", "baseline_accuracy", "final_test_accuracy"])
-        if usable.strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum() > 0:
-            found.append(("Strategy trade-off: accuracy lost vs runtime overhead (mean ± sd over points)",
-                          plots.strategy_tradeoff(usable, strategy="strategy_label")))
+        failed = done[done.outcome != "completed"]
+        usable = pd.concat([done[done.outcome == "completed"].dropna(
+            subset=["overhead_s", "baseline_accuracy", "final_test_accuracy"]), failed])
+        if usable[usable.outcome == "completed"].strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum():
+            found.append(("Strategy trade-off: accuracy lost vs runtime overhead (mean ± sd over points; failed runs "
+                          "listed apart)", plots.strategy_tradeoff(usable, strategy="strategy_label")))
     if "config.strategy" in done.columns and "n_failures" in done.columns:
         faulty = done[done.n_failures.fillna(0) > 0].copy()
         faulty["strategy_label"] = [strategy_label(r) for _, r in faulty.iterrows()]

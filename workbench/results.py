@@ -48,8 +48,11 @@ class RunResult:
         return self.outcome == "completed"
 
     def set_baseline(self, baseline: RunResult) -> None:
-        """Record ``overhead_s``: training time beyond a no-fault run of the same configuration."""
+        """Record ``overhead_s``: training time beyond a no-fault run of the same configuration, and
+        ``overhead_pct``: the same in % of that run's training time."""
         self.summary["overhead_s"] = round(self.summary["train_s"] - baseline.summary["train_s"], 3)
+        base = baseline.summary["train_s"]
+        self.summary["overhead_pct"] = round(100 * self.summary["overhead_s"] / base, 2) if base else None
         self.summary["baseline_accuracy"] = baseline.summary["final_test_accuracy"]
 
     def save(self, directory: str | os.PathLike) -> Path:
