@@ -70,3 +70,30 @@ def test_a_deterministic_alarm_cannot_roll_back_forever():
     assert result.completed
     actions = [e["detail"] for e in result.events if e["kind"] == "recovered"]
     assert any("not transient" in a for a in actions)
+
+
+def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
+    import torch
+
+    from workbench.config import RunConfig
+    from workbench.rank.soft_errors import Detected, Detectors
+
+    model = torch.nn.Linear(4, 2)
+    detectors = Detectors(RunConfig(detect=["guard", "spike"], guard_limit=100.0), model)
+    detectors.local_alarms(0.5)
+    detectors.note_alarms(torch.tensor([0.0, 0.0]))
+    detectors.note_reduced(torch.tensor([1.0, -3.0]), ["fc.weight"])
+    detectors.note_reduced(torch.tensor([float("nan")]), ["fc.bias"])
+    with pytest.raises(Detected, match="gradient in fc.bias at step 7"):
+        detectors.settle(7)
+    assert detectors.pending == []  # settled: the next step starts clean
+    detectors.note_alarms(torch.tensor([0.0, 2.0]))
+    with pytest.raises(Detected, match="loss spike on 2 rank"):
+        detectors.settle(8)
+    detectors.suppressed.add(9)
+    detectors.note_alarms(torch.tensor([1.0, 0.0]))
+    detectors.settle(9)  # a step whose alarm repeated on replay is let through
+    assert detectors.weights_alarm() == 0.0
+    with torch.no_grad():
+        model.weight[0, 0] = 1e6
+    assert detectors.weights_alarm() == 1.0  # checked every detect_every steps, before the snapshot

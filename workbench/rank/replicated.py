@@ -234,8 +234,8 @@ class Trainer(BaseTrainer):
         step = self.inflight.step
         if self.detectors.active:
             if bucket.index == 0:
-                self.detectors.check_alarms(bucket.buffer[-ALARM_SLOTS:], step)
-            self.detectors.check_reduced(self.dp.gradients(bucket), bucket.names, step)
+                self.detectors.note_alarms(bucket.buffer[-ALARM_SLOTS:])
+            self.detectors.note_reduced(self.dp.gradients(bucket), bucket.names)
         self.injector.into_bucket("grad_local", step, bucket.names, bucket.views)
 
     def _recover_soft(self, detected: Detected) -> None:
@@ -254,7 +254,15 @@ class Trainer(BaseTrainer):
                                "detail": detected.detail, "action": action, "to_step": self.step})
 
     def _verify_replicas(self) -> None:
-        """Fingerprint check every ``detect_every`` steps; a verified state becomes the snapshot to return to."""
+        """Every ``detect_every`` steps: the guard's weight check and the fingerprint check; a verified state
+        becomes the snapshot to return to."""
+        if "guard" in self.detectors.on and self.step not in self.detectors.suppressed:
+            flag = torch.tensor([self.detectors.weights_alarm()])
+            if self.comm.size > 1:
+                self.comm.allreduce_now(flag)
+            if flag.item() > 0:
+                raise Detected("guard", f"non-finite or > {self.detectors.limit:g} weights on {int(flag.item())} "
+                               f"rank(s) before the snapshot at step {self.step}")
         if "fingerprint" in self.detectors.on and self.comm.size > 1:
             mine = torch.tensor([self.detectors.fingerprint()], dtype=torch.int64)
             everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
@@ -301,6 +309,8 @@ class Trainer(BaseTrainer):
         self._commit(step, stats, started)
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
+        if self.detectors.active:
+            self.detectors.settle(step)  # before the step counts: an alarm rolls back to the verified snapshot
         self.step = step + 1
         if self.rule is not None:
             # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same

@@ -12,9 +12,13 @@ Injection points (``flip:target=...``):
 
 Detectors (``detect``), with one rule: a decision to recover must be the same on every rank, so it is taken
 only on collective information.
-  * ``guard``: non-finite or huge (> ``guard_limit``) loss or weights on this rank raise an alarm that rides in
-    the first gradient bucket (no extra collective); gradients are checked after their allreduce, where every
-    rank sees the same sum. A flipped exponent bit can leave the loss finite near 1e35: magnitudes count.
+  * ``guard``: a non-finite or huge (> ``guard_limit``) loss on this rank raises an alarm that rides in the first
+    gradient bucket (no extra collective); gradients are checked after their allreduce, where every rank sees
+    the same sum (one fused max-abs per bucket, one host sync per step for all buckets and alarms together);
+    weights every ``detect_every`` steps, before the state becomes the verified snapshot (one flag allreduced),
+    so a corrupt weight never enters a snapshot and is caught within ``detect_every`` steps when neither the
+    loss nor a gradient showed it first. A flipped exponent bit can leave the loss finite near 1e35:
+    magnitudes count.
   * ``spike``: this rank's loss above ``spike_factor`` x the median of its recent losses; also an alarm slot.
   * ``fingerprint``: every ``detect_every`` steps the replicas allgather a fingerprint of their parameters and
     floating-point buffers; they must be bitwise equal. A strict majority re-broadcasts its parameters to the
@@ -146,6 +150,8 @@ class Detectors:
         self.model = model
         self.params = self._watched()
         self.recent: deque[float] = deque(maxlen=20)
+        # this step's reduced-gradient peaks and bucket-0 alarm slots, checked together by ``settle`` (one sync)
+        self.pending: list[tuple[torch.Tensor, str]] = []
         # steps whose alarm came back after a rollback: training is deterministic, so such an alarm is not a
         # transient soft error; those steps are let through instead of rolling back forever
         self.suppressed: set[int] = set()
@@ -166,14 +172,9 @@ class Detectors:
     def local_alarms(self, loss: float) -> list[float]:
         """[guard, spike] alarms of this rank for this step (1.0 = alarm), sent with the gradients."""
         guard = spike = 0.0
-        if "guard" in self.on:
-            if not np.isfinite(loss) or abs(loss) > self.limit:
-                guard = 1.0
-            else:
-                with torch.no_grad():  # one fused max-abs per tensor; NaN compares false, hence "not <="
-                    peak = torch.stack(torch._foreach_norm(self.params, float("inf"))).max().item()
-                if not peak <= self.limit:
-                    guard = 1.0
+        self.pending = []
+        if "guard" in self.on and (not np.isfinite(loss) or abs(loss) > self.limit):
+            guard = 1.0
         if "spike" in self.on and np.isfinite(loss):
             median = statistics.median(self.recent) if len(self.recent) >= 5 else None
             # relative AND absolute: late in training a 10x jump of a 1e-3 loss is noise, not corruption
@@ -183,22 +184,43 @@ class Detectors:
                 self.recent.append(loss)
         return [guard, spike]
 
-    def check_alarms(self, alarms: torch.Tensor, step: int) -> None:
-        if step in self.suppressed:
-            return
-        guard, spike = alarms.tolist()
-        if guard > 0:
-            raise Detected("guard", f"non-finite or > {self.limit:g} loss or weights on {int(guard)} rank(s) at "
-                           f"step {step}")
-        if spike > 0:
-            raise Detected("spike", f"loss spike on {int(spike)} rank(s) at step {step}")
+    def note_alarms(self, alarms: torch.Tensor) -> None:
+        """Keep the summed [guard, spike] alarm slots of bucket 0 for :meth:`settle`."""
+        self.pending.append((alarms.clone(), "alarms"))
 
-    def check_reduced(self, bucket_buffer: torch.Tensor, names: list[str], step: int) -> None:
-        """Gradients after their allreduce: identical on every rank, so every rank decides the same."""
-        if "guard" not in self.on or step in self.suppressed:
+    def note_reduced(self, bucket_buffer: torch.Tensor, names: list[str]) -> None:
+        """Keep the max-abs of a bucket's gradients after their allreduce (identical on every rank) for
+        :meth:`settle`; no host sync here."""
+        if "guard" in self.on:
+            with torch.no_grad():
+                self.pending.append((torch.linalg.vector_norm(bucket_buffer, float("inf")).reshape(1),
+                                     ", ".join(names)))
+
+    def settle(self, step: int) -> None:
+        """The step's alarms and gradient peaks, read in one host sync; every rank holds the same values (they
+        came through the allreduce), so every rank raises the same :class:`Detected` or none."""
+        pending, self.pending = self.pending, []
+        if not pending or step in self.suppressed:
             return
-        if not bucket_buffer.abs().max().item() <= self.limit:  # NaN fails "<=" too
-            raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {', '.join(names)} at step {step}")
+        values = torch.cat([t for t, _ in pending]).tolist()
+        at = 0
+        for tensor, what in pending:
+            mine, at = values[at: at + tensor.numel()], at + tensor.numel()
+            if what == "alarms":
+                guard, spike = mine
+                if guard > 0:
+                    raise Detected("guard", f"non-finite or > {self.limit:g} loss on {int(guard)} rank(s) at step "
+                                   f"{step}")
+                if spike > 0:
+                    raise Detected("spike", f"loss spike on {int(spike)} rank(s) at step {step}")
+            elif not mine[0] <= self.limit:  # NaN fails "<=" too
+                raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {what} at step {step}")
+
+    def weights_alarm(self) -> float:
+        """1.0 when a weight or floating-point buffer of this replica is non-finite or > ``guard_limit``."""
+        with torch.no_grad():  # one fused max-abs per tensor; NaN compares false, hence "not <="
+            peak = torch.stack(torch._foreach_norm(self.params, float("inf"))).max().item()
+        return 0.0 if peak <= self.limit else 1.0
 
     def fingerprint(self) -> int:
         """Fingerprint of the parameters' bits: per tensor, the int64 sum of its words read as integers (one
