@@ -68,21 +68,24 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
             resume = {**common, "steps": settings["steps"] + settings["resume_steps"],
                       "eval_interval": max(settings["resume_steps"] // 5, 1)}
             clean = cached_run(where / "clean", **resume, resume=original)
-            names = list(float_datasets(original))
+            sizes = {name: count for name, (count, _) in float_datasets(original).items()}
+            names = list(sizes)
             for group in settings["groups"]:
                 targets = [n for n in names if GROUPS[group](n)]
                 if not targets:
                     continue  # e.g. buffers of a model without batch norm
                 for k in settings["flips"]:
+                    flipped = min(k, sum(sizes[n] for n in targets))  # lenet5's buffers: 44 values in all
                     for trial in range(settings["trials"]):
                         altered = where / f"{group}-k{k}-t{trial}.h5"
                         flip_seed = zlib.crc32(f"{seed}-{world}-{platform}-{group}-{k}-{trial}".encode())
                         if not altered.is_file():
-                            alter_checkpoint(original, datasets=targets, count=k, seed=flip_seed, out=altered)
+                            alter_checkpoint(original, datasets=targets, count=flipped, seed=flip_seed, out=altered)
                         result = cached_run(where / f"{group}-k{k}-t{trial}", **resume, resume=str(altered),
                                             resume_verify=False)
                         rows.append({"platform": platform, "world_size": world, "group": group, "flips": k,
-                                     "trial": trial, **_outcome(result, clean, tolerance, settings["steps"])})
+                                     "flipped": flipped, "trial": trial,
+                                     **_outcome(result, clean, tolerance, settings["steps"])})
             if world == min(settings["worlds"]):  # per bit: the in-process resume does not depend on the world
                 weights = [n[len("model/"):] for n in names if GROUPS["weights"](n)]  # state-dict names
                 bits = bit_sensitivity(original, bits=settings["bits"], trials=settings["per_bit"],
