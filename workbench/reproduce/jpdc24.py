@@ -24,6 +24,7 @@ Two parts, each on every platform's *own* checkpoint, resumed *by that platform*
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,10 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
                     for trial in range(settings["trials"]):
                         altered = where / f"{group}-k{k}-t{trial}.h5"
                         flip_seed = zlib.crc32(f"{seed}-{world}-{platform}-{group}-{k}-{trial}".encode())
-                        if not altered.is_file():
-                            alter_checkpoint(original, datasets=targets, count=flipped, seed=flip_seed, out=altered)
+                        if not altered.is_file():  # altered aside, then renamed: never a half-altered copy
+                            partial = altered.with_name(f".{altered.name}.tmp")
+                            alter_checkpoint(original, datasets=targets, count=flipped, seed=flip_seed, out=partial)
+                            os.replace(partial, altered)
                         result = cached_run(where / f"{group}-k{k}-t{trial}", **resume, resume=str(altered),
                                             resume_verify=False)
                         rows.append({"platform": platform, "world_size": world, "group": group, "flips": k,
