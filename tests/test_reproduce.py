@@ -97,6 +97,7 @@ def test_europmpi_holds_and_fails_when_shrink_does_not_continue_on_the_survivors
 def test_kills_are_distinct_ranks_at_evenly_spaced_steps():
     assert europmpi17.kills(8, 200, 3) == ["kill:rank=7,step=50", "kill:rank=0,step=100", "kill:rank=5,step=150"]
     assert europmpi17.kills(8, 200, 0) == []
+    assert europmpi17.kills(4, 100, 2, offset=15) == ["kill:rank=3,step=48", "kill:rank=0,step=81"]
 
 
 # -- GossipGraD -----------------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ so after a failure the job can shrink its communicator and continue — no check
 is that of a failure-free run, even after several failures; only the throughput of the lost ranks is gone.
 Reinit and checkpoint-restart bring the world back, but return to a saved state and redo the steps since.
 
-The campaign: ``k`` ranks of a ``world``-rank run killed at evenly spaced steps (k = 0..3), under ``shrink``,
+The campaign: ``k`` ranks of a ``world``-rank run killed at evenly spaced steps (k = 0..3; off the snapshot
+steps by half an interval), under ``shrink``,
 ``reinit`` and ``checkpoint_restart`` (both with the same snapshot interval), per seed; accuracy and training
 time against k, steps redone, checkpoints written. Here the MPI layer is our gloo generations, not ULFM
 (see docs/permanent-faults.md): what is compared is what each recovery semantics costs the training.
@@ -33,12 +34,14 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
-def kills(world: int, steps: int, k: int) -> list[str]:
-    """``k`` distinct ranks killed at evenly spaced steps (rank 0 among them from the second on: any rank may die)."""
+def kills(world: int, steps: int, k: int, offset: int = 0) -> list[str]:
+    """``k`` distinct ranks killed at evenly spaced steps, shifted by ``offset`` (rank 0 among them from the second
+    on: any rank may die). The campaign shifts them by half a snapshot interval: a kill that lands exactly on a
+    snapshot would redo nothing and hide what Reinit and checkpoint-restart cost."""
     ranks = [world - 1 - i for i in range(k)]
     if k >= 2:
         ranks[1] = 0
-    return [f"kill:rank={r},step={steps * (i + 1) // (k + 1)}" for i, r in enumerate(ranks)]
+    return [f"kill:rank={r},step={steps * (i + 1) // (k + 1) + offset}" for i, r in enumerate(ranks)]
 
 
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17", model: str = "mlp",
@@ -56,7 +59,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17"
             extra = {} if strategy == "shrink" else {"checkpoint_every": settings["snapshot_every"]}
             for k in settings["failures"]:
                 result = cached_run(Path(out) / "runs" / f"s{seed}-{strategy}-k{k}", **common, strategy=strategy,
-                                    faults=kills(world, steps, k), **extra)
+                                    faults=kills(world, steps, k, settings["snapshot_every"] // 2), **extra)
                 s = result.summary
                 rows.append({"strategy": strategy, "failures": k, "seed": seed, "world_size": world,
                              "outcome": result.outcome, "reason": s["reason"],
