@@ -96,4 +96,8 @@ def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
     assert detectors.weights_alarm() == 0.0
     with torch.no_grad():
         model.weight[0, 0] = 1e6
-    assert detectors.weights_alarm() == 1.0  # checked every detect_every steps, before the snapshot
+    assert detectors.weights_alarm() == 1.0
+    assert detectors.local_alarms(0.5)[0] == 0.0  # weights are checked only every detect_every steps ...
+    detectors.check_weights_next()
+    assert detectors.local_alarms(0.5)[0] == 1.0  # ... in the guard slot of the step after a snapshot
+    assert detectors.local_alarms(0.5)[0] == 0.0

@@ -42,6 +42,8 @@ class Trainer(BaseTrainer):
         self.detectors = Detectors(config, self.model)
         self._detections: set[tuple[int, str]] = set()  # (step, detector) of every alarm seen
         self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
+        # with the guard on, a snapshot waits for the next step's alarms (they carry its weight check) to be verified
+        self.tentative: dict[str, Any] | None = None
 
     def _build_dp(self) -> None:
         """Gradient buckets, hooks and optimizers for the model's current parameters (again after every change of
@@ -152,7 +154,7 @@ class Trainer(BaseTrainer):
         self.inflight = None
         self.trained = True
         if self.detectors.active:
-            self.verified = self._snapshot()  # replicas are identical right after a sync
+            self.verified, self.tentative = self._snapshot(), None  # replicas are identical right after a sync
 
     def _load_checkpoint(self, path: str) -> None:
         restored = ckpt.load(path, check=self.config.resume_verify)
@@ -243,6 +245,7 @@ class Trainer(BaseTrainer):
         self.dp.drain()
         at = self.inflight.step if self.inflight is not None else self.step
         self.inflight = None
+        self.tentative = None  # taken after the corruption, or not verified yet: never returned to
         self._restore(self.verified)
         action = "rollback"
         if (at, detected.detector) in self._detections:
@@ -254,15 +257,8 @@ class Trainer(BaseTrainer):
                                "detail": detected.detail, "action": action, "to_step": self.step})
 
     def _verify_replicas(self) -> None:
-        """Every ``detect_every`` steps: the guard's weight check and the fingerprint check; a verified state
-        becomes the snapshot to return to."""
-        if "guard" in self.detectors.on and self.step not in self.detectors.suppressed:
-            flag = torch.tensor([self.detectors.weights_alarm()])
-            if self.comm.size > 1:
-                self.comm.allreduce_now(flag)
-            if flag.item() > 0:
-                raise Detected("guard", f"non-finite or > {self.detectors.limit:g} weights on {int(flag.item())} "
-                               f"rank(s) before the snapshot at step {self.step}")
+        """Every ``detect_every`` steps: the fingerprint check, and the guard's weight check (carried by the next
+        step's alarms); a verified state becomes the snapshot to return to."""
         if "fingerprint" in self.detectors.on and self.comm.size > 1:
             mine = torch.tensor([self.detectors.fingerprint()], dtype=torch.int64)
             everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
@@ -288,7 +284,13 @@ class Trainer(BaseTrainer):
                                        "detail": f"replicas at generation ranks {odd} differ", "action": action,
                                        "to_step": self.step})
                 return
-        self.verified = self._snapshot()
+        if "guard" in self.detectors.on:
+            # the weights' check rides in the next step's alarm slot (no extra collective); the snapshot becomes
+            # the verified one only when that step's alarms come back clean
+            self.detectors.check_weights_next()
+            self.tentative = self._snapshot()
+        else:
+            self.verified = self._snapshot()
 
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
@@ -311,6 +313,8 @@ class Trainer(BaseTrainer):
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         if self.detectors.active:
             self.detectors.settle(step)  # before the step counts: an alarm rolls back to the verified snapshot
+            if self.tentative is not None:
+                self.verified, self.tentative = self.tentative, None
         self.step = step + 1
         if self.rule is not None:
             # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same

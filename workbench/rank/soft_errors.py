@@ -15,8 +15,9 @@ only on collective information.
   * ``guard``: a non-finite or huge (> ``guard_limit``) loss on this rank raises an alarm that rides in the first
     gradient bucket (no extra collective); gradients are checked after their allreduce, where every rank sees
     the same sum (one fused min/max per bucket, one host sync per step for all buckets and alarms together);
-    weights every ``detect_every`` steps, before the state becomes the verified snapshot (one flag allreduced),
-    so a corrupt weight never enters a snapshot and is caught within ``detect_every`` steps when neither the
+    weights every ``detect_every`` steps: the snapshot taken then becomes the verified one only when the next
+    step's alarms, whose guard slot carries that weight check, come back clean (no extra collective), so a
+    corrupt weight never enters a verified snapshot and is caught within ``detect_every`` steps when neither the
     loss nor a gradient showed it first. A flipped exponent bit can leave the loss finite near 1e35:
     magnitudes count.
   * ``spike``: this rank's loss above ``spike_factor`` x the median of its recent losses; also an alarm slot.
@@ -152,6 +153,7 @@ class Detectors:
         self.recent: deque[float] = deque(maxlen=20)
         # this step's reduced-gradient peaks and bucket-0 alarm slots, checked together by ``settle`` (one sync)
         self.pending: list[tuple[torch.Tensor, str]] = []
+        self.weights_due = False  # check the weights at the next step (its guard slot carries the result)
         # steps whose alarm came back after a rollback: training is deterministic, so such an alarm is not a
         # transient soft error; those steps are let through instead of rolling back forever
         self.suppressed: set[int] = set()
@@ -175,6 +177,9 @@ class Detectors:
         self.pending = []
         if "guard" in self.on and (not np.isfinite(loss) or abs(loss) > self.limit):
             guard = 1.0
+        if self.weights_due:
+            self.weights_due = False
+            guard = max(guard, self.weights_alarm())
         if "spike" in self.on and np.isfinite(loss):
             median = statistics.median(self.recent) if len(self.recent) >= 5 else None
             # relative AND absolute: late in training a 10x jump of a 1e-3 loss is noise, not corruption
@@ -208,12 +213,16 @@ class Detectors:
             if what == "alarms":
                 guard, spike = mine
                 if guard > 0:
-                    raise Detected("guard", f"non-finite or > {self.limit:g} loss on {int(guard)} rank(s) at step "
-                                   f"{step}")
+                    raise Detected("guard", f"non-finite or > {self.limit:g} loss or weights on {int(guard)} rank(s) "
+                                   f"at step {step}")
                 if spike > 0:
                     raise Detected("spike", f"loss spike on {int(spike)} rank(s) at step {step}")
             elif not (-self.limit <= mine[0] and mine[1] <= self.limit):  # NaN fails "<=" too
                 raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {what} at step {step}")
+
+    def check_weights_next(self) -> None:
+        """Have the next step's guard alarm include this replica's weights (as they are at that step's start)."""
+        self.weights_due = "guard" in self.on
 
     def weights_alarm(self) -> float:
         """1.0 when a weight or floating-point buffer of this replica is non-finite or > ``guard_limit``."""
