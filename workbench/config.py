@@ -21,6 +21,7 @@ from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 from workbench.errors import ConfigError
 from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.peers import PEER_STRATEGIES, require_peer
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
            "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
@@ -28,14 +29,14 @@ __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS"
 
 MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/architectures.py
 OPTIMIZERS = ("sgd", "adam")
-STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", "torchft", "torchrun")
+STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", *PEER_STRATEGIES)
 REGROW_STRATEGIES = ("shrink", "rollback", "forward")
 DETECTORS = ("fingerprint", "guard", "spike")
 PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
 # which recovery strategies mean something in each parallel mode (DESIGN §4, §6; README "Parallel modes")
 PARALLEL_STRATEGIES = {
-    "data": STRATEGIES,  # the peers (torchft, torchrun: workbench/peers) train data-parallel only
+    "data": STRATEGIES,  # the peers (torchft, torchrun, ulfm: workbench/peers) train data-parallel only
     # a stage's layers live on one rank only: nothing to shrink to, no replica to roll back with
     "pipeline": ("none", "checkpoint_restart", "reinit"),
     # replicas differ by design: there is no collective step to roll back or finish lossily, only survivors
@@ -130,7 +131,7 @@ class RunConfig:
         if not isinstance(self.regrow, bool):
             raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
         if self.regrow and self.strategy not in REGROW_STRATEGIES:
-            why = ("it recovers by its own means" if self.strategy in ("torchft", "torchrun") else
+            why = ("it recovers by its own means" if self.strategy in PEER_STRATEGIES else
                    "it restarts ranks itself" if self.strategy in ("reinit", "checkpoint_restart") else "no recovery")
             raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
                               f"{self.strategy!r} ({why})")
@@ -228,8 +229,6 @@ class RunConfig:
 
     def _check_peer(self) -> None:
         """The peers run the same model and data with their own machinery: only what they have applies."""
-        from workbench.peers import PEER_STRATEGIES, require_torchft
-
         if self.strategy not in PEER_STRATEGIES:
             return
         unsupported = {"regrow": self.regrow, "detect": self.detect, "apoptosis": self.apoptosis,
@@ -241,8 +240,7 @@ class RunConfig:
                                   "ours and does not apply to it")
         if self.parallelism != "data":
             raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
-        if self.strategy == "torchft":
-            require_torchft()
+        require_peer(self.strategy)
 
     def _check_hosts(self) -> None:
         from workbench.hosts import Host, check_address

@@ -7,10 +7,15 @@ recovery become our figures.
   step committed without it; steps redone = steps torchft did not commit.
 * torchrun: one elastic agent for the world (``--max-restarts``); its workers join our slots by ``$RANK``; a
   restarted worker saying hello is the agent having seen the failure.
+* ulfm: one ``mpirun --with-ft ulfm`` for the world; its processes join our slots by their MPI rank. Detection =
+  a survivor's first MPI call failing (``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_REVOKED``); settle = the survivors
+  done with revoke, shrink and agree (and the state broadcast, if their steps differed); resume = the first step
+  committed after it; no step is redone and no sample lost (the failed step is retried, its batch re-split).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import sys
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import RunStartError
+from workbench.peers import mpirun_path
 
 
 def free_port(host: str) -> int:
@@ -48,14 +54,64 @@ def start_lighthouse(launcher: Any, host: str, heartbeat_timeout: float) -> str:
             time.sleep(0.02)
 
 
-def start_agent(launcher: Any, host: str, world_size: int, store_address: str, restarts: int) -> Any:
-    """torchrun: one elastic agent for the world; its workers join the slots by $RANK."""
-    return launcher.launch(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", host,
-         "--master-port", str(free_port(host)), "--nproc-per-node", str(world_size),
-         "--max-restarts", str(restarts), "--monitor-interval", "0.1",
-         "-m", "workbench.peers.torchrun_rank", "--store", store_address],
-        "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
+def start_agent(launcher: Any, peer: str, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
+    """The peer's own launcher for the whole world: torchrun's elastic agent or Open MPI's mpirun. Its workers
+    join our slots through the store (by ``$RANK`` / their MPI rank)."""
+    host, world = config.bind, config.world_size
+    if peer == "torchrun":
+        restarts = planned + 3  # every planned kill/hang and random failure, plus 3 for restarts failing on their own
+        recorder.event("torchrun", -1, f"torchrun agent started: {world} workers, up to {restarts} restarts of the "
+                       "world")
+        return launcher.launch(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", host,
+             "--master-port", str(free_port(host)), "--nproc-per-node", str(world),
+             "--max-restarts", str(restarts), "--monitor-interval", "0.1",
+             "-m", "workbench.peers.torchrun_rank", "--store", store_address],
+            "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
+    argv, env = mpirun_command(world, ft=os.environ.get("WORKBENCH_ULFM_FT", "1") != "0")
+    recorder.event("ulfm", -1, f"mpirun started {world} MPI processes" + (" with ULFM" if "--with-ft" in argv else
+                                                                         " WITHOUT fault tolerance (benchmark)"))
+    return launcher.launch([*argv, sys.executable, "-m", "workbench.peers.ulfm_rank", "--store", store_address],
+                           "mpirun.log", what="Open MPI's mpirun", env=env)
+
+
+def mpirun_command(world_size: int, ft: bool = True) -> tuple[list[str], dict[str, str]]:
+    """mpirun for ``world_size`` processes on this machine. ULFM's failure notification needs the TCP transport
+    (Open MPI 5.0's shared-memory transport left survivors blocked in a collective with a dead peer: measured,
+    docs/peers.md), bound to the loopback; no core binding (ranks share 2 cores with the supervisor)."""
+    argv = [mpirun_path() or "mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "tcp,self",
+            "--mca", "btl_tcp_if_include", "127.0.0.0/8", "-np", str(world_size)]
+    if ft:
+        argv[1:1] = ["--with-ft", "ulfm"]
+    if os.geteuid() == 0:
+        argv.insert(1, "--allow-run-as-root")  # containers run as root; Open MPI refuses it otherwise
+    return argv, {"OMPI_MCA_mpi_ft_verbose": "0", "PRTE_MCA_prte_silence_shared_fs": "1"}
+
+
+def agent_ended(peer: str, code: int, started: bool, log_hint: Any) -> tuple[str, str]:
+    """The outcome when the peer's launcher exits before every member finished."""
+    if peer == "torchrun":
+        if not started:
+            return "failed", f"the torchrun agent exited during start-up with code {code}" + log_hint("torchrun.log")
+        return "failed", (f"the torchrun agent gave up (exit code {code}): a worker failed more often than "
+                          "--max-restarts allows")
+    when = "during start-up" if not started else "before every surviving rank finished"
+    return "failed", f"mpirun exited {when} (code {code})" + log_hint("mpirun.log")
+
+
+def ulfm_message(recorder: Any, label: int | None, m: dict[str, Any]) -> None:
+    """What the ULFM survivors report: a failed MPI call (detection), the shrunk communicator (settled)."""
+    if m["event"] == "failure":
+        recorder.event("ulfm_error", m["step"], f"MPI call failed at step {m['step']}: {m['error']}", rank=label)
+        recorder.peer_mark("detect", m["t"])
+    elif m["event"] == "shrunk":
+        moved = f", state broadcast from the survivor at step {m['step']} ({m['bytes']} bytes)" if m["bytes"] else ""
+        recorder.event("ulfm", m["step"], f"revoke {m['revoke_s'] * 1e3:.1f} ms, shrink {m['shrink_s'] * 1e3:.1f} ms, "
+                       f"agree {m['agree_s'] * 1e3:.1f} ms: {m['size']} ranks go on{moved}; step {m['step']} retried",
+                       rank=label)
+        recorder.world_size = m["size"]
+        recorder.status.update(world_size=m["size"])
+        recorder.peer_mark("settle", m["t"])
 
 
 def torchft_step(recorder: Any, spawn_id: int, label: int | None, reporter: bool, m: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
 from workbench.hosts import Host, placement
-from workbench.peers import PEER_STRATEGIES
+from workbench.peers import AGENT_PEERS, PEER_STRATEGIES
 from workbench.peers import supervision as peers
 from workbench.protocol import CONTROL_KEY
 from workbench.results import RunResult
@@ -143,13 +143,9 @@ class Supervisor:
         if self.peer == "torchft":
             self.lighthouse_address = peers.start_lighthouse(self.launcher, self.host, self.config.heartbeat_timeout)
         self._apply(self.membership.start())
-        if self.peer == "torchrun":
-            # every planned kill/hang and random failure, plus 3 for restarts that fail on their own
-            restarts = self.plan.planned() + 3
-            self.agent = peers.start_agent(self.launcher, self.host, self.config.world_size, self.store_address,
-                                           restarts)
-            self.recorder.event("torchrun", -1, f"torchrun agent started: {self.config.world_size} workers, up to "
-                                f"{restarts} restarts of the world")
+        if self.peer in AGENT_PEERS:
+            self.agent = peers.start_agent(self.launcher, self.peer, self.config, self.store_address,
+                                           self.plan.planned(), self.recorder)
 
     def _loop(self) -> tuple[str, str]:
         while True:
@@ -161,11 +157,7 @@ class Supervisor:
             if self._outcome:
                 return self._outcome
             if self.agent is not None and self.agent.poll() is not None and not self._all_done():
-                if not self.membership.started:
-                    return "failed", (f"the torchrun agent exited during start-up with code "
-                                      f"{self.agent.returncode}" + self._log_hint("torchrun.log"))
-                return "failed", (f"the torchrun agent gave up (exit code {self.agent.returncode}): a worker failed "
-                                  "more often than --max-restarts allows")
+                return peers.agent_ended(self.peer, self.agent.returncode, self.membership.started, self._log_hint)
             for fault in self.plan.due(None if self.recorder.train_start is None
                                        else time.time() - self.recorder.train_start):
                 self._inject(fault.kind, fault.rank, source=f"planned ({fault})")
@@ -236,7 +228,7 @@ class Supervisor:
 
     def _start_process(self, d: Start) -> None:
         if d.slot:
-            self.launcher.slot(d.id, d.label, "torchrun")
+            self.launcher.slot(d.id, d.label, self.peer)
             return
         w = self.launcher.start_rank(d.id, d.label, self.control.address)
         if w.remote and w.proc is None:
@@ -307,10 +299,12 @@ class Supervisor:
                 self.control.refuse(pending, refusal)
                 self.recorder.event("join_refused", -1, refusal)
                 return
-            if self.peer != "torchrun":
-                worker.host = pending.conn.getpeername()[0]
+            if self.peer in AGENT_PEERS:
+                worker.pid = hello.get("pid")  # a process of this machine, started by the peer's launcher
+                if self.peer == "torchrun":
+                    peers.torchrun_restarted(self.recorder)
             else:
-                peers.torchrun_restarted(self.recorder)
+                worker.host = pending.conn.getpeername()[0]
         else:
             worker = self.launcher.workers.get(hello["id"])
         if worker is None or worker.conn is not None or not worker.alive:
@@ -338,7 +332,7 @@ class Supervisor:
                     self.recorder.step(m)
         elif kind == "ready":
             w.ready = True
-            if w.remote and w.proc is None:
+            if w.remote and w.proc is None and w.pid is None:
                 self.recorder.event("host", -1, f"rank {w.label} joined from {w.host}", rank=w.label)
             self._apply(self.membership.ready(w.spawn_id))
         elif kind == "joined":
@@ -358,6 +352,8 @@ class Supervisor:
             self.recorder.rank_message(w.label, m)
         elif kind == "quorum":
             peers.torchft_quorum(self.recorder, w.spawn_id, w.label, m)
+        elif kind == "ulfm":
+            peers.ulfm_message(self.recorder, w.label, m)
         elif kind == "discarded":
             peers.torchft_discarded(self.recorder, w.label, m)
         elif kind == "peer_error":
@@ -375,7 +371,7 @@ class Supervisor:
         return f" (see {self.log_dir}/{name})" if self.log_dir else ""
 
     def _join_hint(self, w: Worker) -> str:
-        if w.remote and w.proc is None and w.host != "torchrun":
+        if w.remote and w.proc is None and w.host not in AGENT_PEERS:
             return f"; it is to join from {w.host}: workbench rank --store {self.store_address} --rank-hint {w.label}"
         return ""
 

@@ -52,6 +52,7 @@ class Worker:
     group: int = 0  # members of one group hold the same parameters (a pipeline stage's replicas)
     host: str = "local"  # address of the host it runs on (multi-host runs)
     remote: bool = False  # not a child process of this machine: signals travel as control messages
+    pid: int | None = None  # a process of this machine started by a peer's launcher (torchrun, mpirun)
     fault: dict[str, Any] | None = None  # the fault that hit this rank: kind, step, wall-clock time
     started: float = field(default_factory=time.monotonic)  # when it was spawned (or its slot made)
 
@@ -157,14 +158,18 @@ class Launcher:
 
     def kill(self, worker: Worker, send: Any = None) -> None:
         """Stop a rank: a remote one is told to SIGKILL itself (``send``), a local one's session is killed."""
-        if worker.remote and send is not None:
+        if worker.pid is not None:
+            _kill_pid(worker.pid, signal.SIGKILL)  # a stopped (hung) process cannot act on a message
+        elif worker.remote and send is not None:
             send(worker, {"type": "signal", "name": "SIGKILL"})  # and it exits when its connection closes
         if worker.proc is not None:
             kill_process(worker.proc)
 
     def signal(self, worker: Worker, name: str, send: Any) -> None:
         """Deliver a fault (SIGKILL, SIGSTOP) to a rank, wherever it runs."""
-        if worker.remote:
+        if worker.pid is not None:
+            _kill_pid(worker.pid, getattr(signal, name))
+        elif worker.remote:
             send(worker, {"type": "signal", "name": name})  # not our child: it signals itself
         else:
             os.kill(worker.proc.pid, getattr(signal, name))
@@ -172,8 +177,9 @@ class Launcher:
     def exit_cause(self, worker: Worker) -> str:
         code = worker.proc.poll() if worker.proc is not None and not worker.remote else None
         if code is None:
-            if worker.host == "torchrun":
-                return "died (a torchrun worker: its connection closed)"
+            if worker.pid is not None:
+                launcher = {"torchrun": "a torchrun worker", "ulfm": "an MPI process of mpirun"}[worker.host]
+                return f"died ({launcher}: its connection closed)"
             return f"on {worker.host} lost its connection" if worker.remote else "lost its connection"
         if code < 0:
             return f"died ({signal.Signals(-code).name})"
@@ -196,6 +202,15 @@ def replicas_identical(workers: list[Worker]) -> bool:
     for w in workers:
         groups.setdefault(w.group, set()).add(w.fingerprint)
     return all(len(prints) == 1 for prints in groups.values())
+
+
+def _kill_pid(pid: int, sig: int) -> None:
+    """Signal a rank started by a peer's launcher, if that pid is still a workbench process (not a reused pid)."""
+    try:
+        if b"workbench" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, sig)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
 
 
 def kill_process(proc: Any, wait: float = 5.0) -> None:

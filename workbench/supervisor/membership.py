@@ -25,6 +25,8 @@ The strategies, as decisions:
 * ``torchft``: the survivors go on (torchft finds quorum itself); a replacement heals from a peer.
 * ``torchrun``: the agent restarts the whole world: every member and starting slot retires, fresh slots wait
   for the workers the agent starts next.
+* ``ulfm``: mpirun's processes join slots; on a death the survivors revoke, shrink and go on among themselves
+  (no replacement, no new generation: the MPI layer is the membership).
 
 A process that dies before it is a member (a starting replacement, a spare, a restarted world's rank) is
 started anew for the same label, at most ``max_starts`` times in a row per label; a death of a first-world
@@ -153,7 +155,7 @@ class Membership:
 
     # -- events ---------------------------------------------------------------------------------------------------
     def start(self) -> list[Decision]:
-        slots = self.strategy == "torchrun"
+        slots = self.strategy in ("torchrun", "ulfm")
         out: list[Decision] = [self._new(label, slot=slots) for label in range(self.world_size)]
         out += [self._new(None) for _ in range(self.warm_spares)]
         return out
@@ -220,6 +222,9 @@ class Membership:
                 return [lost(len(survivors)), *self._end(
                     "failed", f"rank {label} {cause}{where}, the last replica of pipeline stage {stage}; shrink cannot "
                     "rebuild a stage's layers (checkpoint_restart or reinit can)")]
+        if strategy == "ulfm":  # the survivors' MPI layer shrinks the communicator itself
+            self.members = survivors
+            return [lost(len(survivors)), Note("ulfm", f"the {len(survivors)} survivors revoke, shrink and go on")]
         if strategy == "torchft":  # the replicas find out by themselves; recovery is a restart + heal
             self.members = survivors
             start = self._replace(label)

@@ -69,6 +69,7 @@ class Recorder:
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.failures: list[Failure] = []
+        self.peer_marks: list[tuple[str, float]] = []  # ulfm: when survivors saw a failure, when they had shrunk
         self.train_start: float | None = None
         self.committed = 0  # steps committed by the run (rank 0 of the current generation)
         self.gen = -1
@@ -93,7 +94,23 @@ class Recorder:
                           replacement=decision.replacement)
         self.failures.append(failure)
         self.event("failure", step, f"rank {decision.label} {decision.cause}", rank=decision.label)
+        self.peer_mark()  # the survivors may have reported their detection before the supervisor saw the death
         return failure
+
+    def peer_mark(self, kind: str | None = None, t: float = 0.0) -> None:
+        """A peer that recovers without a generation (ulfm) says when a survivor's MPI call failed (``detect``)
+        and when the survivors had shrunk (``settle``); both are matched to the failures the supervisor saw, in
+        whichever order the messages came: a failure's detection is the first mark after its fault."""
+        if kind is not None:
+            self.peer_marks.append((kind, t))
+        for failure in self.failures:
+            if failure.detect_time is None:
+                seen = [t for k, t in self.peer_marks if k == "detect" and t >= failure.fault_time]
+                if seen:
+                    failure.detect_time, failure.peer_seen = min(seen), True
+            if failure.peer_seen and failure.settle_time is None:
+                settled = [t for k, t in self.peer_marks if k == "settle" and t >= failure.detect_time]
+                failure.settle_time = min(settled) if settled else None
 
     def generation(self, decision: Generation) -> None:
         self.gen, self.world_size = decision.gen, len(decision.members)
@@ -146,6 +163,9 @@ class Recorder:
         self.committed = m["step"] + 1
         for failure in self.failures:
             if failure.resume_time is None and failure.recovery_gen is not None and m["gen"] >= failure.recovery_gen:
+                failure.resume_time = m["t"]
+            elif failure.resume_time is None and failure.recovery_gen is None and failure.settle_time is not None \
+                    and m["t"] >= failure.settle_time:  # ulfm: the first step committed after the shrink
                 failure.resume_time = m["t"]
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
                "samples": m["samples"], "world_size": self.world_size, "generation": self.gen,

@@ -1,0 +1,106 @@
+"""ULFM as a strategy (``--strategy ulfm``): real Open MPI 5 processes started by mpirun with fault tolerance on,
+the survivors revoking, shrinking and agreeing; and the pieces that need no MPI (membership, figures, refusals)."""
+
+import subprocess
+import sys
+
+import pytest
+
+import workbench
+from workbench.config import RunConfig
+from workbench.errors import ConfigError
+from workbench.peers import mpirun_path
+from workbench.supervisor.membership import End, Lost, Membership, Note, Start
+from workbench.supervisor.recorder import Recorder
+
+needs_mpi = pytest.mark.skipif(mpirun_path() is None, reason="the mpi extra is not installed (pip install -e .[mpi])")
+TINY = {"steps": 120, "eval_interval": 60, "hidden": [32], "seed": 3, "strategy": "ulfm"}
+
+
+@needs_mpi
+def test_rank_0_killed_the_survivors_shrink_and_finish_every_step(tmp_path):
+    result = workbench.run({**TINY, "world_size": 3, "faults": ["kill:rank=0,step=40"]}, out=tmp_path / "u")
+    summary = result.summary
+    assert summary["outcome"] == "completed", summary["reason"]
+    assert summary["world_size_final"] == 2 and summary["steps_completed"] == 120
+    (failure,) = summary["failures"]
+    assert failure["rank"] == 0 and failure["world_size_after"] == 2
+    # detection is the survivors' own MPI error, settle their revoke/shrink/agree, resume the retried step
+    assert 0 < failure["detection_s"] <= failure["settle_s"] <= failure["resume_s"] < 5
+    assert failure["steps_redone"] == 0 and failure["samples_lost"] == 0
+    kinds = [e["kind"] for e in result.events]
+    assert "ulfm_error" in kinds and any(e["kind"] == "ulfm" and "shrink" in e["detail"] for e in result.events)
+    assert summary["replicas_identical"] is True
+    # the shrunk world trains on the whole global batch: every step after the kill reports all its samples
+    after = [row for row in result.metrics if row["step"] > 40]
+    assert {row["samples"] for row in after} == {64} and {row["world_size"] for row in after} == {2}
+
+
+@needs_mpi
+def test_two_kills_and_a_hang_leave_one_rank_that_finishes(tmp_path):
+    result = workbench.run({**TINY, "world_size": 3, "heartbeat_timeout": 1.5,
+                            "faults": ["kill:rank=2,step=30", "hang:rank=0,step=70"]}, out=tmp_path / "u")
+    summary = result.summary
+    assert summary["outcome"] == "completed", summary["reason"]
+    assert summary["world_size_final"] == 1
+    first, second = summary["failures"]
+    assert first["world_size_after"] == 2 and second["world_size_after"] == 1
+    # a stopped process is no failure to MPI: the supervisor's heartbeat timeout kills it, then ULFM sees it
+    assert "froze" in second["cause"] and second["detection_s"] >= 1.5
+
+
+@needs_mpi
+def test_the_cli_acceptance_run_completes_with_3_ranks(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "workbench", "run", "--world-size", "4", "--steps", "150",
+                           "--strategy", "ulfm", "--fault", "kill:rank=2,step=100", "--json", "--out",
+                           str(tmp_path / "cli")], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert '"world_size_final": 3' in done.stdout and '"detection_s"' in done.stdout
+
+
+def test_without_the_extra_ulfm_exits_2_with_the_install_hint():
+    hide = ("import importlib.util as u; f = u.find_spec; "
+            "u.find_spec = lambda n, *a: None if n == 'mpi4py' else f(n, *a); "
+            "from workbench.cli import main; raise SystemExit(main(['run', '--strategy', 'ulfm']))")
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "workbench: error: strategy: 'ulfm' needs Open MPI 5 with ULFM and mpi4py 4 (mpi4py is not installed): "
+        "pip install -e .[mpi]"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"regrow": True}, "recovers by its own means"),
+    ({"parallelism": "pipeline"}, "does not apply to parallelism 'pipeline'"),
+    ({"detect": ["guard"]}, "detect is ours and does not apply"),
+])
+def test_ulfm_refuses_what_is_ours(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(strategy="ulfm", **settings)
+
+
+def test_membership_survivors_go_on_without_replacement_and_the_last_death_fails():
+    m = Membership("ulfm", 3)
+    starts = m.start()
+    assert all(isinstance(s, Start) and s.slot for s in starts)  # mpirun's processes join slots
+    for s in starts:
+        m.ready(s.id)
+    out = m.died(starts[1].id, "died")
+    assert [type(d) for d in out] == [Lost, Note] and out[0].world_size_after == 2
+    assert m.members == [0, 2] and m.gen == 0  # no new generation: the MPI layer is the membership
+    m.died(starts[0].id, "died")
+    assert isinstance(m.died(starts[2].id, "died")[-1], End)
+
+
+def test_the_survivors_detection_may_arrive_before_the_supervisor_sees_the_death():
+    recorder = Recorder(RunConfig(strategy="ulfm", world_size=3))
+    recorder.peer_mark("detect", 100.2)  # a survivor's MPI error, reported first
+    lost = Lost(label=1, id=1, cause="died", position=1, size=3, world_size_after=2, replacement=None)
+    failure = recorder.lost(lost, step=5, fault_time=100.0, peer=True)
+    assert failure.detect_time == 100.2 and failure.peer_seen
+    recorder.peer_mark("settle", 100.3)
+    recorder.step({"step": 5, "gen": 0, "t": 100.25, "loss": 1.0, "train_acc": 0.5, "samples": 64, "step_time": 0.01})
+    assert failure.resume_time is None  # committed before the shrink: not the resumed training
+    recorder.step({"step": 6, "gen": 0, "t": 100.4, "loss": 1.0, "train_acc": 0.5, "samples": 64, "step_time": 0.01})
+    figures = failure.figures("ulfm")
+    assert (figures["detection_s"], figures["settle_s"], figures["resume_s"]) == (0.2, 0.3, 0.4)
