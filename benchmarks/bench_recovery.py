@@ -7,7 +7,9 @@ torchrun-style baseline: tear the world down, start fresh ranks, reload the last
 
 ``--peers`` adds the peer systems measured in the same run on the same model, data and kills: ``torchft``
 (torchft 0.2: lighthouse heartbeat detection, the dead replica restarted and healed from a peer; needs
-``pip install -e .[peers]``) and ``torchrun`` (the elastic agent restarts the world from the last checkpoint).
+``pip install -e .[peers]``), ``torchrun`` (the elastic agent restarts the world from the last checkpoint) and
+``ulfm`` (Open MPI 5 with ULFM via mpi4py: the survivors revoke, shrink, agree and go on; ``pip install -e .[mpi]``),
+with ``mpi, no FT``: the same MPI ranks under mpirun without fault tolerance, no kill (its per-step time only).
 ``step_ms`` is the median step time of the run, ``step_vs_ours`` that over our no-fault run's (per-step overhead).
 ``bytes_moved`` is the state received by ranks over all recoveries of the run (0 when the survivors agree).
 ``--spawns template,fresh`` repeats every row with ranks forked by the rank template and started fresh.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -43,7 +46,8 @@ STRATEGIES = {
     "shrink+regrow (warm spare)": {"strategy": "shrink", "regrow": True},
     "shrink+regrow (fresh rank)": {"strategy": "shrink", "regrow": True, "warm_spares": 0},
 }
-PEERS = {"torchft (peer)": {"strategy": "torchft"}, "torchrun (peer)": {"strategy": "torchrun"}}
+PEERS = {"torchft (peer)": {"strategy": "torchft"}, "torchrun (peer)": {"strategy": "torchrun"},
+         "ulfm (peer)": {"strategy": "ulfm"}, "mpi, no FT (peer)": {"strategy": "ulfm", "ft": False}}
 
 
 def median(values: list[float | None]) -> float | None:
@@ -69,18 +73,19 @@ def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str 
     for name, extra in chosen.items():
         if only and not any(name.startswith(o) for o in only):
             continue
-        shrinking = extra["strategy"] in ("shrink", "rollback", "forward") and not extra.get("regrow")
-        n = min(kills, world - 1) if shrinking else kills
+        shrinking = extra["strategy"] in ("shrink", "rollback", "forward", "ulfm") and not extra.get("regrow")
+        n = 0 if extra.get("ft") is False else min(kills, world - 1) if shrinking else kills
         # plain shrink loses the highest ranks one by one; the others lose rank 1 again and again (its
         # replacement, once it has joined: a kill planned before that never fires, and the row says so)
         labels = [world - 1 - k for k in range(n)] if shrinking else [1] * n
         faults = [f"kill:rank={label},step={gap * (k + 1) + gap // 4}" for k, label in enumerate(labels)]
-        config = {**base, **extra, "faults": faults}
+        config = {**base, **{k: v for k, v in extra.items() if k != "ft"}, "faults": faults}
         if extra.get("regrow") and "warm_spares" not in extra:
             config["warm_spares"] = n  # a ready spare for every kill: the pool refills more slowly than we kill
         if extra["strategy"] not in ("checkpoint_restart", "reinit", "torchrun"):
             config["checkpoint_every"] = None
         started = time.time()
+        os.environ["WORKBENCH_ULFM_FT"] = "0" if extra.get("ft") is False else "1"  # mpirun without --with-ft
         result = workbench.run(config)
         result.set_baseline(baseline)
         failures = result.failures
@@ -111,16 +116,18 @@ def main() -> None:
     parser.add_argument("--models", default="small,large")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small model, world 2 and 4, 2 kills (a smoke run)")
-    parser.add_argument("--peers", action="store_true", help="add torchft and torchrun rows (pip install -e .[peers])")
+    parser.add_argument("--peers", action="store_true", help="add torchft, torchrun and ulfm rows (pip install -e "
+                        ".[peers,mpi])")
     parser.add_argument("--spawns", default="template", help="template, fresh, or both: template,fresh")
     parser.add_argument("--strategies", default="", help="only rows whose name starts with one of these")
     args = parser.parse_args()
     if args.peers:
         from workbench.errors import ConfigError
-        from workbench.peers import require_torchft
+        from workbench.peers import require_peer
 
         try:
-            require_torchft()
+            require_peer("torchft")
+            require_peer("ulfm")
         except ConfigError as exc:
             parser.exit(2, f"bench_recovery: --peers: {exc}\n")
     worlds = [2, 4] if args.quick else [int(w) for w in args.worlds.split(",")]

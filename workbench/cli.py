@@ -34,7 +34,7 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
      "decided per seed, step and sample: the same whatever the world size)"),
     ("--seed", "seed", int, "seed of model initialisation and data order"),
     ("--strategy", "strategy", str, "recovery: none, checkpoint_restart, shrink, rollback, forward, reinit; peers: "
-     "torchft, torchrun"),
+     "torchft, torchrun, ulfm"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between snapshots (HDF5 or in memory)"),
     ("--warm-spares", "warm_spares", int, "pre-started ranks that replace dead ones without start-up cost"),
     ("--resume", "resume", str, "HDF5 checkpoint to start from"),
