@@ -78,7 +78,7 @@ def start_agent(launcher: Any, peer: str, config: Any, store_address: str, plann
 def mpirun_command(world_size: int, ft: bool = True) -> tuple[list[str], dict[str, str]]:
     """mpirun for ``world_size`` processes on this machine. ULFM's failure notification needs the TCP transport
     (Open MPI 5.0's shared-memory transport left survivors blocked in a collective with a dead peer: measured,
-    docs/peers.md), bound to the loopback; no core binding (ranks share 2 cores with the supervisor)."""
+    docs/permanent-faults.md), bound to the loopback; no core binding (ranks share 2 cores with the supervisor)."""
     argv = [mpirun_path() or "mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "tcp,self",
             "--mca", "btl_tcp_if_include", "127.0.0.0/8", "-np", str(world_size)]
     if ft:

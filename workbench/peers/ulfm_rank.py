@@ -16,7 +16,7 @@ it; a failure during the recovery makes it fail and the recovery starts again, a
 allreduce can complete on some survivors and fail on others, so the survivors then compare their steps: if they
 differ, the most advanced one broadcasts its state (only then does state move). The failed step is retried with
 its global batch re-split over the survivors: no step is redone and no sample lost. There is no replacement:
-Open MPI 5 has no Reinit (docs/peers.md).
+Open MPI 5 has no Reinit (docs/permanent-faults.md).
 """
 
 from __future__ import annotations
