@@ -91,10 +91,9 @@ def detector_work(model_name: str, dataset: str, batch_size: int, every: int = 1
 
         def step() -> None:
             detectors.local_alarms(0.5)
-            detectors.note_alarms(alarms)
             for bucket in buckets:
                 detectors.note_reduced(bucket, ["bucket"])
-            detectors.settle(1)
+            detectors.settle(1, alarms)
         return timed(step)
 
     def snapshot() -> None:  # the verified snapshot every detector keeps (replicated.Trainer._snapshot)

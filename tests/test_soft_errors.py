@@ -81,18 +81,20 @@ def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
     model = torch.nn.Linear(4, 2)
     detectors = Detectors(RunConfig(detect=["guard", "spike"], guard_limit=100.0), model)
     detectors.local_alarms(0.5)
-    detectors.note_alarms(torch.tensor([0.0, 0.0]))
     detectors.note_reduced(torch.tensor([1.0, -3.0]), ["fc.weight"])
     detectors.note_reduced(torch.tensor([float("nan")]), ["fc.bias"])
     with pytest.raises(Detected, match="gradient in fc.bias at step 7"):
-        detectors.settle(7)
+        detectors.settle(7, torch.tensor([0.0, 0.0]))
     assert detectors.pending == []  # settled: the next step starts clean
-    detectors.note_alarms(torch.tensor([0.0, 2.0]))
+    detectors.note_reduced(torch.tensor([-50.0, 99.0]), ["fc.weight"])
+    detectors.settle(8, torch.tensor([0.0, 0.0]))  # within the limit, no alarm
     with pytest.raises(Detected, match="loss spike on 2 rank"):
-        detectors.settle(8)
+        detectors.settle(8, torch.tensor([0.0, 2.0]))
+    detectors.note_reduced(torch.tensor([-5.0, 1e5]), ["fc.weight"])
+    with pytest.raises(Detected, match="> 100 gradient in fc.weight"):
+        detectors.settle(8, torch.tensor([0.0, 0.0]))
     detectors.suppressed.add(9)
-    detectors.note_alarms(torch.tensor([1.0, 0.0]))
-    detectors.settle(9)  # a step whose alarm repeated on replay is let through
+    detectors.settle(9, torch.tensor([1.0, 0.0]))  # a step whose alarm repeated on replay is let through
     assert detectors.weights_alarm() == 0.0
     with torch.no_grad():
         model.weight[0, 0] = 1e6

@@ -235,8 +235,6 @@ class Trainer(BaseTrainer):
     def _on_reduced(self, bucket: Any) -> None:
         step = self.inflight.step
         if self.detectors.active:
-            if bucket.index == 0:
-                self.detectors.note_alarms(bucket.buffer[-ALARM_SLOTS:])
             self.detectors.note_reduced(self.dp.gradients(bucket), bucket.names)
         self.injector.into_bucket("grad_local", step, bucket.names, bucket.views)
 
@@ -312,7 +310,8 @@ class Trainer(BaseTrainer):
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         if self.detectors.active:
-            self.detectors.settle(step)  # before the step counts: an alarm rolls back to the verified snapshot
+            # before the step counts: an alarm rolls back to the verified snapshot
+            self.detectors.settle(step, stats[-ALARM_SLOTS:])
             if self.tentative is not None:
                 self.verified, self.tentative = self.tentative, None
         self.step = step + 1
