@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ def start_agent(launcher: Any, peer: str, config: Any, store_address: str, plann
              "-m", "workbench.peers.torchrun_rank", "--store", store_address],
             "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
     argv, env = mpirun_command(world, ft=os.environ.get("WORKBENCH_ULFM_FT", "1") != "0")
+    # Open MPI's session files (killed at the run's end, mpirun cannot remove them) go where the run removes them
+    env["TMPDIR"] = tempfile.mkdtemp(prefix="workbench-mpi-")
+    launcher.scratch.append(env["TMPDIR"])
     recorder.event("ulfm", -1, f"mpirun started {world} MPI processes" + (" with ULFM" if "--with-ft" in argv else
                                                                          " WITHOUT fault tolerance (benchmark)"))
     return launcher.launch([*argv, sys.executable, "-m", "workbench.peers.ulfm_rank", "--store", store_address],

@@ -17,6 +17,7 @@ their template, and the template with this process; every rank also exits when i
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ class Launcher:
         self.ready_timeout = ready_timeout
         self.workers: dict[int, Worker] = {}
         self.services: list[subprocess.Popen] = []
+        self.scratch: list[str] = []  # directories the run's processes write to (mpirun's session files)
         self.host_templates: dict[tuple[str, ...], Template] = {}
 
     # -- ranks ----------------------------------------------------------------------------------------------------
@@ -191,6 +193,8 @@ class Launcher:
             self.kill(worker, send)
         for service in self.services:
             kill_process(service)
+        for directory in self.scratch:
+            shutil.rmtree(directory, ignore_errors=True)
         for template in self.host_templates.values():
             template.close()
 
