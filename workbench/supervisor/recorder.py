@@ -35,12 +35,13 @@ class Failure:
     cause: str
     fault_time: float  # wall clock of the fault (announced by the rank, or sent by the supervisor)
     detect_time: float | None
-    committed: int  # steps committed by the run when the fault hit
+    committed: int  # steps committed by the failed generation (reports that arrive late included)
     lost_share: int  # samples of the global batch that were the dead rank's share at that step
     world_size_after: int = 0
     replacement: int | None = None  # spawn id of the process taking the dead rank's place (regrow, reinit)
     recovery_gen: int | None = None
     resume_time: float | None = None  # the first step committed by the recovery generation
+    resume_step: int | None = None  # where the recovery generation resumed
     settle_time: float | None = None  # the last member of the recovery generation settled its state
     regrow_time: float | None = None  # when that replacement joined: the world is back to its size
     steps_redone: int = 0
@@ -150,6 +151,7 @@ class Recorder:
         for failure in self.failures:
             if failure.recovery_gen == m["gen"] or (failure.recovery_gen is not None and failure.recovery_gen < m["gen"]
                                                    and failure.resume_time is None):
+                failure.resume_step = m["resume_step"]
                 failure.steps_redone = max(0, failure.committed - m["resume_step"])
                 failure.samples_lost = failure.lost_share if m.get("retried") else 0
         detail = f"resumed at step {m['resume_step']}" + (", failed step finished by the survivors"
@@ -162,6 +164,12 @@ class Recorder:
             self.train_start = time.time() - m["step_time"]
         self.committed = m["step"] + 1
         for failure in self.failures:
+            if failure.recovery_gen is None or m["gen"] < failure.recovery_gen:
+                # a step of the failed generation reported after the death was seen (a gossip survivor finishing
+                # the step it shared with the dead rank, a report still in flight): the run had committed it
+                failure.committed = max(failure.committed, m["step"] + 1)
+                if failure.resume_step is not None:
+                    failure.steps_redone = max(0, failure.committed - failure.resume_step)
             if failure.resume_time is None and failure.recovery_gen is not None and m["gen"] >= failure.recovery_gen:
                 failure.resume_time = m["t"]
             elif failure.resume_time is None and failure.recovery_gen is None and failure.settle_time is not None \
