@@ -74,3 +74,52 @@ def test_ranks_optimizers_never_import_dynamo() -> None:
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("kind", ["sgd", "sgd0", "adam"])
+def test_undoable_steps_are_bitwise_the_plain_ones_and_undo_exactly(kind: str) -> None:
+    """Rollback's undoable steps (new values written out of place and swapped in) equal plain steps bit for bit;
+    undo() puts back the exact tensors from before the step, the first step's missing history included."""
+    make = {"sgd": lambda p: SGD(p, lr=0.05, momentum=0.9), "sgd0": lambda p: SGD(p, lr=0.05),
+            "adam": lambda p: Adam(p, lr=0.01)}[kind]
+    plain, undoable = _model(5), _model(5)
+    opt_plain, opt_undo = make(list(plain.parameters())), make(list(undoable.parameters()))
+    generator = torch.Generator().manual_seed(2)
+    for step in range(12):
+        x, y = torch.randn(9, 7, generator=generator), torch.randint(0, 3, (9,), generator=generator)
+        for model, optimizer in ((plain, opt_plain), (undoable, opt_undo)):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+        before = [p.detach().clone() for p in undoable.parameters()]
+        history = {p: {k: v.clone() for k, v in opt_undo.state[p].items()} for p in undoable.parameters()
+                   if opt_undo.state.get(p)}
+        if step % 3 == 0:  # a step undone, then taken again: undo restores exactly
+            opt_undo.step(undoable=True)
+            assert not all(torch.equal(a, b) for a, b in zip(before, undoable.parameters()))
+            opt_undo.undo()
+            for a, b in zip(before, undoable.parameters()):
+                assert torch.equal(a, b)
+            assert {p for p, s in opt_undo.state.items() if s} == set(history)  # a first step's history is gone
+            for p, saved in history.items():
+                for key, value in saved.items():
+                    assert torch.equal(value, opt_undo.state[p][key]), key
+        opt_plain.step()
+        opt_undo.step(undoable=True)
+        for a, b in zip(plain.parameters(), undoable.parameters()):
+            assert torch.equal(a, b), step
+    with pytest.raises(RuntimeError, match="not undoable"):
+        opt_undo.step()
+        opt_undo.undo()
+
+
+def test_undoable_steps_recycle_two_sets_of_buffers() -> None:
+    """In the steady state an undoable step allocates nothing: the tensors of two steps ago are reused."""
+    model = _model(1)
+    optimizer = SGD(list(model.parameters()), lr=0.05, momentum=0.9)
+    seen = []
+    for _ in range(6):
+        optimizer.zero_grad()
+        model(torch.ones(2, 7)).sum().backward()
+        optimizer.step(undoable=True)
+        seen.append(next(model.parameters()).data_ptr())
+    assert seen[2:] == [seen[2], seen[3]] * 2 and seen[2] != seen[3]

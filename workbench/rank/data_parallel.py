@@ -34,9 +34,10 @@ larger than ``bucket_cap_mb`` is cut further, so the cap wins when the two disag
 parameters.
 
 What the recovery strategies need from it (``workbench.rank.recovery``):
-  * ``snapshot_buckets`` (rollback): each bucket's parameters and optimizer state are copied just before its
-    update, and the running statistics before the step's forward (``save_running``), so ``restore_applied()``
-    undoes a partial step exactly.
+  * ``snapshot_buckets`` (rollback): each bucket's update is an undoable optimizer step (the new values are
+    written out of place and swapped in, the old ones kept: no copy, ``workbench.rank.optim``), and the running
+    statistics are copied before the step's forward (``save_running``), so ``restore_applied()`` undoes a partial
+    step exactly by swapping the old tensors back.
   * ``keep_local`` (forward, shrink): each bucket's local gradient is copied before its allreduce (gloo reduces
     in place: a failed allreduce leaves partial sums behind), so ``retry()`` can finish the exchange among the
     survivors with their own shares.
@@ -109,7 +110,6 @@ class Bucket:
     launched: bool = False
     views: list[torch.Tensor] = field(default_factory=list)
     local: torch.Tensor | None = None  # this rank's own gradient of the step, before the allreduce
-    snapshot: tuple[list[torch.Tensor], dict] | None = None  # params and optimizer state before the update
     overlapped: bool = False  # this step's update was applied during the backward pass
 
 
@@ -273,9 +273,7 @@ class DataParallel:
         return self.buckets[0].buffer[-STATS_SLOTS:].clone()
 
     def _apply(self, bucket: Bucket, in_backward: bool = False) -> None:
-        if self.snapshot_buckets:
-            bucket.snapshot = ([p.detach().clone() for p in bucket.params], _clone_state(bucket.optimizer))
-        bucket.optimizer.step()
+        bucket.optimizer.step(undoable=self.snapshot_buckets)
         if bucket.index == 0:
             if in_backward:
                 self._running_due = True  # batch norm's backward may still read the running buffers
@@ -315,10 +313,7 @@ class DataParallel:
         undone = self.applied
         with torch.no_grad():
             for bucket in self.buckets[: self.applied]:
-                params, state = bucket.snapshot
-                for p, saved in zip(bucket.params, params):
-                    p.copy_(saved)
-                bucket.optimizer.load_state_dict(state)
+                bucket.optimizer.undo()
             self._running_due = False
             if self.running_before is not None:  # the step's forward moved them, whatever was applied
                 self.running.restore(self.running_before)

@@ -13,6 +13,14 @@ hyper-parameters), ``state`` (parameter -> dict: SGD ``momentum_buffer``; Adam `
 tensor, ``exp_avg``, ``exp_avg_sq``), ``step()``, ``zero_grad()``, ``state_dict()``/``load_state_dict()`` (state
 by parameter index, as torch's). Not supported: weight decay, nesterov, dampening, amsgrad, maximize (nothing in
 the workbench sets them).
+
+**Undoable steps** (rollback, ``step(undoable=True)`` then ``undo()``): the new parameter values and the new
+optimizer history are computed out of place into spare tensors and swapped in (``param.data``), so the values
+before the step stay intact and ``undo()`` swaps them back — no copy at all, where copying every parameter and
+its history before each update cost rollback about one extra step's memory traffic (DESIGN §4: the in-flight
+step is undone exactly). The out-of-place operations are the in-place ones with ``out=`` (the same kernels), so
+an undoable step is bitwise the plain one (``tests/test_optim.py``). The tensors a committed step left behind are
+recycled as the next step's spares: two sets of buffers alternate, nothing is allocated in the steady state.
 """
 
 from __future__ import annotations
@@ -32,9 +40,53 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.param_groups: list[dict[str, Any]] = [{"params": list(params), **self.defaults}]
         self.state: defaultdict[nn.Parameter, dict[str, Any]] = defaultdict(dict)
+        # undoable steps: (parameter, its data before the step, its state before the step) of the last step
+        self._before: list[tuple[nn.Parameter, torch.Tensor, dict[str, Any]]] = []
+        self._undoable = False
+        self._spares: dict[nn.Parameter, dict[str, torch.Tensor]] = {}  # recycled outputs, per parameter and key
 
     def _params(self) -> list[nn.Parameter]:
         return [p for group in self.param_groups for p in group["params"]]
+
+    def _begin(self, undoable: bool) -> None:
+        """Start a step: the previous step is committed, so what it kept for an undo becomes spare buffers."""
+        for param, data, state in self._before:
+            spares = self._spares.setdefault(param, {})
+            spares["param"] = data
+            spares.update((k, v) for k, v in state.items() if torch.is_tensor(v) and k != "step")
+        self._before = []
+        self._undoable = undoable
+
+    def _out(self, param: nn.Parameter, key: str, like: torch.Tensor) -> torch.Tensor | None:
+        """Where an undoable step writes the new value of ``key`` (None: in place, the step is not undoable)."""
+        if not self._undoable:
+            return None
+        spare = self._spares.get(param, {}).pop(key, None)
+        if spare is None or spare.shape != like.shape or spare.dtype != like.dtype or spare is like:
+            spare = torch.empty_like(like)
+        return spare
+
+    def _keep(self, param: nn.Parameter, state: dict[str, Any]) -> None:
+        if self._undoable:
+            self._before.append((param, param.data, dict(state)))
+
+    def undo(self) -> None:
+        """Put back the parameters and state from before the last step (which must have been undoable)."""
+        if not self._undoable:
+            raise RuntimeError("undo() after a step that was not undoable")
+        with torch.no_grad():
+            for param, data, state in reversed(self._before):
+                spares = self._spares.setdefault(param, {})
+                spares["param"] = param.data
+                spares.update((k, v) for k, v in self.state.get(param, {}).items()
+                              if torch.is_tensor(v) and k != "step")
+                param.data = data
+                if state:
+                    self.state[param] = state
+                else:
+                    self.state.pop(param, None)  # it had no history before that step
+        self._before = []
+        self._undoable = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param in self._params():
@@ -84,23 +136,30 @@ class SGD(Optimizer):
                                   "nesterov": False, "maximize": False})
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, undoable: bool = False) -> None:
+        self._begin(undoable)
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
             for param in group["params"]:
                 if param.grad is None:
                     continue
                 grad = param.grad
+                state = self.state[param]
+                self._keep(param, state)
                 if momentum != 0:
-                    state = self.state[param]
                     buf = state.get("momentum_buffer")
                     if buf is None:
                         buf = grad.detach().clone()
-                        state["momentum_buffer"] = buf
                     else:
-                        buf.mul_(momentum).add_(grad, alpha=1)
+                        buf = torch.mul(buf, momentum, out=self._out(param, "momentum_buffer", buf))
+                        buf.add_(grad, alpha=1)
+                    state["momentum_buffer"] = buf
                     grad = buf
-                param.add_(grad, alpha=-lr)
+                out = self._out(param, "param", param.data)
+                if out is None:
+                    param.add_(grad, alpha=-lr)
+                else:
+                    param.data = torch.add(param.data, grad, alpha=-lr, out=out)
 
 
 class Adam(Optimizer):
@@ -112,7 +171,8 @@ class Adam(Optimizer):
                                   "maximize": False})
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, undoable: bool = False) -> None:
+        self._begin(undoable)
         for group in self.param_groups:
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             for param in group["params"]:
@@ -120,20 +180,33 @@ class Adam(Optimizer):
                     continue
                 grad = param.grad
                 state = self.state[param]
+                self._keep(param, state)
                 if not state:
                     state["step"] = torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 exp_avg, exp_avg_sq, step_t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-                step_t += 1
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                if self._undoable:
+                    state["step"] = step_t = step_t + 1
+                    state["exp_avg"] = exp_avg = torch.lerp(exp_avg, grad, 1 - beta1,
+                                                            out=self._out(param, "exp_avg", exp_avg))
+                    state["exp_avg_sq"] = exp_avg_sq = torch.mul(exp_avg_sq, beta2,
+                                                                 out=self._out(param, "exp_avg_sq", exp_avg_sq))
+                else:
+                    step_t += 1
+                    exp_avg.lerp_(grad, 1 - beta1)
+                    exp_avg_sq.mul_(beta2)
+                exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
                 step = step_t.item()
                 bias_correction1 = 1 - beta1**step
                 bias_correction2 = 1 - beta2**step
                 step_size = lr / bias_correction1
                 denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
-                param.addcdiv_(exp_avg, denom, value=-step_size)
+                out = self._out(param, "param", param.data)
+                if out is None:
+                    param.addcdiv_(exp_avg, denom, value=-step_size)
+                else:
+                    param.data = torch.addcdiv(param.data, exp_avg, denom, value=-step_size, out=out)
 
 
 def make_optimizer(kind: str, params: list[nn.Parameter], lr: float, momentum: float) -> Optimizer:
