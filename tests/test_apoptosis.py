@@ -205,11 +205,51 @@ def test_group_lasso_kills_weak_units_spares_strong_ones_deterministically():
     assert model.fc1.weight[3].abs().max().item() == 0 and model.fc1.bias[3].item() == 0
     change = (model.fc1.weight - before).norm(dim=1) / before.norm(dim=1)
     assert change[torch.arange(128) != 3].max().item() < 0.1
-    rule = apo.ApoptosisConfig(lasso=0.01, until=0.5)
-    assert rule.pressure(0, 100) == 0.01 and rule.pressure(25, 100) == 0.005 and rule.pressure(60, 100) == 0.0
     every = apo.PRESSURE_EVERY
+    rule = apo.ApoptosisConfig(lasso=0.01, start=0.1, until=0.5)
     assert rule.pressure_due(0, 100) == 0.0 or every == 1
-    assert rule.pressure_due(every - 1, 100) == pytest.approx(sum(rule.pressure(s, 100) for s in range(every)))
+    assert rule.pressure_due(39 - 39 % every + every - 1, 100) == pytest.approx(every * 0.01)
+
+
+def test_three_phases_learn_then_press_and_decide_then_fine_tune_on_every_sample():
+    rule = apo.ApoptosisConfig(lasso=0.01, start=0.1, until=0.5, window=2)
+    # no pressure while the network first learns, a constant one from start to until, none in the fine-tune
+    assert [rule.pressure(s, 100) for s in (0, 9, 10, 49, 50, 99)] == [0.0, 0.0, 0.01, 0.01, 0.0, 0.0]
+    # decisions go on for `window` evaluations (of 10 steps) after the pressure ends, never at the last one
+    assert [rule.deciding(s, 100, 10) for s in (10, 50, 70, 71, 100)] == [True, True, True, False, False]
+    assert [rule.folded(s, 100, 10) for s in (69, 70, 99)] == [False, True, True]
+    assert not apo.ApoptosisConfig(fold=0).folded(99, 100, 10)
+    with pytest.raises(ConfigError, match="until=0.1 must be a fraction in .start=0.2"):
+        apo.ApoptosisConfig(start=0.2, until=0.1)
+    with pytest.raises(ConfigError, match="fold=2 must be 0 or 1"):
+        apo.ApoptosisConfig(fold=2)
+
+
+def test_a_units_contribution_is_the_geometric_mean_of_its_incoming_and_outgoing_norms():
+    rule = apo.Apoptosis(apo.ApoptosisConfig(tol=0.1, window=1, grow=1.0, min=1), {"a": 4})
+    incoming = torch.tensor([0.0, 0.05, 0.02, 0.5], dtype=torch.float64)
+    outgoing = torch.tensor([0.9, 0.05, 2.0, 0.5], dtype=torch.float64)
+    gone = rule.observe({"a": (incoming, outgoing)}, accuracy=0.5)
+    # unit 0 outputs nothing (no incoming weight), however strongly it is read: it goes; unit 2's incoming norm is
+    # below unit 1's, but it is read 40x as strongly: sqrt(0.02 * 2.0) = 0.2 > tau, it stays; unit 1 goes
+    assert gone["a"].tolist() == [0, 1]
+
+
+# -- the validation split, then every sample ------------------------------------------------------------------------
+def test_the_validation_split_folds_back_into_training_and_out_again():
+    from workbench.data import load_dataset
+
+    plain, carved = load_dataset(RunConfig()), load_dataset(RunConfig(apoptosis="on"))
+    held_out = carved.x_val.clone()
+    assert carved.fold_validation(True) and carved.x_val is None and not carved.fold_validation(True)
+    assert len(carved.y_train) == len(plain.y_train)
+    def rows(x):
+        return sorted(map(tuple, x.flatten(1).tolist()))
+
+    assert rows(carved.x_train) == rows(plain.x_train)  # every training sample again, the held-out ones included
+    assert carved.fold_validation(False) and torch.equal(carved.x_val, held_out)
+    assert len(carved.y_train) == len(plain.y_train) - len(held_out)
+    assert not plain.fold_validation(True) and plain.x_val is None  # nothing carved, nothing to fold
 
 
 # -- state that travels ---------------------------------------------------------------------------------------------
@@ -283,7 +323,7 @@ def load_dataset_with_val():
 
 
 # -- multi-process runs ---------------------------------------------------------------------------------------------
-FAST = "lasso=0.05,tol=0.005,window=1,until=0.5"  # units die and go within the first few evaluations
+FAST = "lasso=0.05,tol=0.005,window=1,start=0.05,until=0.5"  # units die and go within the first few evaluations
 
 
 def removals_before(result, step):
@@ -315,8 +355,10 @@ def test_a_warm_spare_regrows_into_the_shrunk_model(tmp_path):
     assert summary["failures"][0]["world_size_after"] == 2 and summary["failures"][0]["samples_lost"] == 0
     assert summary["replicas_identical"]  # the spare started full-size and now holds the same shrunk parameters
     assert summary["hidden_units"]["end"] < 192 and summary["parameters"]["end"] < summary["parameters"]["start"]
-    evaluations = result.to_dataframe().dropna(subset=["test_acc"])
-    assert evaluations.val_acc.notna().all()  # the accuracy the rule decided on, reported beside the test accuracy
+    evaluations = result.to_dataframe().dropna(subset=["test_acc"]).set_index("step")
+    # the accuracy the rule decided on, reported beside the test accuracy while it decides (until step 50 + one
+    # evaluation); then the split is training data again, and there is no validation accuracy to report
+    assert evaluations.val_acc.loc[:59].notna().all() and evaluations.val_acc.loc[60:].isna().all()
 
 
 

@@ -7,24 +7,33 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
   consumer layer (the next ``Linear``/``Conv2d`` of an ``nn.Sequential``, through parameter-free modules only).
   Its *incoming* norm is the RMS of its producer weights and bias, its *outgoing* norm the RMS of the consumer
   weights that read it (RMS = L2 norm / sqrt(count), so one tolerance fits layers of any fan-in).
-* At every evaluation (except the last one), a unit whose incoming AND outgoing norms are both below
-  the tolerance τ gets one more strike; a unit above it loses its strikes. A unit with ``window`` consecutive
-  strikes is removed: the layer is physically shrunk (producer rows/channels and consumer columns sliced out),
-  and the optimizer state (momentum, Adam moments) is sliced alike. A layer never drops below ``min`` units.
+* A unit's *contribution* is the geometric mean of the two, sqrt(incoming · outgoing): invariant under the
+  rescaling a ReLU unit does not notice (incoming × c, outgoing ÷ c), and zero for a unit whose incoming group is
+  zero (it outputs nothing, whatever its outgoing weights).
+* At every evaluation of the decision phase (:meth:`ApoptosisConfig.deciding`), a unit whose contribution is
+  below the tolerance τ gets one more strike; a unit above it loses its strikes. A unit with ``window``
+  consecutive strikes is removed: the layer is physically shrunk (producer rows/channels and consumer columns
+  sliced out), and the optimizer state (momentum, Adam moments) is sliced alike. A layer never drops below
+  ``min`` units.
 * τ adapts: it is multiplied by ``grow`` while the *validation* accuracy holds within ``delta`` of its best so
   far, and by ``shrink`` when it falls further (removals that hurt make the rule more careful). The validation
-  split is ``val`` (10 %) of the training data, held out of training for the whole run
+  split is ``val`` (10 %) of the training data, held out of training while the rule decides
   (:meth:`workbench.datasets.Dataset.carve_validation`); the test set never steers the rule.
 * Pressure (part of OUR reading, stated plainly): with plain SGD the weights of units the loss does not need do
   not fade by themselves in a few hundred steps (measured: no unit fell below any useful τ on digits), so with
   apoptosis on, training steps end with the proximal step of a reweighted group-lasso penalty on each unit's
   incoming and outgoing weights (:func:`group_lasso_`): a unit's RMS shrinks by ``lr * lasso * (layer mean /
   its RMS) ** gamma`` per step (applied every ``PRESSURE_EVERY`` steps with their summed strength), so weak units
-  die (exactly zero) while strong ones are hardly touched. The strength fades linearly to zero at ``until`` of
-  the run, so the surviving units are fine-tuned without it.
+  die (exactly zero) while strong ones are hardly touched. The threshold rule is what removes units; the
+  pressure is what makes them stop contributing.
   Ranks of an apoptosis run flush subnormal floats to zero (``torch.set_flush_denormal``): fading units leave
   subnormals behind, which made every CPU operation that touched them several times slower.
-  The threshold rule is what removes units; the pressure is what makes them stop contributing.
+* Three phases (measured on seeds 10-29, docs/apoptosis.md "Design"): the network trains without pressure for
+  the first ``start`` (15 %) of the run; the pressure acts from there to ``until`` (50 %) at a constant
+  strength; the rule decides until ``window`` evaluations after it ended; then the survivors are fine-tuned with
+  no pressure and no removal, and (``fold=1``) with the validation split back in the training data, since
+  nothing reads it any more. Pressure from the first step slowed learning for good (a pruned network ended
+  below one of its final widths trained from scratch), and removals late in the run left no time to recover.
 
 Data-parallel protocol (``workbench.rank.replicated.Trainer``): the norms are computed on replicated parameters
 (bitwise identical on every replica after a step) and the validation accuracy is rank 0's; rank 0 decides and
@@ -69,22 +78,26 @@ __all__ = ["PRESSURE_EVERY", "Apoptosis", "ApoptosisConfig", "Pair", "apply_plan
 # the group-lasso step runs every few steps with their summed strength: on a 0.5 ms toy step its ~40 small tensor
 # operations cost as much as the step itself; batched, the overhead drops to a quarter at the same total pressure
 PRESSURE_EVERY = 4
+# the pressure's strength, chosen on seeds 10-29 (docs/apoptosis.md "Design"); seeds 0-9 are the reporting seeds
+LASSO = 0.006
 
 
 @dataclass(frozen=True)
 class ApoptosisConfig:
     """The rule's settings; ``ApoptosisConfig.parse('on' | 'tol=..,window=..,delta=..')``."""
 
-    tol: float = 1e-3  # initial τ, in RMS weight magnitude
+    tol: float = 1e-3  # initial τ, in RMS weight magnitude (of a unit's contribution: see Apoptosis.observe)
     window: int = 2  # consecutive evaluations below τ before a unit is removed
     delta: float = 0.02  # accuracy (fraction) the run may lose from its best while τ keeps growing
     grow: float = 1.25  # τ ← τ·grow while accuracy holds
     shrink: float = 0.5  # τ ← τ·shrink when it falls
     min: int = 4  # units a layer keeps at least
-    lasso: float = 0.015  # group-lasso strength: the pressure that drives unneeded units to zero (see module doc)
-    gamma: float = 2.0  # reweighting: a unit at half its layer's mean norm is pressed 2**gamma times harder
-    until: float = 0.75  # fraction of the run over which the pressure fades linearly to zero (then: fine-tuning)
+    lasso: float = LASSO  # group-lasso strength: the pressure that drives unneeded units to zero (see module doc)
+    gamma: float = 4.0  # reweighting: a unit at half its layer's mean norm is pressed 2**gamma = 16 times harder
+    start: float = 0.15  # fraction of the run trained before the pressure starts (units are judged once they learnt)
+    until: float = 0.5  # fraction of the run at which the pressure ends; decisions end `window` evaluations later
     val: float = 0.1  # fraction of the training data held out as the validation split the rule decides on
+    fold: int = 1  # 1: once the decisions end, the validation split rejoins the training data for the fine-tune
 
     def __post_init__(self) -> None:
         _check(self.tol > 0, "tol", self.tol, "a number > 0")
@@ -95,8 +108,10 @@ class ApoptosisConfig:
         _check(isinstance(self.min, int) and self.min >= 1, "min", self.min, "an integer >= 1")
         _check(self.lasso >= 0, "lasso", self.lasso, "a number >= 0")
         _check(self.gamma >= 0, "gamma", self.gamma, "a number >= 0")
-        _check(0 < self.until <= 1, "until", self.until, "a fraction in (0, 1]")
+        _check(0 <= self.start < 1, "start", self.start, "a fraction in [0, 1)")
+        _check(self.start < self.until <= 1, "until", self.until, f"a fraction in (start={self.start}, 1]")
         _check(0 < self.val <= 0.5, "val", self.val, "a fraction in (0, 0.5]")
+        _check(self.fold in (0, 1), "fold", self.fold, "0 or 1")
 
     @classmethod
     def parse(cls, value: Any) -> ApoptosisConfig | None:
@@ -137,10 +152,23 @@ class ApoptosisConfig:
         return cls(**values)
 
     def pressure(self, step: int, steps: int) -> float:
-        """Group-lasso strength at ``step`` of a ``steps``-step run: ``lasso`` fading linearly to zero at
-        ``until * steps`` (pressure early, fine-tuning of the surviving units late)."""
-        end = self.until * steps
-        return self.lasso * max(0.0, 1.0 - step / end) if end > 0 else 0.0
+        """Group-lasso strength at ``step`` of a ``steps``-step run: ``lasso`` from ``start * steps`` to ``until *
+        steps``, 0 before (the network learns first: at initialisation no unit is more useful than another) and
+        after (the survivors are fine-tuned without the pressure's pull on them)."""
+        return self.lasso if self.start * steps <= step < self.until * steps else 0.0
+
+    def deciding(self, step: int, steps: int, eval_interval: int) -> bool:
+        """Whether the evaluation after ``step`` steps may remove units: until ``window`` evaluations after the
+        pressure ended (the units it killed last get their window), never at the run's last evaluation. Later
+        removals would leave no time to recover from them, and τ, which keeps growing while accuracy holds,
+        would reach the living units."""
+        return step < steps and step <= self.until * steps + self.window * eval_interval
+
+    def folded(self, step: int, steps: int, eval_interval: int) -> bool:
+        """Whether training step ``step`` draws from the training data with the validation split folded back in
+        (``fold=1``, once the decisions are over: nothing reads the split any more, so the fine-tune need not
+        do without its samples)."""
+        return bool(self.fold) and step >= self.until * steps + self.window * eval_interval
 
     def pressure_due(self, step: int, steps: int) -> float:
         """Strength of the lazy proximal step applied after ``step``: every ``PRESSURE_EVERY`` steps, the summed
@@ -177,7 +205,11 @@ class Apoptosis:
     def observe(self, norms: Mapping[str, tuple[torch.Tensor, torch.Tensor]], accuracy: float
                 ) -> dict[str, torch.Tensor]:
         """One evaluation: adapt τ to ``accuracy``, count strikes, return per layer the indices of the units to
-        remove (sorted, possibly empty). The strike counters keep the removed units until :meth:`forget`."""
+        remove (sorted, possibly empty). The strike counters keep the removed units until :meth:`forget`.
+
+        A unit's contribution is the geometric mean of its incoming and outgoing RMS: a ReLU unit whose incoming
+        weights are scaled by c and outgoing by 1/c computes the same, and so has the same contribution; a unit
+        whose incoming group is zero (it outputs nothing) has none, however large its outgoing weights are."""
         cfg = self.config
         if accuracy >= self.best - cfg.delta:
             self.tau *= cfg.grow
@@ -187,12 +219,13 @@ class Apoptosis:
         self.evaluations += 1
         removals = {}
         for layer, (incoming, outgoing) in norms.items():
-            below = (incoming < self.tau) & (outgoing < self.tau)
+            contribution = (incoming * outgoing).sqrt()
+            below = contribution < self.tau
             self.strikes[layer] = (self.strikes[layer] + 1) * below
             due = (self.strikes[layer] >= cfg.window).nonzero().flatten()
             allowed = max(0, len(incoming) - cfg.min)
             if len(due) > allowed:  # keep the strongest of the due units so the layer keeps its minimum
-                weakest = torch.maximum(incoming, outgoing)[due].argsort()[:allowed]
+                weakest = contribution[due].argsort()[:allowed]
                 due = due[weakest]
             removals[layer] = due.sort().values
         return removals

@@ -58,7 +58,7 @@ _RUN_FLAGS: list[tuple[str, str, type, str]] = [
     ("--shuffle", "shuffle", str, "gossip: ring (samples move between neighbours) or none"),
     ("--consensus-every", "consensus_every", int, "gossip: steps between consensus-distance measurements"),
     ("--apoptosis", "apoptosis", str, "adaptive neuron apoptosis: on, off, or tol=T,window=W,delta=D[,grow=,shrink=,"
-     "min=,lasso=,gamma=,until=]"),
+     "min=,lasso=,gamma=,start=,until=,val=,fold=]"),
 ]
 
 

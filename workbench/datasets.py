@@ -54,6 +54,7 @@ class Dataset:
     seed: int = 0  # the run's seed: augmentation depends on it
     x_val: torch.Tensor | None = None  # a validation split carved from the training data (float32, normalised)
     y_val: torch.Tensor | None = None
+    held: tuple[torch.Tensor, ...] | None = None  # carve_validation's split: training x, y; validation x (raw), y
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -81,8 +82,23 @@ class Dataset:
             raise ConfigError("apoptosis", f"val={fraction} leaves no training sample of {n}")
         order = torch.from_numpy(np.random.default_rng(_SPLIT_SEED + 1).permutation(n))
         val, train = order[:held].sort().values, order[held:].sort().values
-        self.x_val, self.y_val = self.normalise(self.x_train[val]), self.y_train[val]
-        self.x_train, self.y_train = self.x_train[train], self.y_train[train]
+        self.held = (self.x_train[train], self.y_train[train], self.x_train[val], self.y_train[val])
+        self.fold_validation(False)
+
+    def fold_validation(self, folded: bool) -> bool:
+        """Put the carved validation split back at the end of the training data (``folded``) or hold it out again;
+        returns whether anything changed. Folded, there is no ``x_val``: nothing can decide on samples that
+        training sees. Apoptosis folds it once its decisions are over, so the fine-tune uses every sample."""
+        if self.held is None or (self.x_val is None) == folded:
+            return False
+        x, y, x_val, y_val = self.held
+        if folded:
+            self.x_train, self.y_train = torch.cat([x, x_val]), torch.cat([y, y_val])
+            self.x_val = self.y_val = None
+        else:
+            self.x_train, self.y_train = x, y
+            self.x_val, self.y_val = self.normalise(x_val), y_val
+        return True
 
     def normalise(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images -> float32, per channel ``(x - mean) / std``; float inputs pass unchanged."""

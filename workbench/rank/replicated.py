@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
 from workbench.config import RunConfig
-from workbench.data import shard
+from workbench.data import BatchSequence, shard
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel
@@ -83,6 +83,14 @@ class Trainer(BaseTrainer):
 
     def extra_state(self) -> dict[str, torch.Tensor]:
         return self.apoptosis.state_dict() if self.apoptosis is not None else {}
+
+    def _fold_split(self, step: int) -> None:
+        """With ``fold=1`` the validation split rejoins the training data once the rule's decisions are over. A
+        function of the step, so a rank that joins late, resumes a checkpoint or rolls back follows, and every
+        replica draws the same batches."""
+        folded = self.rule.folded(step, self.config.steps, self.config.eval_interval)
+        if self.data.fold_validation(folded):
+            self.batches = BatchSequence(len(self.data.y_train), self.config.batch_size, self.config.seed)
 
     def _apoptosis_step(self, evaluation: dict[str, float] | None) -> None:
         """At an evaluation: rank 0 (which holds the validation accuracy) observes the replicated parameters' unit
@@ -295,6 +303,8 @@ class Trainer(BaseTrainer):
         step, started = self._begin_step()
         if self.dp.snapshot_buckets:
             self.dp.save_running()
+        if self.rule is not None:
+            self._fold_split(step)
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.train_batch(indices, step)
         self.model.train()
@@ -323,7 +333,8 @@ class Trainer(BaseTrainer):
         self.traffic = self.dp.traffic()
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
         self._report_step(step, stats, started, extra=dict(self.size), evaluation=evaluation)
-        if self.rule is not None and self._evaluation_due() and self.step < self.config.steps:
+        if (self.rule is not None and self._evaluation_due()
+                and self.rule.deciding(self.step, self.config.steps, self.config.eval_interval)):
             self._apoptosis_step(evaluation)  # never at the last evaluation: the final accuracy is the model's
         if self.detectors.active and self.step % self.detectors.every == 0:
             self._verify_replicas()
