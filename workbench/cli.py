@@ -327,9 +327,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from workbench.report import report
+    import warnings
 
-    path = report(*args.directories, out=args.out)
+    from workbench.report import ProvenanceWarning, report
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ProvenanceWarning)
+        path = report(*args.directories, out=args.out)
+    for directory in args.directories:  # the page's provenance section, per sweep
+        from workbench.provenance import describe
+        from workbench.sweep import load_sweep
+
+        print(f"{directory}:\n" + "".join(f"  {line}\n" for line in describe(load_sweep(directory))[0]), end="")
+    for warning in caught:
+        print(f"workbench: warning: {warning.message}", file=sys.stderr)
     print(f"report: {path.resolve()}")
     return 0
 

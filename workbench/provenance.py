@@ -34,7 +34,10 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PREFIX = "prov."
 COMMAND_VAR = "WORKBENCH_COMMAND"
@@ -142,3 +145,43 @@ def _memory_gib() -> float | None:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2)
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def describe(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """What the ``prov.*`` columns of a sweep's table say, as lines of text, and warnings: the points of one sweep
+    come from different commits or hosts (a point of unknown commit counts as one more). Rows without provenance
+    (run before it was kept) are counted, not guessed at."""
+    if f"{PREFIX}started_utc" not in frame.columns:
+        return ["no provenance recorded (the points ran before workbench kept it)"], []
+    known = frame[frame[f"{PREFIX}started_utc"].notna()]
+    lines = [f"{len(frame) - len(known)} of {len(frame)} points have no provenance"] if len(known) < len(frame) else []
+
+    def values(key: str) -> list[Any]:
+        column = known[f"{PREFIX}{key}"] if f"{PREFIX}{key}" in known.columns else [None] * len(known)
+        return [None if isinstance(v, float) and v != v else v for v in column]
+
+    def tally(key: str, width: int | None = None) -> str:
+        counts: dict[str, int] = {}
+        for value in values(key):
+            text = UNKNOWN if value is None else str(value)[:width]
+            counts[text] = counts.get(text, 0) + 1
+        return ", ".join(f"{k} ({n} points)" if len(counts) > 1 else k for k, n in counts.items())
+
+    dirty = sum(1 for v in values("dirty") if v is True or v == 1)
+    lines.append(f"commit {tally('commit', 12)}" + (f"; {dirty} point(s) ran from a checkout with uncommitted "
+                                                    "changes" if dirty else ""))
+    lines.append(f"host {tally('host')}; CPU {tally('cpu')}; {tally('cores')} cores; {tally('memory_gib')} GiB")
+    lines.append("; ".join(f"{name} {tally(name)}" for name in ("workbench", "python", *PACKAGES[1:])))
+    started, ended = [v for v in values("started_utc") if v], [v for v in values("ended_utc") if v]
+    if started:
+        lines.append(f"ran from {min(started)} to {max(ended) if ended else '?'}")
+    loads = [v for v in values("load_start") + values("load_end") if v is not None]
+    if loads:
+        lines.append(f"1-minute load {min(loads):.2f} to {max(loads):.2f}")
+    lines.append(f"command {tally('command')}")
+    warnings = []
+    for key, what in (("commit", "commits"), ("host", "hosts")):
+        distinct = {UNKNOWN if v is None else v for v in values(key)}
+        if len(distinct) > 1:
+            warnings.append(f"the points come from {len(distinct)} different {what}: {tally(key, 12)}")
+    return lines, warnings
