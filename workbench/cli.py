@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
+    run.add_argument("--track", metavar="URI", help="log the run to MLflow once it ended: a tracking server "
+                     "(http://HOST:PORT), sqlite:///FILE.db, or a directory (./mlruns); needs workbench[tracking]")
     flip = sub.add_parser("flip", help="flip bits in an HDF5 checkpoint (checkpoint alteration)",
                           description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in HDF5.")
     flip.add_argument("checkpoint", type=Path)
@@ -211,6 +213,7 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
+    track = _tracking(args.track)
     if config.spawn == "template":
         from workbench.template import prewarm
 
@@ -218,9 +221,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.session import start
 
     out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
-    handle = start(config, out=out, on_event=None if args.json else _progress)
+    handle = start(config, out=out, on_event=None if args.json else _progress, track=track)
     result = handle.wait()
     summary = result.summary
+    if (summary.get("tracking") or {}).get("error"):
+        print(f"workbench: warning: MLflow tracking failed: {summary['tracking']['error']}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -237,6 +242,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                     f"world size after {f['world_size_after']}")
         print(f"result: {summary['result_path']}")
     return 0 if result.completed else 1
+
+
+def _tracking(uri: str | None) -> str | None:
+    """The checked tracking URI (TrackingUnavailable, exit 2, before any process starts); its failures are
+    reported as one line by the command, not as Python warnings."""
+    if uri is None:
+        return None
+    import warnings
+
+    from workbench.tracking import TrackingWarning, require
+
+    warnings.simplefilter("ignore", TrackingWarning)
+    return require(uri)
 
 
 def _add_sweep_parsers(sub: Any) -> None:
