@@ -213,7 +213,7 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
-    track = _tracking(args.track)
+    track = _tracking(args.track)  # TrackingUnavailable (exit 2) before any process starts
     if config.spawn == "template":
         from workbench.template import prewarm
 
@@ -244,19 +244,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.completed else 1
 
 
-def _tracking(uri: str | None) -> str | None:
-    """The checked tracking URI (TrackingUnavailable, exit 2, before any process starts); its failures are
-    reported as one line by the command, not as Python warnings."""
-    if uri is None:
-        return None
-    import warnings
-
-    from workbench.tracking import TrackingWarning, require
-
-    warnings.simplefilter("ignore", TrackingWarning)
-    return require(uri)
-
-
 def _add_sweep_parsers(sub: Any) -> None:
     sweep = sub.add_parser("sweep", help="run a notebook over a grid of parameters (papermill), resumable",
                            description="Run NOTEBOOK at every point of the grid that is not complete under --out: "
@@ -282,6 +269,8 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")
     sweep.add_argument("--dry-run", action="store_true", help="print the points and which would run, run nothing")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument("--track", metavar="URI", help="once the points ran, log the sweep to MLflow: a parent run, "
+                       "a child run per point (see workbench run --track); needs workbench[tracking]")
     report = sub.add_parser("report", help="one self-contained HTML page of sweeps' figures and points",
                             description="Render the plotly figures that fit each sweep DIR (strategy trade-off, "
                             "bit sensitivity, gossip vs allreduce, recovery timelines) and its table of points, "
@@ -333,7 +322,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
                   retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
-                  kernel_name=args.kernel, timeout=args.timeout)
+                  kernel_name=args.kernel, timeout=args.timeout, track=_tracking(args.track))
     attrs = frame.attrs
     for pid in attrs["failed"]:
         row = frame[frame.point == pid].iloc[0]
@@ -341,24 +330,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
           f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
           f"complete; table: {args.out / 'results.h5'}")
+    tracked = attrs.get("tracking")
+    if tracked and tracked["error"]:
+        print(f"workbench: warning: MLflow tracking of the sweep failed: {tracked['error']}", file=sys.stderr)
+    elif tracked:
+        print(f"tracked: MLflow run {tracked['run_id']} with {len(tracked['points'])} child runs at {tracked['uri']}")
     return 1 if attrs["failed"] else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import warnings
+    from workbench.report import report_command
 
-    from workbench.report import ProvenanceWarning, report
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ProvenanceWarning)
-        path = report(*args.directories, out=args.out)
-    for directory in args.directories:  # the page's provenance section, per sweep
-        from workbench.provenance import describe
-        from workbench.sweep import load_sweep
-
-        print(f"{directory}:\n" + "".join(f"  {line}\n" for line in describe(load_sweep(directory))[0]), end="")
-    for warning in caught:
-        print(f"workbench: warning: {warning.message}", file=sys.stderr)
+    path = report_command(args.directories, out=args.out)
     print(f"report: {path.resolve()}")
     return 0
 
@@ -372,6 +355,12 @@ def cmd_rank(args: argparse.Namespace) -> int:
         argv += ["--rank-hint", str(hint)]
     rank_main(argv)  # ends the process (os._exit) when the run ends
     return 0
+
+
+def _tracking(uri: str | None) -> str | None:
+    from workbench.tracking import for_command_line
+
+    return for_command_line(uri)
 
 
 def _terminate(signum: int, frame: object) -> None:

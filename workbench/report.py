@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.faults.sensitivity import SENSITIVITY_FILE, load_trials
 from workbench.provenance import describe
 from workbench.results import RESULT_FILE, RunResult
-from workbench.sweep import load_sweep
+from workbench.sweep_table import load_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -208,4 +209,17 @@ def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os
     return out
 
 
-__all__ = ["ProvenanceWarning", "figures", "report"]
+def report_command(directories: list[Path], out: str | os.PathLike | None = None) -> Path:
+    """``workbench report``: :func:`report`, then each sweep's provenance lines on stdout and each
+    :class:`ProvenanceWarning` as one line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ProvenanceWarning)
+        path = report(*directories, out=out)
+    for directory in directories:
+        print(f"{directory}:\n" + "".join(f"  {line}\n" for line in describe(load_sweep(directory))[0]), end="")
+    for warning in caught:
+        print(f"workbench: warning: {warning.message}", file=sys.stderr)
+    return path
+
+
+__all__ = ["ProvenanceWarning", "figures", "report", "report_command"]

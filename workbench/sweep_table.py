@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLE_FILE = "results.h5"
+TRACKING_FILE = "tracking.json"  # the last MLflow logging of the sweep (workbench.tracking_sweep)
 
 
 def point_status(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -64,7 +65,8 @@ def _row(directory: Path, pid: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
-    """Build the sweep's table from its point directories and write ``DIR/results.h5`` (atomically)."""
+    """Build the sweep's table from its point directories and write ``DIR/results.h5`` (atomically); its
+    attribute ``tracking`` holds ``DIR/tracking.json`` (the sweep's last MLflow logging), if any."""
     import pandas as pd
 
     directory = Path(directory)
@@ -74,8 +76,10 @@ def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
     spec = json.loads(sweep_file.read_text())
     rows = [_row(directory, p["id"], p["parameters"]) for p in spec["points"]]
     frame = pd.DataFrame(rows)
+    tracking = directory / TRACKING_FILE
     save_table(frame, directory / TABLE_FILE, notebook=spec["notebook"], signature=_signature(directory),
-               parameters=sorted({k for p in spec["points"] for k in p["parameters"]}))
+               parameters=sorted({k for p in spec["points"] for k in p["parameters"]}),
+               **({"tracking": json.loads(tracking.read_text())} if tracking.is_file() else {}))
     return frame
 
 

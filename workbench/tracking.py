@@ -79,6 +79,15 @@ def require(uri: str | os.PathLike) -> str:
     return Path(text).expanduser().resolve().as_uri()
 
 
+def for_command_line(uri: str | None) -> str | None:
+    """:func:`require` for a command: None stays None; :class:`TrackingWarning` is silenced, as the command
+    reports a logging failure as one line of its own."""
+    if uri is None:
+        return None
+    warnings.simplefilter("ignore", TrackingWarning)
+    return require(uri)
+
+
 def client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri`` (imports MLflow), with the process-wide settings of the module docstring."""
     for key, value in _HTTP_DEFAULTS.items():
