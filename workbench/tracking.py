@@ -74,8 +74,8 @@ def require(uri: str | os.PathLike) -> str:
         found = False
     if not found:
         raise TrackingUnavailable(f"--track needs MLflow, which is not installed: {INSTALL}")
-    if "://" in text or text.startswith("file:") or ":" in text.split("/", 1)[0]:
-        return text
+    if "://" in text or text.startswith(("file:", "databricks")) or ":" in text.split("/", 1)[0]:
+        return text  # a URI MLflow reads (file:, sqlite:, http(s):, databricks, ...) as it is
     return Path(text).expanduser().resolve().as_uri()
 
 
