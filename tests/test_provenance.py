@@ -49,16 +49,16 @@ def test_collect_is_right_and_imports_no_torch():
 
 def test_not_a_git_checkout_is_unknown_not_a_crash(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "_SOURCE", tmp_path)  # no .git: an installed package
-    provenance.git_state.cache_clear()
+    provenance._git_state.cache_clear()
     try:
         assert provenance.git_state() == ("unknown", None)
         assert provenance.collect()["commit"] == "unknown"
         monkeypatch.setattr(provenance, "_SOURCE", ROOT)
         monkeypatch.setenv("PATH", str(tmp_path))  # a checkout, but no git program
-        provenance.git_state.cache_clear()
+        provenance._git_state.cache_clear()
         assert provenance.git_state() == ("unknown", None)
     finally:
-        provenance.git_state.cache_clear()
+        provenance._git_state.cache_clear()
 
 
 def test_cli_run_result_and_checkpoint_carry_provenance(tmp_path):

@@ -218,6 +218,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from workbench.template import prewarm
 
         prewarm()  # the template imports torch while this process does: the two imports overlap
+    from workbench.provenance import prefetch
+
+    prefetch()  # versions and the git commit are read meanwhile too
     from workbench.session import start
 
     out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")

@@ -31,6 +31,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -47,6 +48,7 @@ FIELDS = ("workbench", "commit", "dirty", "python", *PACKAGES[1:], "host", "cpu"
           "load_start", "load_end", "started_utc", "ended_utc", "command", "notebook", "seed")
 UNKNOWN = "unknown"
 _SOURCE = Path(__file__).resolve().parents[1]  # the directory holding the workbench package
+_LOCK = threading.RLock()
 
 
 def utc_now() -> str:
@@ -67,9 +69,20 @@ def finish(provenance: dict[str, Any]) -> dict[str, Any]:
     return {**provenance, "ended_utc": utc_now(), "load_end": _load()}
 
 
-@functools.lru_cache(maxsize=1)
+def prefetch() -> None:
+    """Read what :func:`static` and :func:`git_state` read on a thread of its own, so that the first run of this
+    process does not wait for it (the command line calls it while the rank template imports torch)."""
+    threading.Thread(target=lambda: (static(), git_state()), name="workbench-provenance", daemon=True).start()
+
+
 def static() -> dict[str, Any]:
     """What does not change while this process lives: versions, host, CPU, cores, memory (cached)."""
+    with _LOCK:  # one reading, whichever thread asks first
+        return _static()
+
+
+@functools.lru_cache(maxsize=1)
+def _static() -> dict[str, Any]:
     versions = {name: _version(name) for name in PACKAGES}
     if versions["workbench"] is None:
         from workbench import __version__
@@ -79,10 +92,15 @@ def static() -> dict[str, Any]:
             "cores": os.cpu_count(), "memory_gib": _memory_gib()}
 
 
-@functools.lru_cache(maxsize=1)
 def git_state() -> tuple[str, bool | None]:
     """(commit, dirty) of the checkout the workbench package comes from, once per process; (``"unknown"``, None)
     when it is not a git checkout or git fails (missing, too slow: 5 s)."""
+    with _LOCK:
+        return _git_state()
+
+
+@functools.lru_cache(maxsize=1)
+def _git_state() -> tuple[str, bool | None]:
     if not (_SOURCE / ".git").exists():  # a directory, or a file in a worktree; site-packages has none
         return UNKNOWN, None
     try:
