@@ -89,8 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
-    run.add_argument("--track", metavar="URI", help="log the run to MLflow once it ended: a tracking server "
-                     "(http://HOST:PORT), sqlite:///FILE.db, or a directory (./mlruns); needs workbench[tracking]")
+    run.add_argument("--track", metavar="URI", help="log the run to MLflow (http://HOST:PORT, ./mlruns) once it ended")
     flip = sub.add_parser("flip", help="flip bits in an HDF5 checkpoint (checkpoint alteration)",
                           description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in HDF5.")
     flip.add_argument("checkpoint", type=Path)
@@ -213,22 +212,19 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
-    track = _tracking(args.track)  # TrackingUnavailable (exit 2) before any process starts
+    from workbench.tracking import for_command_line
+
+    track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
     if config.spawn == "template":
         from workbench.template import prewarm
 
         prewarm()  # the template imports torch while this process does: the two imports overlap
-    from workbench.provenance import prefetch
-
-    prefetch()  # versions and the git commit are read meanwhile too
     from workbench.session import start
 
     out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
     handle = start(config, out=out, on_event=None if args.json else _progress, track=track)
     result = handle.wait()
     summary = result.summary
-    if (summary.get("tracking") or {}).get("error"):
-        print(f"workbench: warning: MLflow tracking failed: {summary['tracking']['error']}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -272,8 +268,7 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")
     sweep.add_argument("--dry-run", action="store_true", help="print the points and which would run, run nothing")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sweep.add_argument("--track", metavar="URI", help="once the points ran, log the sweep to MLflow: a parent run, "
-                       "a child run per point (see workbench run --track); needs workbench[tracking]")
+    sweep.add_argument("--track", metavar="URI", help="log the sweep to MLflow once its points ran (run --track)")
     report = sub.add_parser("report", help="one self-contained HTML page of sweeps' figures and points",
                             description="Render the plotly figures that fit each sweep DIR (strategy trade-off, "
                             "bit sensitivity, gossip vs allreduce, recovery timelines) and its table of points, "
@@ -283,7 +278,7 @@ def _add_sweep_parsers(sub: Any) -> None:
     report.add_argument("--out", type=Path, help="HTML file (default: report.html in the first DIR)")
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def _cmd_sweep(args: argparse.Namespace) -> int:
     from workbench.errors import SweepError
     from workbench.sweep import grid_points, is_complete, parse_value, point_id, sweep
 
@@ -325,7 +320,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
                   retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
-                  kernel_name=args.kernel, timeout=args.timeout, track=_tracking(args.track))
+                  kernel_name=args.kernel, timeout=args.timeout)
     attrs = frame.attrs
     for pid in attrs["failed"]:
         row = frame[frame.point == pid].iloc[0]
@@ -333,11 +328,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
           f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
           f"complete; table: {args.out / 'results.h5'}")
-    tracked = attrs.get("tracking")
-    if tracked and tracked["error"]:
-        print(f"workbench: warning: MLflow tracking of the sweep failed: {tracked['error']}", file=sys.stderr)
-    elif tracked:
-        print(f"tracked: MLflow run {tracked['run_id']} with {len(tracked['points'])} child runs at {tracked['uri']}")
     return 1 if attrs["failed"] else 0
 
 
@@ -360,10 +350,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tracking(uri: str | None) -> str | None:
-    from workbench.tracking import for_command_line
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.tracking_sweep import tracked_command
 
-    return for_command_line(uri)
+    return tracked_command(args, _cmd_sweep)  # --track: the sweep logged to MLflow once its points ran
 
 
 def _terminate(signum: int, frame: object) -> None:

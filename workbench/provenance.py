@@ -69,12 +69,6 @@ def finish(provenance: dict[str, Any]) -> dict[str, Any]:
     return {**provenance, "ended_utc": utc_now(), "load_end": _load()}
 
 
-def prefetch() -> None:
-    """Read what :func:`static` and :func:`git_state` read on a thread of its own, so that the first run of this
-    process does not wait for it (the command line calls it while the rank template imports torch)."""
-    threading.Thread(target=lambda: (static(), git_state()), name="workbench-provenance", daemon=True).start()
-
-
 def static() -> dict[str, Any]:
     """What does not change while this process lives: versions, host, CPU, cores, memory (cached)."""
     with _LOCK:  # one reading, whichever thread asks first

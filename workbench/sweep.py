@@ -107,7 +107,7 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     if track is not None:
         from workbench.tracking_sweep import track_sweep
 
-        record = track_sweep(track, directory, frame, started, skipped)
+        record = track_sweep(track, directory, started, frame)
         frame = aggregate(directory)  # the table's attributes now hold the record
         frame.attrs["tracking"] = record
     frame.attrs.update(executed=list(done), completed=[k for k, v in done.items() if v["status"] == "completed"],

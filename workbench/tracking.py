@@ -34,6 +34,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterable
@@ -80,11 +81,20 @@ def require(uri: str | os.PathLike) -> str:
 
 
 def for_command_line(uri: str | None) -> str | None:
-    """:func:`require` for a command: None stays None; :class:`TrackingWarning` is silenced, as the command
-    reports a logging failure as one line of its own."""
+    """:func:`require` for a command: None stays None; a :class:`TrackingWarning` is shown as one line on stderr,
+    ``workbench: warning: ...`` (other warnings as before)."""
     if uri is None:
         return None
-    warnings.simplefilter("ignore", TrackingWarning)
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, TrackingWarning):
+            print(f"workbench: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            previous(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", TrackingWarning)
     return require(uri)
 
 

@@ -19,9 +19,11 @@ the parent's tag ``report_error`` and does not stop the rest.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,20 +31,31 @@ from workbench import provenance
 from workbench.results import RESULT_FILE, RunResult
 from workbench.sweep_plan import SWEEP_FILE
 from workbench.sweep_point import LOG_FILE, write_json
-from workbench.sweep_table import TABLE_FILE, TRACKING_FILE, point_status
-from workbench.tracking import TrackingWarning, _ms, client, experiment_id, failure_text, log_batches, log_result
+from workbench.sweep_table import TABLE_FILE, TRACKING_FILE, load_sweep, point_status
+from workbench.tracking import (
+    TrackingWarning,
+    _ms,
+    client,
+    experiment_id,
+    failure_text,
+    for_command_line,
+    log_batches,
+    log_result,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def track_sweep(uri: str, directory: str | os.PathLike, frame: pd.DataFrame, started: dict[str, Any],
-                skipped: list[str] = ()) -> dict[str, Any]:
-    """Log the sweep under ``directory`` (its table ``frame``) as a parent run with a child per point; returns
-    the record also written to ``DIR/tracking.json``. ``started``: the sweep process's provenance at its start."""
+def track_sweep(uri: str, directory: str | os.PathLike, started: dict[str, Any],
+                frame: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Log the sweep under ``directory`` (its table ``frame``, default :func:`load_sweep`) as a parent run with a
+    child per point; returns the record also written to ``DIR/tracking.json``. ``started``: the provenance of the
+    sweep's process at its start (a point that started before it is tagged ``skipped``: an earlier invocation's)."""
     directory = Path(directory)
     record: dict[str, Any] = {"uri": uri, "run_id": None, "experiment_id": None, "error": None, "points": {}}
     try:
+        frame = load_sweep(directory) if frame is None else frame
         mlflow_client = client(uri)
         experiment = record["experiment_id"] = experiment_id(mlflow_client)
         spec = json.loads((directory / SWEEP_FILE).read_text())
@@ -64,7 +77,7 @@ def track_sweep(uri: str, directory: str | os.PathLike, frame: pd.DataFrame, sta
         parameters = {p["id"]: p["parameters"] for p in spec["points"]}
         for _, row in frame.iterrows():
             record["points"][row.point] = _log_point(mlflow_client, experiment, record["run_id"], directory,
-                                                     row.point, parameters.get(row.point, {}), row.point in skipped)
+                                                     row.point, parameters.get(row.point, {}), started["started_utc"])
         _attach(mlflow_client, record["run_id"], directory)
         done = bool(len(frame)) and set(frame.status) == {"completed"}
         mlflow_client.set_terminated(record["run_id"], "FINISHED" if done else "FAILED",
@@ -78,10 +91,11 @@ def track_sweep(uri: str, directory: str | os.PathLike, frame: pd.DataFrame, sta
 
 
 def _log_point(mlflow_client: Any, experiment: str, parent: str, directory: Path, pid: str,
-               parameters: dict[str, Any], skipped: bool) -> str:
-    """One child run for point ``pid``; returns its id."""
+               parameters: dict[str, Any], since: str) -> str:
+    """One child run for point ``pid``; returns its id. ``since``: the sweep's start (UTC ISO)."""
     point = directory / pid
     status = point_status(point) or {}
+    skipped = (status.get("provenance") or {}).get("started_utc", "") < since  # ran in an earlier invocation
     params = {k: v for k, v in parameters.items() if k != "out"}
     notebook = Path(status["notebook"]) if status.get("notebook") else None
     artifacts = [p for p in (notebook, point / LOG_FILE) if p is not None and p.is_file()]
@@ -124,3 +138,18 @@ def _attach(mlflow_client: Any, run_id: str, directory: Path) -> None:
     for path in (directory / TABLE_FILE, directory / SWEEP_FILE, page):
         if path is not None and Path(path).is_file():
             mlflow_client.log_artifact(run_id, str(path))
+
+
+def tracked_command(args: argparse.Namespace, command: Callable[[argparse.Namespace], int]) -> int:
+    """``workbench sweep`` (``command``) with ``--track``: the URI is checked before anything runs
+    (``TrackingUnavailable``, exit 2), the sweep is logged once its points ran, whichever executor ran them, and
+    one line tells the parent run or the failure. Not for ``--dry-run``, ``--emit`` or ``--point``."""
+    track = for_command_line(args.track)
+    if track is None or args.dry_run or args.emit or args.point is not None:
+        return command(args)
+    started = provenance.collect()
+    code = command(args)
+    record = track_sweep(track, args.out, started)
+    if not record["error"]:  # a failure was one warning line already (for_command_line)
+        print(f"tracked: MLflow run {record['run_id']} with {len(record['points'])} child runs at {record['uri']}")
+    return code
