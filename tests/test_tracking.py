@@ -184,3 +184,14 @@ def test_without_mlflow_track_exits_2_before_anything_starts(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(tracking.TrackingUnavailable, match=r"pip install 'workbench\[tracking\]'"):
         workbench.start(world_size=2, steps=5, track="./mlruns")
+
+
+def test_cli_server_gone_one_warning_line_and_exit_0(tmp_path):
+    uri = f"http://127.0.0.1:{_free_port()}"
+    proc = subprocess.run([sys.executable, "-m", "workbench", "run", "--world-size", "2", "--steps", "10", "--out",
+                           str(tmp_path), "--json", "--track", uri], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if "MLflow tracking" in line]
+    assert len(warning) == 1 and warning[0].startswith(f"workbench: warning: MLflow tracking to {uri} failed: ")
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["outcome"] == "completed" and summary["tracking"]["error"] in warning[0]
