@@ -17,7 +17,8 @@ imports — is imported only then, only when asked for):
 ``mlflow`` package), ``file:///DIR`` — or a plain directory path such as ``./mlruns``: MLflow's file store there,
 made absolute (works offline with ``mlflow-skinny``; MLflow 3 keeps the file store in maintenance mode and asks
 for ``MLFLOW_ALLOW_FILE_STORE=true``, which tracking sets for this process when it writes one). The experiment is
-``$MLFLOW_EXPERIMENT_NAME``, else ``workbench`` (created if missing).
+MLflow's usual choice: ``$MLFLOW_EXPERIMENT_ID``, else ``$MLFLOW_EXPERIMENT_NAME`` (created if missing), else
+``Default``.
 
 Failure: logging never fails the run. Any error (server gone, wrong URI, an artifact refused) ends the logging
 with a :class:`TrackingWarning` and is recorded in the result's summary under ``tracking``: ``{uri, run_id,
@@ -46,7 +47,7 @@ from workbench.errors import WorkbenchError
 from workbench.results import METRIC_COLUMNS, RunResult
 
 INSTALL = "pip install 'workbench[tracking]'"
-DEFAULT_EXPERIMENT = "workbench"
+DEFAULT_EXPERIMENT = "Default"  # MLflow's own default experiment
 BATCH = 1000  # MLflow's LogBatch limits: 1,000 metrics, 100 params, 100 tags, 1,000 entities a request
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -110,7 +111,10 @@ def client(uri: str) -> Any:
 
 
 def experiment_id(mlflow_client: Any) -> str:
-    """The id of ``$MLFLOW_EXPERIMENT_NAME`` (default ``workbench``), created if missing."""
+    """``$MLFLOW_EXPERIMENT_ID`` if set, else the id of ``$MLFLOW_EXPERIMENT_NAME`` or, unset, of MLflow's
+    ``Default`` experiment (where ``mlflow.search_runs()`` looks by default); created if missing."""
+    if os.environ.get("MLFLOW_EXPERIMENT_ID"):
+        return os.environ["MLFLOW_EXPERIMENT_ID"]
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
