@@ -122,6 +122,7 @@ def test_sweep_is_a_parent_run_with_a_child_per_point(server, tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "tracking.json").read_text())
     assert record["error"] is None and f"tracked: MLflow run {record['run_id']} with 2 child runs" in proc.stdout
+    assert "View run" not in proc.stdout  # MLflow's own URL lines are silenced: stdout is the command's
     client = MlflowClient(tracking_uri=server)
     runs = client.search_runs([record["experiment_id"]])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -148,6 +149,8 @@ def test_track_a_directory_with_no_server(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["tracking"]["uri"] == (tmp_path / "mlruns").as_uri() and summary["tracking"]["error"] is None
+    assert f"workbench: tracked: MLflow run {summary['tracking']['run_id']} at file://" in proc.stderr
+    assert len(proc.stdout.splitlines()) == 1  # stdout: the --json summary alone
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3's file store asks for it (docs/settings.md)
     read = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.search_runs().to_json())"], cwd=tmp_path,

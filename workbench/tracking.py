@@ -24,7 +24,8 @@ Failure: logging never fails the run. Any error (server gone, wrong URI, an arti
 with a :class:`TrackingWarning` and is recorded in the result's summary under ``tracking``: ``{uri, run_id,
 experiment_id, error}`` (``error`` None when all went through). So that a server that is gone costs seconds, not
 minutes, tracking sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1`` and
-``MLFLOW_HTTP_REQUEST_TIMEOUT=10`` for this process unless they are set already.
+``MLFLOW_HTTP_REQUEST_TIMEOUT=10`` for this process unless they are set already (and
+``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true``: stdout belongs to the command, ``--json``).
 Without MLflow installed, :func:`require` raises :class:`TrackingUnavailable` (exit 2 on the command line) with
 the install command, before any process starts. Sweeps: :mod:`workbench.tracking_sweep`.
 """
@@ -51,6 +52,7 @@ DEFAULT_EXPERIMENT = "Default"  # MLflow's own default experiment
 BATCH = 1000  # MLflow's LogBatch limits: 1,000 metrics, 100 params, 100 tags, 1,000 entities a request
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+_COMMAND_LINE = False  # set by for_command_line: say on stderr where a run was logged
 _SUMMARY_METRICS = ("final_test_accuracy", "baseline_accuracy", "wall_s", "train_s", "overhead_s", "overhead_pct",
                     "steps_completed", "steps_redone_total", "samples_lost_total", "generations", "world_size_final",
                     "checkpoints", "flips", "detections")
@@ -83,7 +85,7 @@ def require(uri: str | os.PathLike) -> str:
 
 def for_command_line(uri: str | None) -> str | None:
     """:func:`require` for a command: None stays None; a :class:`TrackingWarning` is shown as one line on stderr,
-    ``workbench: warning: ...`` (other warnings as before)."""
+    ``workbench: warning: ...`` (other warnings as before), and a logged run as ``workbench: tracked: ...``."""
     if uri is None:
         return None
     previous = warnings.showwarning
@@ -96,6 +98,8 @@ def for_command_line(uri: str | None) -> str | None:
 
     warnings.showwarning = show
     warnings.simplefilter("always", TrackingWarning)
+    global _COMMAND_LINE
+    _COMMAND_LINE = True
     return require(uri)
 
 
@@ -103,6 +107,7 @@ def client(uri: str) -> Any:
     """An ``MlflowClient`` for ``uri`` (imports MLflow), with the process-wide settings of the module docstring."""
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # stdout is the command's (--json)
     if uri.startswith("file:"):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     from mlflow import MlflowClient
@@ -147,6 +152,8 @@ def track_result(uri: str, result: RunResult, out: str | os.PathLike | None = No
     result.summary["tracking"] = record
     if out is not None:
         result.save(out)
+    if _COMMAND_LINE and not record["error"]:
+        print(f"workbench: tracked: MLflow run {record['run_id']} at {uri}", file=sys.stderr, flush=True)
     return record
 
 
