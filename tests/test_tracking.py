@@ -18,12 +18,19 @@ import workbench
 from workbench import tracking
 from workbench.sweep import load_sweep
 
-pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install 'workbench[tracking]'")
-from mlflow import MlflowClient  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
 START_TIMEOUT_S = 90.0  # measured: ~7 s on 2 idle cores; a loaded machine takes longer
+
+
+def MlflowClient(tracking_uri: str):  # noqa: N802 - MLflow's class, imported when a test needs it
+    return pytest.importorskip("mlflow").MlflowClient(tracking_uri=tracking_uri)
+
+
+@pytest.fixture
+def mlflow_installed():
+    """Skip where MLflow is not installed (``.[dev]`` installs it; the extra is optional)."""
+    pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install 'workbench[tracking]'")
 
 
 def _free_port() -> int:
@@ -40,7 +47,10 @@ def _head() -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``mlflow server`` (sqlite backend, artifacts served) on a free port of 127.0.0.1; its URL. Started in a
-    session of its own, without MLflow's job runner; stopped with its whole process group at the module's end."""
+    session of its own, without MLflow's job runner; stopped with its whole process group at the module's end
+    (module scope: every test that needs a server is here, so it starts once; the module's leak check runs after
+    it stopped)."""
+    pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install 'workbench[tracking]'")
     base = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
     log = open(base / "server.log", "wb")
@@ -141,7 +151,7 @@ def test_sweep_is_a_parent_run_with_a_child_per_point(server, tmp_path):
     assert all("sweep" in c and "--track" in c for c in frame["prov.command"])
 
 
-def test_track_a_directory_with_no_server(tmp_path):
+def test_track_a_directory_with_no_server(tmp_path, mlflow_installed):
     """Acceptance: `workbench run ... --track ./mlruns`, then MLflow's search finds the run with its metrics."""
     proc = subprocess.run([sys.executable, "-m", "workbench", "run", "--world-size", "2", "--steps", "30", "--out",
                            str(tmp_path / "run"), "--json", "--track", "./mlruns"], capture_output=True, text=True,
@@ -187,7 +197,7 @@ def test_without_mlflow_track_exits_2_before_anything_starts(tmp_path, monkeypat
         workbench.start(world_size=2, steps=5, track="./mlruns")
 
 
-def test_cli_server_gone_one_warning_line_and_exit_0(tmp_path):
+def test_cli_server_gone_one_warning_line_and_exit_0(tmp_path, mlflow_installed):
     uri = f"http://127.0.0.1:{_free_port()}"
     proc = subprocess.run([sys.executable, "-m", "workbench", "run", "--world-size", "2", "--steps", "10", "--out",
                            str(tmp_path), "--json", "--track", uri], capture_output=True, text=True, timeout=300)

@@ -135,6 +135,7 @@ def track_result(uri: str, result: RunResult, out: str | os.PathLike | None = No
     ``tracking`` (and save it again under ``out``, when given). Never raises: a failure is a
     :class:`TrackingWarning` and the record's ``error``."""
     record: dict[str, Any] = {"uri": uri, "run_id": None, "experiment_id": None, "error": None}
+    mlflow_client = None
     try:
         mlflow_client = client(uri)
         record["experiment_id"] = experiment_id(mlflow_client)
@@ -148,6 +149,7 @@ def track_result(uri: str, result: RunResult, out: str | os.PathLike | None = No
             log_result(mlflow_client, record["experiment_id"], result, artifact, record=record)
     except Exception as exc:  # noqa: BLE001 - tracking must never fail the run
         record["error"] = failure_text(exc)
+        abandon(mlflow_client, record["run_id"])
         warnings.warn(f"MLflow tracking to {uri} failed: {record['error']}", TrackingWarning, stacklevel=2)
     result.summary["tracking"] = record
     if out is not None:
@@ -168,7 +170,7 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
     tags = {"outcome": result.outcome, "reason": str(result.summary.get("reason", ""))[:5000],
             **{f"prov.{k}": str(v) for k, v in prov.items()},
             "mlflow.source.name": str(prov.get("notebook") or prov.get("command") or "workbench"),
-            **({"mlflow.source.git.commit": prov["commit"]} if prov.get("commit") else {}),
+            **({"mlflow.source.git.commit": prov["commit"]} if prov.get("commit") not in (None, "unknown") else {}),
             **({"mlflow.parentRunId": parent} if parent else {})}
     for i, f in enumerate(result.failures):
         tags[f"failure.{i}"] = (f"rank {f.get('rank')} at step {f.get('step')}: {f.get('cause')}; detection "
@@ -190,6 +192,17 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
     mlflow_client.set_terminated(run_id, "FINISHED" if result.completed else "FAILED",
                                  end_time=_ms(prov.get("ended_utc")))
     return run_id
+
+
+def abandon(mlflow_client: Any, run_id: str | None) -> None:
+    """Mark a run whose logging failed half-way ``FAILED`` (so it does not stay ``RUNNING``), if the store still
+    answers; nothing otherwise."""
+    if mlflow_client is None or run_id is None:
+        return
+    try:
+        mlflow_client.set_terminated(run_id, "FAILED")
+    except Exception:  # noqa: BLE001 - the store that failed may well fail again
+        pass
 
 
 def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:

@@ -35,6 +35,7 @@ from workbench.sweep_table import TABLE_FILE, TRACKING_FILE, load_sweep, point_s
 from workbench.tracking import (
     TrackingWarning,
     _ms,
+    abandon,
     client,
     experiment_id,
     failure_text,
@@ -54,6 +55,7 @@ def track_sweep(uri: str, directory: str | os.PathLike, started: dict[str, Any],
     sweep's process at its start (a point that started before it is tagged ``skipped``: an earlier invocation's)."""
     directory = Path(directory)
     record: dict[str, Any] = {"uri": uri, "run_id": None, "experiment_id": None, "error": None, "points": {}}
+    mlflow_client = None
     try:
         frame = load_sweep(directory) if frame is None else frame
         mlflow_client = client(uri)
@@ -64,7 +66,7 @@ def track_sweep(uri: str, directory: str | os.PathLike, started: dict[str, Any],
                                           tags={**{f"prov.{k}": str(v) for k, v in prov.items()},
                                                 "mlflow.source.name": spec["notebook"], "sweep": str(directory),
                                                 **({"mlflow.source.git.commit": prov["commit"]}
-                                                   if prov.get("commit") else {})})
+                                                   if prov.get("commit") not in (None, "unknown") else {})})
         record["run_id"] = parent.info.run_id
         values: dict[str, list[Any]] = {}
         for p in spec["points"]:
@@ -84,6 +86,7 @@ def track_sweep(uri: str, directory: str | os.PathLike, started: dict[str, Any],
                                      end_time=_ms(prov["ended_utc"]))
     except Exception as exc:  # noqa: BLE001 - tracking must never fail the sweep
         record["error"] = failure_text(exc)
+        abandon(mlflow_client, record["run_id"])
         warnings.warn(f"MLflow tracking of the sweep to {uri} failed: {record['error']}", TrackingWarning,
                       stacklevel=2)
     write_json(directory / TRACKING_FILE, record)
