@@ -21,10 +21,14 @@ def test_command_lines_of_the_project():
                  "/v/bin/python -m workbench.sweep_point --events 5",
                  "/v/bin/python -m torch.distributed.run --nnodes 1 -m workbench.peers.torchrun_rank --store x",
                  "/v/bin/python -m ipykernel_launcher -f /tmp/k.json", "/v/bin/python /v/bin/papermill a.ipynb b.ipynb",
-                 "/v/bin/python -m jupyterlab --ip 127.0.0.1"]:
+                 "/v/bin/python -m jupyterlab --ip 127.0.0.1",
+                 "/v/bin/python /v/bin/mlflow server --host 127.0.0.1 --port 5000",  # an MLflow server and workers
+                 "/v/bin/python -m uvicorn --host 127.0.0.1 --port 5000 --workers 1 mlflow.server.fastapi_app:app",
+                 "/v/bin/python -m mlflow.server.jobs._job_runner"]:
         assert leaks.is_project(args), args
     for args in ["/v/bin/python -m torch.distributed.run train.py", "/v/bin/python /v/bin/pytest -q tests",
-                 "vim workbench", "bash -c cd /work/workbench && make", "/usr/bin/python3 -m http.server"]:
+                 "vim workbench", "bash -c cd /work/workbench && make", "/usr/bin/python3 -m http.server",
+                 "/v/bin/python -m uvicorn app:main"]:
         assert not leaks.is_project(args), args
 
 

@@ -6,7 +6,8 @@ Layout (``format`` 1)::
     optimizer/<name>/<key>        optimizer state of parameter <name> (momentum_buffer; exp_avg, exp_avg_sq, step)
     rng/torch                     torch's CPU generator state
     attrs: format, step, data_cursor, seed, config (JSON), apoptosis (JSON: the apoptosis rule's state, if on;
-           an attribute like step, not a dataset, so bit-flip campaigns over the float datasets never meet it)
+           an attribute like step, not a dataset, so bit-flip campaigns over the float datasets never meet it),
+           provenance (JSON: the run's, as it started, see workbench.provenance; {} when a file predates it)
 
 The model datasets hold the model's *current* shapes: under apoptosis a layer may be narrower than the
 configured model, and whoever loads the checkpoint shapes its model after them (``apoptosis.resize_to``).
@@ -51,6 +52,7 @@ class Checkpoint:
     seed: int = 0
     config: dict[str, Any] = field(default_factory=dict)
     apoptosis: dict[str, torch.Tensor] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 def checksum(array: np.ndarray) -> str:
@@ -70,7 +72,7 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with h5py.File(tmp, "w") as f:
         f.attrs.update(format=FORMAT, step=ckpt.step, data_cursor=ckpt.step, seed=ckpt.seed,
-                       config=json.dumps(ckpt.config))
+                       config=json.dumps(ckpt.config), provenance=json.dumps(ckpt.provenance))
         for name, tensor in ckpt.model.items():
             _write(f, f"model/{name}", tensor)
         for name, state in ckpt.optimizer.items():
@@ -137,6 +139,7 @@ def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
             apoptosis = {key: torch.tensor(value, dtype=getattr(torch, dtype)) for key, (dtype, value)
                          in json.loads(f.attrs.get("apoptosis", "{}")).items()}
             return Checkpoint(int(f.attrs["step"]), model, optimizer, rng, int(f.attrs.get("seed", 0)),
-                              json.loads(f.attrs.get("config", "{}")), apoptosis)
+                              json.loads(f.attrs.get("config", "{}")), apoptosis,
+                              json.loads(f.attrs.get("provenance", "{}")))
     except (OSError, KeyError) as exc:
         raise CheckpointCorrupt(path, [f"<layout: {exc}>"]) from None

@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
+    run.add_argument("--track", metavar="URI", help="log the run to MLflow (http://HOST:PORT, ./mlruns) once it ended")
     flip = sub.add_parser("flip", help="flip bits in an HDF5 checkpoint (checkpoint alteration)",
                           description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in HDF5.")
     flip.add_argument("checkpoint", type=Path)
@@ -211,6 +212,9 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
+    from workbench.tracking import for_command_line
+
+    track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
     if config.spawn == "template":
         from workbench.template import prewarm
 
@@ -218,7 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.session import start
 
     out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
-    handle = start(config, out=out, on_event=None if args.json else _progress)
+    handle = start(config, out=out, on_event=None if args.json else _progress, track=track)
     result = handle.wait()
     summary = result.summary
     if args.json:
@@ -264,6 +268,7 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")
     sweep.add_argument("--dry-run", action="store_true", help="print the points and which would run, run nothing")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument("--track", metavar="URI", help="log the sweep to MLflow once its points ran (run --track)")
     report = sub.add_parser("report", help="one self-contained HTML page of sweeps' figures and points",
                             description="Render the plotly figures that fit each sweep DIR (strategy trade-off, "
                             "bit sensitivity, gossip vs allreduce, recovery timelines) and its table of points, "
@@ -273,7 +278,7 @@ def _add_sweep_parsers(sub: Any) -> None:
     report.add_argument("--out", type=Path, help="HTML file (default: report.html in the first DIR)")
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
+def _cmd_sweep(args: argparse.Namespace) -> int:
     from workbench.errors import SweepError
     from workbench.sweep import grid_points, is_complete, parse_value, point_id, sweep
 
@@ -327,9 +332,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from workbench.report import report
+    from workbench.report import report_command
 
-    path = report(*args.directories, out=args.out)
+    path = report_command(args.directories, out=args.out)
     print(f"report: {path.resolve()}")
     return 0
 
@@ -343,6 +348,12 @@ def cmd_rank(args: argparse.Namespace) -> int:
         argv += ["--rank-hint", str(hint)]
     rank_main(argv)  # ends the process (os._exit) when the run ends
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.tracking_sweep import tracked_command
+
+    return tracked_command(args, _cmd_sweep)  # --track: the sweep logged to MLflow once its points ran
 
 
 def _terminate(signum: int, frame: object) -> None:

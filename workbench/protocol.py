@@ -16,7 +16,8 @@ Rank -> supervisor
     ``done {step, fingerprint}``   the rank finished all steps
     ``error {message}``            the rank failed on its own (an exception, not a fault); it exits next
 Supervisor -> rank
-    ``start {config, store, checkpoint_dir}``      once, in answer to ``hello``
+    ``start {config, store, checkpoint_dir, provenance}``  once, in answer to ``hello`` (``provenance``: the
+                                                   run's, workbench.provenance; its checkpoints keep it)
     ``generation {gen, members, rank, size, source, recovery, resume, faults}``
                                                    join generation ``gen``; ``source`` None: the members pick
                                                    the most advanced one; ``faults``: this rank's pending faults

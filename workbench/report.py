@@ -20,13 +20,16 @@ from __future__ import annotations
 import html
 import json
 import os
+import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.faults.sensitivity import SENSITIVITY_FILE, load_trials
+from workbench.provenance import describe
 from workbench.results import RESULT_FILE, RunResult
-from workbench.sweep import load_sweep
+from workbench.sweep_table import load_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -137,12 +140,28 @@ def _table(frame: pd.DataFrame, parameters: list[str], base: Path) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+class ProvenanceWarning(UserWarning):
+    """The points of one sweep come from different commits or hosts."""
+
+
+def _provenance(frame: pd.DataFrame, directory: Path) -> str:
+    """The sweep's provenance (:func:`workbench.provenance.describe`) as HTML; each warning is also issued as a
+    :class:`ProvenanceWarning` (``workbench report`` prints them on stderr)."""
+    lines, found = describe(frame)
+    for text in found:
+        warnings.warn(f"sweep {directory}: {text}", ProvenanceWarning, stacklevel=3)
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    alerts = "".join(f'<p class="warning">Warning: {html.escape(text)}</p>' for text in found)
+    return f"{alerts}<details open><summary>Provenance</summary><ul>{items}</ul></details>"
+
+
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }}
 table {{ border-collapse: collapse; font-size: 0.85em; }} td, th {{ border: 1px solid #ccc; padding: 2px 6px; }}
 tr.failed {{ background: #fdd; }} tr.pending {{ background: #eee; }} .figure {{ margin: 1.5em 0; }}
+.warning {{ color: #a00; font-weight: bold; }}
 </style></head><body>
 <h1>{title}</h1>
 <p>Generated {generated}.</p>
@@ -154,8 +173,10 @@ tr.failed {{ background: #fdd; }} tr.pending {{ background: #eee; }} .figure {{ 
 def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Write the report of one or more sweeps (default ``DIR/report.html`` of the first) and return its path.
 
-    Each sweep gets its own section — its figures, then its table of points (each point linked to its executed
-    notebook) — so figures never mix points of different notebooks."""
+    Each sweep gets its own section — where its points came from (commits, hosts, versions, times: the ``prov.*``
+    columns; a :class:`ProvenanceWarning` when its points come from different commits or hosts), its figures, then
+    its table of points (each point linked to its executed notebook) — so figures never mix points of different
+    notebooks."""
     directories = [Path(d) for d in (directory, *more)]
     out = Path(out) if out is not None else directories[0] / "report.html"
     sections, k = [], 0
@@ -167,6 +188,7 @@ def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os
         parts = [f"<h2>{html.escape(Path(spec['notebook']).stem)}: <code>{html.escape(str(d))}</code></h2>",
                  f"<p>Notebook <code>{html.escape(spec['notebook'])}</code>, {len(frame)} points: "
                  + ", ".join(f"{n} {html.escape(str(s))}" for s, n in sorted(counts.items())) + ".</p>"]
+        parts.append(_provenance(frame, d))
         found = figures(frame)
         for title, fig in found:
             div = fig.to_html(full_html=False, include_plotlyjs=k == 0, div_id=f"figure-{k}")
@@ -187,4 +209,17 @@ def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os
     return out
 
 
-__all__ = ["figures", "report"]
+def report_command(directories: list[Path], out: str | os.PathLike | None = None) -> Path:
+    """``workbench report``: :func:`report`, then each sweep's provenance lines on stdout and each
+    :class:`ProvenanceWarning` as one line on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ProvenanceWarning)
+        path = report(*directories, out=out)
+    for directory in directories:
+        print(f"{directory}:\n" + "".join(f"  {line}\n" for line in describe(load_sweep(directory))[0]), end="")
+    for warning in caught:
+        print(f"workbench: warning: {warning.message}", file=sys.stderr)
+    return path
+
+
+__all__ = ["ProvenanceWarning", "figures", "report", "report_command"]

@@ -1,6 +1,7 @@
 """Results of a run: per-step metrics, events, per-failure figures and a summary; one HDF5 file per run.
 
-Layout of ``result.h5``: root attributes ``config`` and ``summary`` (JSON), ``format`` (int); group ``metrics``
+Layout of ``result.h5``: root attributes ``config``, ``summary`` and ``provenance`` (JSON; the last missing in
+files written before it: see :mod:`workbench.provenance`), ``format`` (int); group ``metrics``
 with one 1-D dataset per column (step, time, loss, train_acc, samples — how many samples of the global batch
 entered the update —, test_acc, test_loss, world_size, generation, step_time, ..., parameters and hidden_units
 of the model that trained the step; NaN where a step had no evaluation or a mode does not report a column);
@@ -14,11 +15,12 @@ import glob as globlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import ResultsError
+from workbench.provenance import columns as provenance_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,6 +40,7 @@ class RunResult:
     failures: list[dict[str, Any]]
     summary: dict[str, Any]
     path: Path | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)  # workbench.provenance; {} for older files
 
     @property
     def outcome(self) -> str:
@@ -70,6 +73,7 @@ class RunResult:
             f.attrs["format"] = FORMAT
             f.attrs["config"] = json.dumps(self.config)
             f.attrs["summary"] = json.dumps(self.summary)
+            f.attrs["provenance"] = json.dumps(self.provenance)
             group = f.create_group("metrics")
             for column in METRIC_COLUMNS:
                 values = [r.get(column, np.nan) for r in self.metrics]
@@ -97,7 +101,7 @@ class RunResult:
                 return cls(json.loads(f.attrs["config"]), metrics,
                            [json.loads(e) for e in f["events"].asstr()[()]],
                            [json.loads(e) for e in f["failures"].asstr()[()]],
-                           json.loads(f.attrs["summary"]), path)
+                           json.loads(f.attrs["summary"]), path, json.loads(f.attrs.get("provenance", "{}")))
         except (OSError, KeyError) as exc:
             raise ResultsError(f"{path} is not a workbench result file: {exc}") from None
 
@@ -116,6 +120,7 @@ class RunResult:
         row = {f"config.{k}": (json.dumps(v) if isinstance(v, list) else v) for k, v in self.config.items()}
         row.update({k: v for k, v in self.summary.items() if k != "failures"})
         row["n_failures"] = len(self.failures)
+        row.update(provenance_columns(self.provenance))
         return row
 
     def __repr__(self) -> str:
@@ -157,7 +162,8 @@ def find_results(where: str | os.PathLike) -> list[Path]:
 def load_results(where: str | os.PathLike, metrics: bool = False) -> pd.DataFrame:
     """Load every ``result.h5`` under a directory, or matching a glob.
 
-    Default: one row per run (``config.*`` columns, the summary, ``n_failures``, ``path``). With
+    Default: one row per run (``config.*`` columns, the summary, ``n_failures``, ``prov.*`` — where the run came
+    from, :mod:`workbench.provenance`; NaN for files written before provenance was kept —, ``path``). With
     ``metrics=True``: one row per step of every run, with the run's ``path``, ``outcome`` and ``config.*``.
     """
     import pandas as pd

@@ -9,6 +9,7 @@ do). Interrupting ``wait()`` (Ctrl-C, a notebook's interrupt button) stops the r
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import uuid
@@ -48,9 +49,10 @@ class Run:
     """A run going on in the background. ``events`` and ``metrics`` fill up live; ``wait()`` gives the result."""
 
     def __init__(self, config: RunConfig, out: str | Path | None = None,
-                 on_event: Listener | None = None) -> None:
+                 on_event: Listener | None = None, track: str | None = None) -> None:
         self.config = config
         self.out = Path(out) if out is not None else None
+        self.track = track  # an MLflow tracking URI (workbench.tracking.require): logged after the run ends
         self._listeners: list[Listener] = [on_event] if on_event else []
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
         self._result: RunResult | None = None
@@ -133,6 +135,10 @@ class Run:
             result = self._supervisor.run()
             if self.out is not None:
                 result.save(self.out)
+            if self.track is not None:  # after the ranks are gone; never raises (workbench.tracking)
+                from workbench.tracking import track_result
+
+                track_result(self.track, result, self.out)
             self._result = result
         finally:
             self._done.set()
@@ -142,9 +148,17 @@ class Run:
 
 
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
-          on_event: Listener | None = None, **overrides: Any) -> Run:
+          on_event: Listener | None = None, track: str | os.PathLike | None = None, **overrides: Any) -> Run:
     """Validate the configuration (errors before any process starts) and start the run in the background.
-    Pipeline and hybrid runs get their ``stage_cuts`` here (measured once, the same for every rank)."""
+    Pipeline and hybrid runs get their ``stage_cuts`` here (measured once, the same for every rank).
+
+    ``track``: an MLflow tracking URI or directory (``./mlruns``): the run is logged there once it ended
+    (:mod:`workbench.tracking`; a logging failure is a warning, recorded in ``result.summary["tracking"]``).
+    Without MLflow installed it raises ``TrackingUnavailable`` here, before any process starts."""
+    if track is not None:
+        from workbench.tracking import require
+
+        track = require(track)
     config = _as_config(config, overrides)
     flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
@@ -153,13 +167,14 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
 
         config = check_model(config)
         check_flip_targets(config, flips)
-    return Run(config, out=out, on_event=on_event)
+    return Run(config, out=out, on_event=on_event, track=track)
 
 
 def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
-        on_event: Listener | None = None, **overrides: Any) -> RunResult:
-    """Run to the end and return the result (saved to ``out/result.h5`` when ``out`` is given)."""
-    return start(config, out=out, on_event=on_event, **overrides).wait()
+        on_event: Listener | None = None, track: str | os.PathLike | None = None, **overrides: Any) -> RunResult:
+    """Run to the end and return the result (saved to ``out/result.h5`` when ``out`` is given; logged to MLflow
+    when ``track`` is given, see :func:`start`)."""
+    return start(config, out=out, on_event=on_event, track=track, **overrides).wait()
 
 
 @atexit.register

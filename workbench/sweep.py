@@ -44,6 +44,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from workbench import provenance
 from workbench.sweep_executor import STOP_WAIT_S, Scheduler, progress_enabled
 from workbench.sweep_plan import (
     SWEEP_FILE,
@@ -70,14 +71,23 @@ __all__ = ["ARRAY_FILE", "LOG_FILE", "SLURM_FILE", "STOP_WAIT_S", "SWEEP_FILE", 
 def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None = None, *,
           out: str | os.PathLike, grid: str | os.PathLike | list[dict[str, Any]] | dict[str, Any] | None = None,
           jobs: int | None = None, retry_failed: bool = True, progress: bool | None = None,
-          kernel_name: str | None = None, timeout: float | None = None) -> pd.DataFrame:
+          kernel_name: str | None = None, timeout: float | None = None,
+          track: str | os.PathLike | None = None) -> pd.DataFrame:
     """Run ``notebook`` at every point of the grid that is not complete under ``out``; return :func:`load_sweep`.
 
     ``progress``: a tqdm bar (``tqdm.auto``: a widget in Jupyter) of points, with the cells of the running points;
     default on in a terminal or a Jupyter kernel. ``timeout``: seconds per cell. The frame's ``attrs`` hold
     ``executed``, ``completed``, ``failed`` (ids) and ``skipped`` (already complete) of this invocation.
     Raises ``SweepError`` on bad input before running anything; KeyboardInterrupt after stopping every point.
+    ``track``: an MLflow tracking URI or directory: once the points ran, the sweep is logged there as a parent run
+    with a child per point (:mod:`workbench.tracking_sweep`; ``TrackingUnavailable`` before anything runs when
+    MLflow is not installed; a logging failure is a warning, in ``attrs["tracking"]`` and ``DIR/tracking.json``).
     """
+    if track is not None:
+        from workbench.tracking import require
+
+        track = require(track)
+    started = provenance.collect()
     notebook, directory, declared, points = prepare(notebook, parameters, grid, out, jobs)
     tasks, skipped = [], []
     for p in points:
@@ -94,6 +104,12 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
             Scheduler(tasks, jobs, progress_enabled(progress)).run(done)
     finally:
         frame = aggregate(directory)
+    if track is not None:
+        from workbench.tracking_sweep import track_sweep
+
+        record = track_sweep(track, directory, started, frame)
+        frame = aggregate(directory)  # the table's attributes now hold the record
+        frame.attrs["tracking"] = record
     frame.attrs.update(executed=list(done), completed=[k for k, v in done.items() if v["status"] == "completed"],
                        failed=[k for k, v in done.items() if v["status"] != "completed"], skipped=skipped)
     return frame

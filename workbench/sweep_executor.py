@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.provenance import COMMAND_VAR, command
 from workbench.sweep_point import POINT_FILE, descendants, kill_all, write_json
 from workbench.sweep_table import point_status
 
@@ -36,7 +37,8 @@ class _WorkerProc:
 
     def __init__(self, events: queue.Queue) -> None:
         read, write = os.pipe()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # the sweep's command line: the provenance of its points and of their runs (workbench.provenance)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", COMMAND_VAR: command()}
         self.proc = subprocess.Popen([sys.executable, "-m", "workbench.sweep_point", "--events", str(write),
                                       "--parent", str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

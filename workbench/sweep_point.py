@@ -8,7 +8,8 @@ worker, not once per point); it gets SIGTERM when the sweep's process dies. Prot
 - file descriptor FD: JSON lines ``{"id", "event": "start"}``, ``{"id", "event": "cell", "index", "total"}``
   (a code or markdown cell starts), ``{"id", "event": "done", "status", "error"}``.
 - per point, in ``dir``: ``point.json`` (written atomically: ``running`` at the start, ``completed`` or ``failed``
-  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end), the
+  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end, and
+  ``provenance``: :mod:`workbench.provenance` of the point, its ``notebook`` the sweep's notebook), the
   executed notebook (executed under a hidden temporary name, renamed when papermill
   returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
   of papermill). Files of an earlier attempt are removed first.
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench import provenance
 from workbench.results import RESULT_FILE
 
 POINT_FILE = "point.json"
@@ -130,8 +132,11 @@ class Worker:
         tmp = directory / f".running-{executed.name}"
         for stale in (directory / RESULT_FILE, executed, tmp, *directory.glob(".*.tmp")):
             stale.unlink(missing_ok=True)
+        os.environ[provenance.NOTEBOOK_VAR] = task["notebook"]  # the kernel inherits it: its runs record it
+        seed = task["parameters"].get("seed")
         status = {"id": task["id"], "parameters": task["parameters"], "notebook": str(executed),
-                  "status": "running", "error": None, "started": time.time(), "wall_s": None}
+                  "status": "running", "error": None, "started": time.time(), "wall_s": None,
+                  "provenance": provenance.collect(seed if isinstance(seed, int) else None)}
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="start")
         self.current_id, self.current_tmp = task["id"], tmp
@@ -167,7 +172,7 @@ class Worker:
         cpu1 = _cpu()
         status.update(status="failed" if error else "completed", error=error, wall_s=round(time.monotonic() - t0, 3),
                       finished=time.time(), worker_cpu_s=round(cpu1[0] - cpu0[0], 3),
-                      kernel_cpu_s=round(cpu1[1] - cpu0[1], 3))
+                      kernel_cpu_s=round(cpu1[1] - cpu0[1], 3), provenance=provenance.finish(status["provenance"]))
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="done", status=status["status"], error=error)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import ResultsError
+from workbench.provenance import columns as provenance_columns
 from workbench.results import RESULT_FILE, RunResult, load_table, save_table
 from workbench.sweep_plan import SWEEP_FILE
 from workbench.sweep_point import POINT_FILE, has_result
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLE_FILE = "results.h5"
+TRACKING_FILE = "tracking.json"  # the last MLflow logging of the sweep (workbench.tracking_sweep)
 
 
 def point_status(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -48,6 +50,7 @@ def _row(directory: Path, pid: str, params: dict[str, Any]) -> dict[str, Any]:
                error=status.get("error") if status else None,
                point_wall_s=status.get("wall_s") if status else None,
                notebook=notebook if notebook and Path(notebook).is_file() else None, path=None)
+    row.update(provenance_columns(status.get("provenance") if status else None))  # the run's own, if any, wins
     result_path = directory / pid / RESULT_FILE
     if complete and result_path.is_file():
         try:
@@ -62,7 +65,8 @@ def _row(directory: Path, pid: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
-    """Build the sweep's table from its point directories and write ``DIR/results.h5`` (atomically)."""
+    """Build the sweep's table from its point directories and write ``DIR/results.h5`` (atomically); its
+    attribute ``tracking`` holds ``DIR/tracking.json`` (the sweep's last MLflow logging), if any."""
     import pandas as pd
 
     directory = Path(directory)
@@ -72,8 +76,10 @@ def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
     spec = json.loads(sweep_file.read_text())
     rows = [_row(directory, p["id"], p["parameters"]) for p in spec["points"]]
     frame = pd.DataFrame(rows)
+    tracking = directory / TRACKING_FILE
     save_table(frame, directory / TABLE_FILE, notebook=spec["notebook"], signature=_signature(directory),
-               parameters=sorted({k for p in spec["points"] for k in p["parameters"]}))
+               parameters=sorted({k for p in spec["points"] for k in p["parameters"]}),
+               **({"tracking": json.loads(tracking.read_text())} if tracking.is_file() else {}))
     return frame
 
 
@@ -96,8 +102,10 @@ def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
     not run yet), ``error``, ``point_wall_s``, ``notebook`` and ``path`` (executed notebook and ``result.h5``),
     and the run's summary (``final_test_accuracy``, ``steps_redone_total``, ``samples_lost_total``,
     ``n_failures``, ``overhead_s``, ``config.*`` ...; a summary key equal to a parameter name gets a ``result.``
-    prefix). Read from ``DIR/results.h5``; rebuilt from the points (and rewritten) when it is missing or stale —
-    when any ``point.json`` or ``result.h5`` was added, removed or changed since it was written.
+    prefix), and ``prov.*``: where the point came from (:mod:`workbench.provenance`) — its run's provenance, or
+    for a point without a run (failed notebook) the point's own from ``point.json``; missing or NaN for points run
+    before provenance was kept. Read from ``DIR/results.h5``; rebuilt from the points (and rewritten) when it is
+    missing or stale — when any ``point.json`` or ``result.h5`` was added, removed or changed since it was written.
     """
     directory = Path(directory)
     table = directory / TABLE_FILE

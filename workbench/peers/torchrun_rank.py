@@ -30,6 +30,8 @@ from workbench.rank.main import _join_from_store, fingerprint, serve, start_rank
 
 
 class TorchrunWorker(PeerRank):
+    provenance: dict = {}  # the run's (workbench.provenance), set from the start message; in checkpoints
+
     def run(self, checkpoint_dir: Path) -> None:
         config = self.config
         timeout = timedelta(seconds=config.op_timeout)
@@ -82,7 +84,8 @@ class TorchrunWorker(PeerRank):
         state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         path = ckpt.save(directory / ckpt.checkpoint_name(step),
                          ckpt.Checkpoint(step, state, st.named_optimizer_state(optimizer, named),
-                                         torch.get_rng_state(), self.config.seed, self.config.to_dict()))
+                                         torch.get_rng_state(), self.config.seed, self.config.to_dict(),
+                                         provenance=self.provenance))
         spent = time.perf_counter() - began
         self.channel.send({"type": "checkpoint", "step": step, "path": str(path), "stall_s": spent, "write_s": spent})
 
@@ -93,8 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start_rank_process()  # the agent stops the world with SIGTERM: each worker a dead rank
     channel, _ = _join_from_store(args.store, int(os.environ["RANK"]), 60.0)
-    serve(channel, lambda start: TorchrunWorker(RunConfig.from_dict(start["config"]), channel).run(
-        Path(start["checkpoint_dir"])), "peer_error")  # a failed worker is the agent's to handle
+    def train(start: dict) -> None:
+        worker = TorchrunWorker(RunConfig.from_dict(start["config"]), channel)
+        worker.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
+        worker.run(Path(start["checkpoint_dir"]))
+
+    serve(channel, train, "peer_error")  # a failed worker is the agent's to handle
 
 if __name__ == "__main__":
     main()

@@ -66,6 +66,8 @@ class BaseTrainer:
     model is spread over ranks (then every member takes part).
     """
 
+    provenance: dict[str, Any] = {}  # the run's (workbench.provenance), set from the start message; in checkpoints
+
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
         self.channel = channel
@@ -201,7 +203,7 @@ class BaseTrainer:
             self._writer.join()  # one write at a time; the previous one is normally long done
         model_state, optimizer_state = state if state is not None else self.checkpoint_state()
         snapshot = ckpt.Checkpoint(self.step, model_state, optimizer_state, torch.get_rng_state(), self.config.seed,
-                                   self.config.to_dict(), self.extra_state())
+                                   self.config.to_dict(), self.extra_state(), self.provenance)
         stall = time.perf_counter() - started
         path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
 

@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             store_host, _, store_port = start["store"].rpartition(":")
             joined_store = dist.TCPStore(store_host, int(store_port), is_master=False,
                                          timeout=timedelta(seconds=config.startup_timeout))
-        trainer_class(config)(config, channel, joined_store, Path(start["checkpoint_dir"])).run()
+        trainer = trainer_class(config)(config, channel, joined_store, Path(start["checkpoint_dir"]))
+        trainer.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
+        trainer.run()
 
     serve(channel, train)

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench import provenance
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
 from workbench.hosts import Host, placement
@@ -109,7 +110,9 @@ class Supervisor:
 
     # -- the run ----------------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Run to the end; the result carries the run's provenance (:mod:`workbench.provenance`)."""
         outcome, reason = "failed", "the run did not start"
+        self.provenance = provenance.collect(self.config.seed)
         try:
             self._start()
             outcome, reason = self._loop()
@@ -122,9 +125,11 @@ class Supervisor:
         self.status.update(state=outcome)
         self.recorder.event("end", -1, f"{outcome}: {reason}")
         workers = [w for w in self.member_workers if w is not None]
-        return self.recorder.result(outcome, reason, world_size_final=len(workers),
-                                    replicas_identical=replicas_identical(workers),
-                                    keep_checkpoint=self.out_dir is not None)
+        result = self.recorder.result(outcome, reason, world_size_final=len(workers),
+                                      replicas_identical=replicas_identical(workers),
+                                      keep_checkpoint=self.out_dir is not None)
+        result.provenance = provenance.finish(self.provenance)
+        return result
 
     def _start(self) -> None:
         self.store, self._store_socket = open_store(self.host, self.config.store_port)
@@ -314,7 +319,7 @@ class Supervisor:
         worker.last_heard = time.monotonic()
         self.control.send(worker, {"type": "start", "config": self.config.to_dict(),
                                    "lighthouse": self.lighthouse_address, "store": self.store_address,
-                                   "checkpoint_dir": str(self.checkpoint_dir)})
+                                   "checkpoint_dir": str(self.checkpoint_dir), "provenance": self.provenance})
         for message in messages[1:]:
             self._handle(worker, message)
 
