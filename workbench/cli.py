@@ -253,8 +253,12 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
     sweep.add_argument("--emit", choices=["slurm"], help="run nothing; write DIR/sweep.slurm, a Slurm job array "
                        "with one task per point (sbatch it; README: Sweeps beyond one machine)")
-    sweep.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
-                       help="with --emit slurm: an extra #SBATCH option, e.g. --sbatch=--partition=cpu (repeatable)")
+    sweep.add_argument("--executor", choices=["local", "slurm"], default="local", help="local: worker processes "
+                       "here (default); slurm: submit the incomplete points as a job array (sbatch), wait, then "
+                       "write the table and DIR/report.html; Ctrl-C cancels the array")
+    sweep.add_argument("--sbatch", action="append", default=[], metavar="OPTIONS",
+                       help="with --executor slurm or --emit slurm: sbatch options for every task, e.g. "
+                       "--sbatch='--partition=cpu --time=00:20:00' (repeatable)")
     sweep.add_argument("--point", type=int, metavar="I", help="run only point I of DIR/array.json (what each "
                        "task of the emitted job array does); NOTEBOOK and -p are taken from DIR")
     sweep.add_argument("--jobs", type=int, help="points at a time (default: min(cores, 2 x cores / the points' "
@@ -313,16 +317,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             done = is_complete(args.out / point_id(p))
             print(f"{'complete' if done else 'to run  '}  {point_id(p)}  {json.dumps(p)}")
         return 0
-    frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
-                  retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
-                  kernel_name=args.kernel, timeout=args.timeout)
+    if args.executor == "slurm":
+        from workbench.sweep_sbatch import sweep_slurm
+
+        frame = sweep_slurm(args.notebook, parameters, grid=args.grid, out=args.out, sbatch=args.sbatch,
+                            jobs=args.jobs, retry_failed=not args.skip_failed,
+                            progress=False if args.no_progress else None, kernel_name=args.kernel,
+                            timeout=args.timeout)
+    else:
+        frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
+                      retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
+                      kernel_name=args.kernel, timeout=args.timeout)
     attrs = frame.attrs
     for pid in attrs["failed"]:
         row = frame[frame.point == pid].iloc[0]
         print(f"failed: {pid}: {row.error}")
     print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
           f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
-          f"complete; table: {args.out / 'results.h5'}")
+          f"complete; table: {args.out / 'results.h5'}"
+          + (f"; Slurm job {attrs['job']}, report: {attrs['report']}" if attrs.get("job") else ""))
     return 1 if attrs["failed"] else 0
 
 
