@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import RunConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
 
 # flag -> RunConfig field; every flag defaults to "not given" so a --config file fills the rest
 _RUN_FLAGS: list[tuple[str, str, type, str]] = [
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="resume from a checkpoint even if its checksums fail (altered checkpoints)")
     run.add_argument("--hosts-file", type=Path, help="one line per host: ADDRESS SLOTS [LAUNCH ...]; the first is "
                      "this machine (README: Runs beyond one machine)")
+    run.add_argument("--slurm", nargs="?", const=0, type=int, metavar="N", help="inside a Slurm allocation: N "
+                     "ranks (default one per task) on its nodes, this node's forked here, the others' started "
+                     "through srun (README: Slurm)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -190,10 +193,14 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         values["resume_verify"] = False
     if hasattr(args, "faults"):
         values["faults"] = args.faults
-    if args.hosts_file is not None:
+    if args.hosts_file is not None and args.slurm is not None:
+        raise ConfigError("slurm", "give --slurm or --hosts-file, not both")
+    if args.hosts_file is not None or args.slurm is not None:
         from workbench.hosts import read_hosts_file
+        from workbench.slurm_hosts import allocation_hosts
 
-        values["hosts"] = read_hosts_file(args.hosts_file)
+        values["hosts"] = (read_hosts_file(args.hosts_file) if args.slurm is None
+                           else allocation_hosts(args.slurm or getattr(args, "world_size", None)))
         if not hasattr(args, "bind"):
             values.pop("bind", None)  # the first host's address
         if not hasattr(args, "world_size"):

@@ -98,11 +98,10 @@ def task_outcomes(job: str) -> dict[int, str]:
     if done is not None and done.returncode == 0:
         for line in done.stdout.splitlines():
             fields = dict(re.findall(r"(\w+)=(\S*)", line))
-            if fields.get("ArrayTaskId", "").isdigit():
-                reason = fields.get("Reason", "None")
-                state, code = fields.get("JobState", "?"), fields.get("ExitCode", "?")
-                found[int(fields["ArrayTaskId"])] = (f"{state} (exit {code}"
-                                                     + (f", {reason}" if reason not in ("None", "") else "") + ")")
+            reason = fields.get("Reason", "None")
+            state, code = fields.get("JobState", "?"), fields.get("ExitCode", "?")
+            for index in _indices(fields.get("ArrayTaskId", "")):  # "3", or "1,4-6%2" for tasks never started
+                found[index] = f"{state} (exit {code}" + (f", {reason}" if reason not in ("None", "") else "") + ")"
     if found:
         return found
     try:
@@ -113,6 +112,17 @@ def task_outcomes(job: str) -> dict[int, str]:
         words = line.split("|")
         if len(words) == 3 and "_" in words[0] and words[0].rsplit("_", 1)[1].isdigit():
             found[int(words[0].rsplit("_", 1)[1])] = f"{words[1]} (exit {words[2]})"
+    return found
+
+
+def _indices(spec: str) -> list[int]:
+    """Array indices of ``3``, ``1,4-6`` or ``1-7:2%4`` (step and throttle as sbatch writes them)."""
+    found: list[int] = []
+    for item in spec.split("%")[0].split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", item)
+        if match:
+            low, high, step = int(match.group(1)), int(match.group(2) or match.group(1)), int(match.group(3) or 1)
+            found += list(range(low, high + 1, step))
     return found
 
 
