@@ -72,8 +72,8 @@ def test_a_sweep_runs_as_a_job_array_seen_by_sacct(slurm, tmp_path):
 
 
 def test_cancelled_arrays_leave_nothing_and_the_next_invocation_finishes_the_missing_points(slurm, tmp_path):
-    """scancel from outside (as an operator or a preemption would), then Ctrl-C of the sweep, each with a point
-    in flight; then a third invocation runs exactly the points still missing."""
+    """scancel from outside (as an operator would), then Ctrl-C of the sweep, each with a point in flight; then a
+    third invocation runs exactly the point still missing, through a requeue of its task."""
     out = tmp_path / "c"
     argv = sweep_cli(out, "-p", "strategy", "shrink", "rollback")
     before = {p.key for p in leaks.project_processes()}
@@ -107,10 +107,29 @@ def test_cancelled_arrays_leave_nothing_and_the_next_invocation_finishes_the_mis
     missing = [k for k, v in statuses(out).items() if v != "completed"]
     assert len(complete) == 1 and len(missing) == 1
 
-    third = subprocess.run(argv, capture_output=True, text=True, timeout=200)
-    assert third.returncode == 0, third.stdout + third.stderr
-    assert "2 points: 1 executed (1 completed, 0 failed), 1 already complete" in third.stdout
+    # the third invocation's task is requeued mid-point (as a preemption would): it runs its point again, from the
+    # start, on a node holding the killed attempt's files, and the sweep counts the point once
+    (pid,) = missing
+    interrupted = json.loads((out / pid / "point.json").read_text())["started"]
+    third = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: json.loads((out / pid / "point.json").read_text())["started"] != interrupted, 150,
+                 "the missing point to start again")
+        attempt = json.loads((out / pid / "point.json").read_text())["started"]
+        job = json.loads((out / "slurm.json").read_text())["job"]
+        task = f"{job}_{json.loads((out / 'array.json').read_text())['points'].index(pid)}"
+        assert slurm.run("scontrol", "requeue", task).returncode == 0
+        wait_for(lambda: "PENDING" in slurm.run("squeue", "-h", "-j", task, "-o", "%T").stdout, 60,
+                 "the requeued task to be pending")
+        # Slurm holds a requeued job back for 2 minutes (its begin time); an operator may move it to now
+        assert slurm.run("scontrol", "update", f"JobId={task}", "StartTime=now").returncode == 0
+        text, _ = third.communicate(timeout=200)
+    finally:
+        third.kill()
+    assert third.returncode == 0, text
+    assert "2 points: 1 executed (1 completed, 0 failed), 1 already complete" in text
     assert json.loads((out / "slurm.json").read_text())["points"] == missing
+    assert json.loads((out / pid / "point.json").read_text())["started"] not in (interrupted, attempt)
     frame = load_sweep(out)
     assert len(frame) == 2 and set(frame.status) == {"completed"}
     no_project_processes_left(before)
