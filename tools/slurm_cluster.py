@@ -19,10 +19,12 @@ write). Protocol:
   slurmd, each a daemon with a pid file under ``ROOT``, and waits (bounded) until the node takes jobs; a daemon
   that does not come up stops the others and raises ``ClusterError`` with the tail of its log.
 - ``down`` cancels every job of the cluster and waits (bounded) until they are gone, stops the three daemons
-  (SIGTERM, bounded wait, SIGKILL), then SIGKILLs whatever the cluster's daemons left: each daemon is started
-  with ``WORKBENCH_SLURM_CLUSTER=ROOT`` in its environment, so a leftover ``slurmstepd`` and the processes below
-  it are found in /proc. Afterwards no process of the cluster runs; ``down`` on a cluster that is not up is a
-  no-op.
+  (SIGTERM, bounded wait, SIGKILL), then SIGKILLs whatever they left, found in /proc (``Cluster.leftovers``): a
+  daemon carries ``WORKBENCH_SLURM_CLUSTER=ROOT`` in its environment, a ``slurmstepd`` runs in ``ROOT/log``, a job's
+  process carries the cluster's name (``SLURM_CLUSTER_NAME``) even after it left its step's process tree (which
+  ``proctrack/linuxproc`` follows: a process that ignores SIGTERM and outlives its parent escapes Slurm's own
+  clean-up); the processes below a leftover go with it. Afterwards no process of the cluster runs; ``down`` on a
+  cluster that is not up is a no-op.
 
 Usage: ``python3 tools/slurm_cluster.py configure|up|down|status [--root ROOT]`` (default root
 ``/var/lib/workbench-slurm``).
@@ -31,6 +33,7 @@ Usage: ``python3 tools/slurm_cluster.py configure|up|down|status [--root ROOT]``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import signal
@@ -110,8 +113,17 @@ class Cluster:
         return self.root / "log" / f"{daemon}.log"
 
     # -- configuration ------------------------------------------------------------------------------------------
-    def configure(self, ctld_port: int = 6817, slurmd_port: int = 6818, name: str = "workbench") -> Path:
+    @property
+    def name(self) -> str:
+        """The cluster's name: ``workbench`` for the machine's cluster, else one made from ``ROOT`` (so that the
+        jobs of two clusters on one machine, whose environments carry ``SLURM_CLUSTER_NAME``, are told apart)."""
+        if self.root == DEFAULT_ROOT:
+            return "workbench"
+        return "wb" + hashlib.sha1(str(self.root).encode()).hexdigest()[:10]
+
+    def configure(self, ctld_port: int = 6817, slurmd_port: int = 6818) -> Path:
         """Write ``ROOT/slurm.conf`` for this machine (see the module's docstring); returns its path."""
+        name = self.name
         node = node_line()
         for sub in ("state", "spool", "log", "run", "munge"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -214,13 +226,24 @@ class Cluster:
             pid = self._pid(daemon)
             if pid is not None:
                 _stop(pid)
-        leftovers = _tagged(str(self.root))
-        below = {c for pid in leftovers for c in _descendants(pid)}
-        for pid in [*below, *leftovers]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            below = {c for pid in left for c in _descendants(pid)}
+            for pid in [*below, *left]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        if left:
+            raise ClusterError(f"processes of the cluster survived SIGKILL for {STOP_TIMEOUT_S:g} s: {left}")
+
+    def leftovers(self) -> list[int]:
+        """Processes of this cluster, found in /proc: its daemons (their environment carries ``TAG_VAR=ROOT``), its
+        ``slurmstepd`` processes (slurmd starts them with an environment of their own, in the directory of its log
+        file, under ``ROOT``) and its jobs' processes, even those that left their step's process tree (their
+        environment carries ``SLURM_CLUSTER_NAME``)."""
+        return _leftovers(self.root, self.name)
 
     def _cancel_all(self) -> None:
         def jobs() -> str | None:
@@ -254,14 +277,18 @@ def _stop(pid: int) -> None:
         pass
 
 
-def _tagged(root: str) -> list[int]:
-    """Processes whose initial environment says they belong to the cluster under ``root``."""
-    needle = f"{TAG_VAR}={root}".encode()
+def _leftovers(root: Path, name: str) -> list[int]:
     found = []
+    daemon = f"{TAG_VAR}={root}".encode()
+    job = f"SLURM_CLUSTER_NAME={name}".encode()
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                if daemon in environ or job in environ:
+                    found.append(int(entry))
+                elif (Path(f"/proc/{entry}/cmdline").read_bytes().startswith(b"slurmstepd")
+                      and Path(os.readlink(f"/proc/{entry}/cwd")).is_relative_to(root)):
                     found.append(int(entry))
             except OSError:
                 continue

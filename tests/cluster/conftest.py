@@ -40,8 +40,7 @@ def slurm(tmp_path_factory):
     if why:
         pytest.skip(f"no Slurm cluster: {why}")
     cluster = slurm_cluster.Cluster(tmp_path_factory.mktemp("slurm"))
-    cluster.configure(ctld_port=slurm_cluster.free_port(), slurmd_port=slurm_cluster.free_port(),
-                      name="wbtest")
+    cluster.configure(ctld_port=slurm_cluster.free_port(), slurmd_port=slurm_cluster.free_port())
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)  # every command and CLI the tests start talks to this cluster
     try:
@@ -55,4 +54,4 @@ def slurm(tmp_path_factory):
             os.environ["SLURM_CONF"] = previous
     left = cluster.running()
     assert not left, f"the cluster's daemons outlived cluster.down(): {left}"
-    assert not slurm_cluster._tagged(str(cluster.root)), "processes of the cluster outlived cluster.down()"
+    assert not cluster.leftovers(), "processes of the cluster outlived cluster.down()"
