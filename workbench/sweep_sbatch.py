@@ -29,13 +29,14 @@ Protocol of :func:`sweep_slurm`:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,14 +93,14 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
         before = {ids[i]: _started(directory / ids[i]) for i in indices}
         array = ",".join(map(str, indices)) + (f"%{jobs}" if jobs else "")
         try:
-            job = slurm.submit(str(script), [f"--array={array}"])
-        except (slurm.SlurmError, slurm.SlurmUnavailable) as exc:
-            raise SweepError(str(exc)) from None
-        write_json(directory / JOB_FILE, {"job": job, "points": [ids[i] for i in indices], "submitted": time.time()})
-        try:
+            with _signals_held():  # a Ctrl-C during sbatch lands once the job id is known, and cancels the array
+                job = _submit(str(script), array)
+                write_json(directory / JOB_FILE, {"job": job, "points": [ids[i] for i in indices],
+                                                  "submitted": time.time()})
             done = _wait(job, directory, before, progress_enabled(progress))
         except KeyboardInterrupt:
-            _cancel(job)
+            if job is not None:
+                _cancel(job)
             aggregate(directory)
             raise
         _record_unfinished(job, directory, {i: (ids[i], points[i]) for i in indices}, done)
@@ -114,6 +115,27 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
                        failed=[k for k in executed if done.get(k) != "completed"], skipped=skipped, job=job,
                        report=str(report) if report else None)
     return frame
+
+
+def _submit(script: str, array: str) -> str:
+    try:
+        return slurm.submit(script, [f"--array={array}"])
+    except (slurm.SlurmError, slurm.SlurmUnavailable) as exc:
+        raise SweepError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait (blocked in this thread, delivered on exit) while the block runs."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _refuse_if_running(directory: Path) -> None:

@@ -55,6 +55,8 @@ def test_a_sweep_runs_as_a_job_array_seen_by_sacct(slurm, tmp_path):
     assert re.search(r"4 points: 4 executed \(4 completed, 0 failed\), 0 already complete; .*Slurm job \d+, "
                      r"report: ", done.stdout), done.stdout
     job = json.loads((out / "slurm.json").read_text())["job"]
+    cpus = int(slurm.run("sinfo", "-h", "-N", "-o", "%c").stdout.split()[0])
+    assert f"#SBATCH --cpus-per-task={min(4, cpus)}\n" in (out / "sweep.slurm").read_text()  # 4 ranks, capped
     # the array's 4 tasks, by their own job ids, as Slurm's controller lists them ...
     shown = slurm.run("scontrol", "-o", "show", "job", job).stdout
     tasks = dict(re.findall(r"JobId=(\d+) .*?ArrayTaskId=(\d+)", shown))
