@@ -33,3 +33,12 @@ def test_down_leaves_nothing_of_the_cluster_even_with_a_stubborn_job(slurm, tmp_
     assert cluster.running() == {} and cluster.leftovers() == []
     assert subprocess.run(["pgrep", "-f", str(marker)], capture_output=True).returncode == 1  # the job is gone
     cluster.down()  # a second down is a no-op
+
+
+def test_why_a_cluster_cannot_run_is_said(monkeypatch):
+    """The reason the session's cluster is skipped with, where it cannot run (no Slurm needed)."""
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 1000)
+    assert slurm_cluster.missing() == "needs root (slurmd starts jobs as their users)"
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(slurm_cluster.shutil, "which", lambda name, path=None: None if name == "slurmd" else name)
+    assert slurm_cluster.missing() == "Slurm is not installed (slurmd missing): make setup-cluster (root, apt)"
