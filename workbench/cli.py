@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "this machine (README: Runs beyond one machine)")
     run.add_argument("--slurm", nargs="?", const=0, type=int, metavar="N", help="inside a Slurm allocation: N "
                      "ranks (default one per task) on its nodes, this node's forked here, the others' started "
-                     "through srun (README: Slurm)")
+                     "through srun (docs/sweeps-and-clusters.md)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -342,7 +342,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
           f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
           f"complete; table: {args.out / 'results.h5'}"
-          + (f"; Slurm job {attrs['job']}, report: {attrs['report']}" if attrs.get("job") else ""))
+          + (f"; Slurm job {attrs['job']}" if attrs.get("job") else "")
+          + (f"; report: {attrs['report']}" if attrs.get("report") else ""))
     return 1 if attrs["failed"] else 0
 
 

@@ -63,19 +63,21 @@ def submit(script: str, options: Sequence[str] = ()) -> str:
 
 
 def active_tasks(job: str) -> dict[str, str] | None:
-    """Task id (``J_i``) -> state of the job's tasks that Slurm still lists as queued or running; ``{}`` once the
-    job has ended (or was forgotten); None when ``squeue`` did not answer (retry later)."""
+    """Task id (``J_i``) -> state of the job's tasks that Slurm still lists as queued or running (a pending one's
+    with its reason: ``PENDING (Resources)``); ``{}`` once the job has ended (or was forgotten); None when
+    ``squeue`` did not answer (retry later)."""
     try:
-        done = run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T"])
+        done = run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T %r"])
     except SlurmUnavailable:
         return None
     if done.returncode != 0:
         return {} if "Invalid job id" in done.stderr else None
     states = {}
     for line in done.stdout.splitlines():
-        words = line.split()
-        if len(words) == 2 and words[1] in ACTIVE_STATES:
-            states[words[0]] = words[1]
+        words = line.split(None, 2)
+        if len(words) >= 2 and words[1] in ACTIVE_STATES:
+            reason = words[2].strip() if len(words) == 3 and words[1] == "PENDING" else ""
+            states[words[0]] = f"{words[1]} ({reason})" if reason and reason != "None" else words[1]
     return states
 
 

@@ -12,9 +12,10 @@ Protocol of :func:`sweep_slurm`:
   id is recorded in ``DIR/slurm.json``.
 - **Wait**: a progress bar of points fed from the points' ``point.json`` (a point counts once its file says
   ``completed`` or ``failed`` with a start time other than the one it had at submission); ``squeue`` is asked
-  only whether the array still has tasks queued or running. The wait ends when it has none; if ``squeue`` does
-  not answer for ``LOST_S`` seconds the wait gives up with ``SweepError`` (the array may still run; the message
-  says how to cancel it).
+  only whether the array still has tasks queued or running (and why queued ones wait: the bar shows Slurm's
+  reason). The wait ends when it has none — Slurm's time limits bound the running tasks, and a queue that holds
+  them back is on screen, for Ctrl-C; if ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with
+  ``SweepError`` (the array may still run; the message says how to cancel it).
 - **End**: a submitted point that did not finish is recorded as ``failed`` with one line naming the task, how
   Slurm says it ended (``CANCELLED (exit 0:15)``, ``TIMEOUT``, ``NODE_FAIL``...) and the last line of its log
   ``DIR/slurm-J_i.log``; then ``DIR/results.h5`` and, when a point completed, ``DIR/report.html`` are written.
@@ -193,6 +194,7 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
     bar = tqdm(total=len(before), unit="point", desc=f"sweep (Slurm job {job})", disable=not progress,
                dynamic_ncols=True)
     last_answer = asked = time.monotonic()
+    queued = ""
     try:
         while True:
             for pid, started in before.items():
@@ -202,13 +204,15 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
                     if state != "completed":
                         bar.write(f"point {pid} failed: {(point_status(directory / pid) or {}).get('error')}")
             running = sum(1 for pid in before if pid not in done and _is_running(directory / pid, before[pid]))
-            bar.set_postfix_str(f"{running} running", refresh=True)
+            bar.set_postfix_str(f"{running} running" + queued, refresh=True)
             now = time.monotonic()
             if now - asked >= SQUEUE_EVERY_S or len(done) == len(before):
                 asked = now
                 tasks = slurm.active_tasks(job)
                 if tasks is not None:
                     last_answer = now
+                    pending = sorted(v for v in tasks.values() if v.startswith("PENDING"))
+                    queued = f", {len(pending)} queued: {pending[0]}" if pending else ""  # why they wait, shown
                     if not tasks:
                         return _final_pass(directory, before, done)
                 elif now - last_answer > LOST_S:

@@ -52,7 +52,7 @@ def test_a_sweep_runs_as_a_job_array_seen_by_sacct(slurm, tmp_path):
     done = subprocess.run(sweep_cli(out, "-p", "strategy", "shrink", "rollback", "-p", "seed", "0", "1"),
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"4 points: 4 executed \(4 completed, 0 failed\), 0 already complete; .*Slurm job \d+, "
+    assert re.search(r"4 points: 4 executed \(4 completed, 0 failed\), 0 already complete; .*; Slurm job \d+; "
                      r"report: ", done.stdout), done.stdout
     job = json.loads((out / "slurm.json").read_text())["job"]
     cpus = int(slurm.run("sinfo", "-h", "-N", "-o", "%c").stdout.split()[0])
