@@ -67,7 +67,7 @@ def active_tasks(job: str) -> dict[str, str] | None:
     with its reason: ``PENDING (Resources)``); ``{}`` once the job has ended (or was forgotten); None when
     ``squeue`` did not answer (retry later)."""
     try:
-        done = run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T %r"])
+        done = run(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i %T %r"])  # every state: ours to judge
     except SlurmUnavailable:
         return None
     if done.returncode != 0:

@@ -13,9 +13,10 @@ Protocol of :func:`sweep_slurm`:
 - **Wait**: a progress bar of points fed from the points' ``point.json`` (a point counts once its file says
   ``completed`` or ``failed`` with a start time other than the one it had at submission); ``squeue`` is asked
   only whether the array still has tasks queued or running (and why queued ones wait: the bar shows Slurm's
-  reason). The wait ends when it has none — Slurm's time limits bound the running tasks, and a queue that holds
-  them back is on screen, for Ctrl-C; if ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with
-  ``SweepError`` (the array may still run; the message says how to cancel it).
+  reason). The wait ends when it has none, twice in a row (a requeued task passes through states of an end) —
+  Slurm's time limits bound the running tasks, and a queue that holds them back is on screen, for Ctrl-C; if
+  ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with ``SweepError`` (the array may still
+  run; the message says how to cancel it).
 - **End**: a submitted point that did not finish is recorded as ``failed`` with one line naming the task, how
   Slurm says it ended (``CANCELLED (exit 0:15)``, ``TIMEOUT``, ``NODE_FAIL``...) and the last line of its log
   ``DIR/slurm-J_i.log``; then ``DIR/results.h5`` and, when a point completed, ``DIR/report.html`` are written.
@@ -187,34 +188,36 @@ def _finished(directory: Path, before: Any) -> str | None:
 
 def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> dict[str, str]:
     """Until Slurm lists no task of ``job``: the bar follows the points' files. Returns id -> completed/failed of
-    the points that finished."""
+    the points that finished, as their files say when the array has ended (a requeued task may run a point again
+    after an attempt that failed)."""
     from tqdm.auto import tqdm
 
-    done: dict[str, str] = {}
     bar = tqdm(total=len(before), unit="point", desc=f"sweep (Slurm job {job})", disable=not progress,
                dynamic_ncols=True)
     last_answer = asked = time.monotonic()
-    queued = ""
+    queued, reported, ended = "", set(), False
     try:
         while True:
-            for pid, started in before.items():
-                if pid not in done and (state := _finished(directory / pid, started)) is not None:
-                    done[pid] = state
-                    bar.update(1)
-                    if state != "completed":
-                        bar.write(f"point {pid} failed: {(point_status(directory / pid) or {}).get('error')}")
+            done = _states(directory, before)
+            for pid in (p for p, state in done.items() if state != "completed"):
+                status = point_status(directory / pid) or {}
+                if (pid, status.get("started")) not in reported:
+                    reported.add((pid, status.get("started")))
+                    bar.write(f"point {pid} failed: {status.get('error')}")
+            bar.update(len(done) - bar.n)
             running = sum(1 for pid in before if pid not in done and _is_running(directory / pid, before[pid]))
             bar.set_postfix_str(f"{running} running" + queued, refresh=True)
             now = time.monotonic()
-            if now - asked >= SQUEUE_EVERY_S or len(done) == len(before):
+            if now - asked >= (POLL_S if ended else SQUEUE_EVERY_S) or len(done) == len(before):
                 asked = now
                 tasks = slurm.active_tasks(job)
                 if tasks is not None:
                     last_answer = now
                     pending = sorted(v for v in tasks.values() if v.startswith("PENDING"))
                     queued = f", {len(pending)} queued: {pending[0]}" if pending else ""  # why they wait, shown
-                    if not tasks:
-                        return _final_pass(directory, before, done)
+                    if not tasks and ended:  # twice in a row: a task between two states is not taken for an end
+                        return _states(directory, before)
+                    ended = not tasks
                 elif now - last_answer > LOST_S:
                     raise SweepError(f"squeue has not answered for {LOST_S:g} s; the array (job {job}) may still run: "
                                      f"squeue -j {job}, scancel {job}")
@@ -223,11 +226,10 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
         bar.close()
 
 
-def _final_pass(directory: Path, before: dict[str, Any], done: dict[str, str]) -> dict[str, str]:
-    for pid, started in before.items():
-        if pid not in done and (state := _finished(directory / pid, started)) is not None:
-            done[pid] = state
-    return done
+def _states(directory: Path, before: dict[str, Any]) -> dict[str, str]:
+    """id -> completed/failed of the points that ran to an end since submission."""
+    return {pid: state for pid, started in before.items()
+            if (state := _finished(directory / pid, started)) is not None}
 
 
 def _is_running(directory: Path, before: Any) -> bool:
