@@ -324,17 +324,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             done = is_complete(args.out / point_id(p))
             print(f"{'complete' if done else 'to run  '}  {point_id(p)}  {json.dumps(p)}")
         return 0
+    options = dict(grid=args.grid, out=args.out, jobs=args.jobs, retry_failed=not args.skip_failed,
+                   progress=False if args.no_progress else None, kernel_name=args.kernel, timeout=args.timeout)
     if args.executor == "slurm":
         from workbench.sweep_sbatch import sweep_slurm
 
-        frame = sweep_slurm(args.notebook, parameters, grid=args.grid, out=args.out, sbatch=args.sbatch,
-                            jobs=args.jobs, retry_failed=not args.skip_failed,
-                            progress=False if args.no_progress else None, kernel_name=args.kernel,
-                            timeout=args.timeout)
+        frame = sweep_slurm(args.notebook, parameters, sbatch=args.sbatch, **options)
     else:
-        frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
-                      retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
-                      kernel_name=args.kernel, timeout=args.timeout)
+        frame = sweep(args.notebook, parameters, **options)
     attrs = frame.attrs
     for pid in attrs["failed"]:
         row = frame[frame.point == pid].iloc[0]
