@@ -19,6 +19,22 @@ $(STAMP): pyproject.toml
 setup-browser: setup
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
+# A one-node Slurm cluster on this machine (tools/slurm_cluster.py says how): Debian's slurm-wlm and munge, then a
+# slurm.conf for this machine's cores and memory as `slurmd -C` reads them, written to /etc/slurm/slurm.conf (never
+# over one workbench did not write). Needs root and apt. cluster-up / cluster-down start and stop munged, slurmctld
+# and slurmd (state, logs and pid files under /var/lib/workbench-slurm); tests/cluster starts a cluster of its own.
+.PHONY: setup-cluster cluster-up cluster-down
+setup-cluster:
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge)
+	python3 tools/slurm_cluster.py configure
+
+cluster-up:
+	python3 tools/slurm_cluster.py up
+
+cluster-down:
+	python3 tools/slurm_cluster.py down
+
 # The paper workflow in a few minutes: every recovery strategy x 2 seeds on 4 ranks, 300 steps, under a failure
 # process (exponential gaps of mean 80 steps, up to 3 failures: the ANL failure-simulation framework), then a small
 # bit-flip campaign, then one HTML report whose trade-off figure shows overhead in % of the failure-free run and

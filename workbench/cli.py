@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import RunConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
 
 # flag -> RunConfig field; every flag defaults to "not given" so a --config file fills the rest
 _RUN_FLAGS: list[tuple[str, str, type, str]] = [
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="resume from a checkpoint even if its checksums fail (altered checkpoints)")
     run.add_argument("--hosts-file", type=Path, help="one line per host: ADDRESS SLOTS [LAUNCH ...]; the first is "
                      "this machine (README: Runs beyond one machine)")
+    run.add_argument("--slurm", nargs="?", const=0, type=int, metavar="N", help="inside a Slurm allocation: N "
+                     "ranks (default one per task) on its nodes, this node's forked here, the others' started "
+                     "through srun (docs/sweeps-and-clusters.md)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
     run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -191,10 +194,14 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         values["resume_verify"] = False
     if hasattr(args, "faults"):
         values["faults"] = args.faults
-    if args.hosts_file is not None:
+    if args.hosts_file is not None and args.slurm is not None:
+        raise ConfigError("slurm", "give --slurm or --hosts-file, not both")
+    if args.hosts_file is not None or args.slurm is not None:
         from workbench.hosts import read_hosts_file
+        from workbench.slurm_hosts import allocation_hosts
 
-        values["hosts"] = read_hosts_file(args.hosts_file)
+        values["hosts"] = (read_hosts_file(args.hosts_file) if args.slurm is None
+                           else allocation_hosts(args.slurm or getattr(args, "world_size", None)))
         if not hasattr(args, "bind"):
             values.pop("bind", None)  # the first host's address
         if not hasattr(args, "world_size"):
@@ -257,8 +264,12 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
     sweep.add_argument("--emit", choices=["slurm"], help="run nothing; write DIR/sweep.slurm, a Slurm job array "
                        "with one task per point (sbatch it; README: Sweeps beyond one machine)")
-    sweep.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
-                       help="with --emit slurm: an extra #SBATCH option, e.g. --sbatch=--partition=cpu (repeatable)")
+    sweep.add_argument("--executor", choices=["local", "slurm"], default="local", help="local: worker processes "
+                       "here (default); slurm: submit the incomplete points as a job array (sbatch), wait, then "
+                       "write the table and DIR/report.html; Ctrl-C cancels the array")
+    sweep.add_argument("--sbatch", action="append", default=[], metavar="OPTIONS",
+                       help="with --executor slurm or --emit slurm: sbatch options for every task, e.g. "
+                       "--sbatch='--partition=cpu --time=00:20:00' (repeatable)")
     sweep.add_argument("--point", type=int, metavar="I", help="run only point I of DIR/array.json (what each "
                        "task of the emitted job array does); NOTEBOOK and -p are taken from DIR")
     sweep.add_argument("--jobs", type=int, help="points at a time (default: min(cores, 2 x cores / the points' "
@@ -318,16 +329,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             done = is_complete(args.out / point_id(p))
             print(f"{'complete' if done else 'to run  '}  {point_id(p)}  {json.dumps(p)}")
         return 0
-    frame = sweep(args.notebook, parameters, grid=args.grid, out=args.out, jobs=args.jobs,
-                  retry_failed=not args.skip_failed, progress=False if args.no_progress else None,
-                  kernel_name=args.kernel, timeout=args.timeout)
+    options = dict(grid=args.grid, out=args.out, jobs=args.jobs, retry_failed=not args.skip_failed,
+                   progress=False if args.no_progress else None, kernel_name=args.kernel, timeout=args.timeout)
+    if args.executor == "slurm":
+        from workbench.sweep_sbatch import sweep_slurm
+
+        frame = sweep_slurm(args.notebook, parameters, sbatch=args.sbatch, **options)
+    else:
+        frame = sweep(args.notebook, parameters, **options)
     attrs = frame.attrs
     for pid in attrs["failed"]:
         row = frame[frame.point == pid].iloc[0]
         print(f"failed: {pid}: {row.error}")
     print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
           f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
-          f"complete; table: {args.out / 'results.h5'}")
+          f"complete; table: {args.out / 'results.h5'}"
+          + (f"; Slurm job {attrs['job']}" if attrs.get("job") else "")
+          + (f"; report: {attrs['report']}" if attrs.get("report") else ""))
     return 1 if attrs["failed"] else 0
 
 

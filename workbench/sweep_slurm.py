@@ -25,7 +25,7 @@ SLURM_FILE = "sweep.slurm"
 def emit_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] | None = None, *,
                out: str | os.PathLike, grid: str | os.PathLike | list[dict[str, Any]] | dict[str, Any] | None = None,
                kernel_name: str | None = None, timeout: float | None = None,
-               sbatch: Iterable[str] = ()) -> Path:
+               sbatch: Iterable[str] = (), cpus: int | None = None) -> Path:
     """Write ``DIR/sweep.slurm``: a Slurm job array with one task per point of the grid (``sbatch DIR/sweep.slurm``).
 
     Task ``i`` runs ``workbench sweep NOTEBOOK --out DIR --point i``: point ``i`` of ``DIR/array.json``, executed
@@ -33,16 +33,18 @@ def emit_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[An
     ``DIR/<point id>``; the directory must be on a file system every node sees. The table is not written by the
     tasks (N tasks would rewrite it N times): ``load_sweep(DIR)`` or ``workbench report DIR`` builds it from the
     points afterwards. Each task asks for as many CPUs as the largest ``world_size`` of the points (a point's
-    ranks run on its node); ``sbatch`` adds lines (``--partition=cpu``, ``--time=00:30:00``).
+    ranks run on its node) — or ``cpus`` when given (``--executor slurm`` caps it at the partition's largest node);
+    ``sbatch`` adds lines (``--partition=cpu``, ``--time=00:30:00``).
     """
     notebook, directory, declared, points = prepare(notebook, parameters, grid, out, None)
     if not points:
         raise SweepError("the grid has no points")
     write_json(directory / ARRAY_FILE, {"points": [point_id(p) for p in points]})
     worlds = [p.get("world_size", declared.get("world_size", 1)) for p in points]
-    cpus = max(w if isinstance(w, int) and w > 0 else 1 for w in worlds)
+    cpus = cpus or max(w if isinstance(w, int) and w > 0 else 1 for w in worlds)
     options = [f"--job-name=wb-{slug(notebook.stem)}", f"--array=0-{len(points) - 1}", "--ntasks=1",
-               f"--cpus-per-task={cpus}", f"--output={directory}/slurm-%A_%a.log", *sbatch]
+               f"--cpus-per-task={cpus}", f"--output={directory}/slurm-%A_%a.log",
+               *(o for item in sbatch for o in shlex.split(item))]
     command = [sys.executable, "-m", "workbench", "sweep", str(notebook.resolve()), "--out", str(directory),
                "--point", "${SLURM_ARRAY_TASK_ID:?run me with sbatch (or set SLURM_ARRAY_TASK_ID)}"]
     if kernel_name:

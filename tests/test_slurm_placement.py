@@ -1,0 +1,61 @@
+"""Slurm's formats and ``workbench run --slurm``'s placement, without a cluster: node lists, tasks per node, which
+node forks its ranks and which are launched through srun, and the one-line refusals."""
+
+import pytest
+
+from workbench.cli import _config_from_args, build_parser
+from workbench.errors import ConfigError
+from workbench.slurm import SlurmError, _indices, expand_nodelist, expand_tasks_per_node
+from workbench.slurm_hosts import allocation_hosts
+
+ADDRESSES = {"n01": "10.1.0.1", "n02": "10.1.0.2", "n03": "10.1.0.3"}
+
+
+def test_node_lists_tasks_and_array_indices_expand_as_slurm_writes_them():
+    assert expand_nodelist("node[01-03,7],gpu1") == ["node01", "node02", "node03", "node7", "gpu1"]
+    assert expand_nodelist("a[8-10]b,c") == ["a8b", "a9b", "a10b", "c"]
+    with pytest.raises(SlurmError, match="cannot read the node list"):
+        expand_nodelist("node[1-x]")
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    with pytest.raises(SlurmError, match="SLURM_TASKS_PER_NODE"):
+        expand_tasks_per_node("two")
+    assert _indices("3") == [3] and _indices("1,4-6%2") == [1, 4, 5, 6] and _indices("1-7:3") == [1, 4, 7]
+
+
+def test_in_a_batch_script_this_node_forks_its_ranks_and_the_others_go_through_srun():
+    env = {"SLURM_JOB_NODELIST": "n[01-03]", "SLURM_TASKS_PER_NODE": "2(x3)", "SLURM_JOB_CPUS_PER_NODE": "4(x3)",
+           "SLURMD_NODENAME": "n02"}
+    hosts = allocation_hosts(None, env, ADDRESSES.get)
+    srun = ["srun", "--overlap", "-N1", "-n1"]
+    assert hosts == [{"address": "10.1.0.2", "slots": 2, "launch": None},
+                     {"address": "10.1.0.1", "slots": 2, "launch": [*srun, "-wn01", "--cpus-per-task=4"]},
+                     {"address": "10.1.0.3", "slots": 2, "launch": [*srun, "-wn03", "--cpus-per-task=4"]}]
+    three = allocation_hosts(3, env, ADDRESSES.get)  # this node's tasks first, then the next node's
+    assert [(h["address"], h["slots"]) for h in three] == [("10.1.0.2", 2), ("10.1.0.1", 1)]
+    assert allocation_hosts(2, env, ADDRESSES.get) == [{"address": "10.1.0.2", "slots": 2, "launch": None}]
+
+
+def test_off_the_allocation_every_node_is_launched_and_refusals_are_one_line():
+    env = {"SLURM_JOB_NODELIST": "n[01-02]", "SLURM_TASKS_PER_NODE": "1,3"}  # salloc on a login node
+    hosts = allocation_hosts(None, env, {"n01": "127.0.0.1", "n02": "127.0.0.2"}.get)
+    assert hosts[0] == {"address": "127.0.0.1", "slots": 0, "launch": None}
+    assert [(h["slots"], h["launch"][-1]) for h in hosts[1:]] == [(1, "-wn01"), (3, "-wn02")]
+    with pytest.raises(ConfigError, match=r"--slurm 5: the allocation has 4 tasks .*ask for 1\.\.4 ranks"):
+        allocation_hosts(5, env, ADDRESSES.get)
+    with pytest.raises(ConfigError, match="does not match the 2 nodes"):
+        allocation_hosts(None, {**env, "SLURM_TASKS_PER_NODE": "4"}, ADDRESSES.get)
+    with pytest.raises(ConfigError, match="not inside a Slurm allocation"):
+        allocation_hosts(None, {}, ADDRESSES.get)
+
+
+def test_cli_slurm_flag(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n01")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4")
+    monkeypatch.setenv("SLURMD_NODENAME", "n01")
+    monkeypatch.setattr("workbench.slurm_hosts.node_address", lambda node: "127.0.0.1")
+    config = _config_from_args(build_parser().parse_args(["run", "--slurm"]))
+    assert (config.world_size, config.bind, config.hosts[0]["slots"]) == (4, "127.0.0.1", 4)
+    config = _config_from_args(build_parser().parse_args(["run", "--slurm", "--world-size", "3"]))
+    assert config.world_size == 3 and config.hosts[0]["slots"] == 3
+    with pytest.raises(ConfigError, match="give --slurm or --hosts-file, not both"):
+        _config_from_args(build_parser().parse_args(["run", "--slurm", "--hosts-file", "h"]))

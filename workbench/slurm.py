@@ -1,0 +1,160 @@
+"""Slurm's client commands, as the workbench uses them: submit an array (``sbatch``), tell whether a job is still
+queued or running (``squeue``), cancel it (``scancel``), read how its tasks ended (``scontrol``, else ``sacct``),
+and expand a node list (``node[01-03],gpu7``).
+
+Protocol: every command runs with a bounded timeout (``COMMAND_TIMEOUT_S``) and with the caller's environment
+(``SLURM_CONF`` included). A command that cannot be run or times out raises ``SlurmUnavailable`` (one line); a
+command that runs and refuses (``sbatch`` rejecting an option) raises ``SlurmError`` with Slurm's own first line.
+Nothing here parses ``squeue`` for progress: a sweep's progress comes from its points' files; ``squeue`` only says
+whether the job has ended.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+from workbench.errors import WorkbenchError
+
+COMMAND_TIMEOUT_S = 30.0
+CLIENTS = ("sbatch", "squeue", "scancel")
+ACTIVE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD",
+                 "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+
+
+class SlurmError(WorkbenchError):
+    """A Slurm command refused what it was asked (its message, one line)."""
+
+
+class SlurmUnavailable(WorkbenchError):
+    """A Slurm command is missing, or did not answer in time."""
+
+
+def missing_clients(names: Sequence[str] = CLIENTS) -> list[str]:
+    """The Slurm client commands among ``names`` that are not on PATH."""
+    return [n for n in names if shutil.which(n) is None]
+
+
+def run(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run a Slurm command; ``SlurmUnavailable`` if it cannot be started or does not answer within ``timeout``."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmUnavailable(f"{argv[0]} is not on PATH (Slurm's client commands are needed)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmUnavailable(f"{argv[0]} did not answer within {timeout:g} s") from None
+
+
+def first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def submit(script: str, options: Sequence[str] = ()) -> str:
+    """``sbatch --parsable OPTIONS SCRIPT``; the job id. Options given here override the script's ``#SBATCH``
+    lines (``--array=1,3%2``)."""
+    done = run(["sbatch", "--parsable", *options, script])
+    job = first_line(done.stdout).split(";")[0]
+    if done.returncode != 0 or not job.isdigit():
+        raise SlurmError(f"sbatch refused the job array: {first_line(done.stderr) or first_line(done.stdout)}")
+    return job
+
+
+def active_tasks(job: str) -> dict[str, str] | None:
+    """Task id (``J_i``) -> state of the job's tasks that Slurm still lists as queued or running (a pending one's
+    with its reason: ``PENDING (Resources)``); ``{}`` once the job has ended (or was forgotten); None when
+    ``squeue`` did not answer (retry later)."""
+    try:
+        done = run(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i %T %r"])  # every state: ours to judge
+    except SlurmUnavailable:
+        return None
+    if done.returncode != 0:
+        return {} if "Invalid job id" in done.stderr else None
+    states = {}
+    for line in done.stdout.splitlines():
+        words = line.split(None, 2)
+        if len(words) >= 2 and words[1] in ACTIVE_STATES:
+            reason = words[2].strip() if len(words) == 3 and words[1] == "PENDING" else ""
+            states[words[0]] = f"{words[1]} ({reason})" if reason and reason != "None" else words[1]
+    return states
+
+
+def cancel(job: str) -> None:
+    """``scancel JOB`` (every task of an array); a job that already ended is no error."""
+    done = run(["scancel", job])
+    if done.returncode != 0 and "Invalid job id" not in done.stderr and "already completed" not in done.stderr:
+        raise SlurmError(f"scancel {job} failed: {first_line(done.stderr)}")
+
+
+def task_outcomes(job: str) -> dict[int, str]:
+    """Array index -> how that task ended, ``STATE (exit X:Y)`` plus Slurm's reason when it gives one, for the
+    tasks Slurm still knows: from ``scontrol show job`` (kept ``MinJobAge`` seconds after the end, 300 by
+    default), else ``sacct`` (a cluster with accounting). Empty when neither answers."""
+    found: dict[int, str] = {}
+    try:
+        done = run(["scontrol", "-o", "show", "job", job])
+    except SlurmUnavailable:
+        done = None
+    if done is not None and done.returncode == 0:
+        for line in done.stdout.splitlines():
+            fields = dict(re.findall(r"(\w+)=(\S*)", line))
+            reason = fields.get("Reason", "None")
+            state, code = fields.get("JobState", "?"), fields.get("ExitCode", "?")
+            for index in _indices(fields.get("ArrayTaskId", "")):  # "3", or "1,4-6%2" for tasks never started
+                found[index] = f"{state} (exit {code}" + (f", {reason}" if reason not in ("None", "") else "") + ")"
+    if found:
+        return found
+    try:
+        done = run(["sacct", "-X", "-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"])
+    except SlurmUnavailable:
+        return found
+    for line in done.stdout.splitlines() if done.returncode == 0 else []:
+        words = line.split("|")
+        if len(words) == 3 and "_" in words[0] and words[0].rsplit("_", 1)[1].isdigit():
+            found[int(words[0].rsplit("_", 1)[1])] = f"{words[1]} (exit {words[2]})"
+    return found
+
+
+def _indices(spec: str) -> list[int]:
+    """Array indices of ``3``, ``1,4-6`` or ``1-7:2%4`` (step and throttle as sbatch writes them)."""
+    found: list[int] = []
+    for item in spec.split("%")[0].split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", item)
+        if match:
+            low, high, step = int(match.group(1)), int(match.group(2) or match.group(1)), int(match.group(3) or 1)
+            found += list(range(low, high + 1, step))
+    return found
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list, expanded in order: ``node[01-03,7],gpu1`` -> node01 node02 node03 node7 gpu1.
+    A ``SlurmError`` on a malformed list."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]*)\]([^\[\]]*)", part)
+        if match is None:
+            if "[" in part or "]" in part or not part:
+                raise SlurmError(f"cannot read the node list {nodelist!r}")
+            names.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                raise SlurmError(f"cannot read the node list {nodelist!r}")
+            for k in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{str(k).zfill(len(low))}{suffix}")
+    return names
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` expanded: ``2(x3),1`` -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for item in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if match is None:
+            raise SlurmError(f"cannot read SLURM_TASKS_PER_NODE={spec!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
