@@ -11,8 +11,9 @@ from workbench.config import RunConfig
 from workbench.errors import ConfigError
 
 TINY = {"world_size": 2, "steps": 100, "eval_interval": 50, "hidden": [32], "seed": 1}
-# torchft: long enough after the kill that the replacement (1-3 s to start) finds its peer still training
-LONG = {**TINY, "steps": 1500, "eval_interval": 500}
+# torchft: long enough after the kill that the replacement (a fresh interpreter: 3 s to start idle, 7-9 s on
+# loaded cores) finds its peer still training; 1500 steps (3-4 s alone idle) lost that race under load
+LONG = {**TINY, "steps": 5000, "eval_interval": 2500}
 
 
 def test_torchft_detects_by_heartbeat_restarts_the_replica_and_heals_it(tmp_path):
