@@ -30,7 +30,7 @@ def MlflowClient(tracking_uri: str):  # noqa: N802 - MLflow's class, imported wh
 @pytest.fixture
 def mlflow_installed():
     """Skip where MLflow is not installed (``.[dev]`` installs it; the extra is optional)."""
-    pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install 'workbench[tracking]'")
+    pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install -e .[tracking]")
 
 
 def _free_port() -> int:
@@ -50,7 +50,7 @@ def server(tmp_path_factory):
     session of its own, without MLflow's job runner; stopped with its whole process group at the module's end
     (module scope: every test that needs a server is here, so it starts once; the module's leak check runs after
     it stopped)."""
-    pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install 'workbench[tracking]'")
+    pytest.importorskip("mlflow", reason="MLflow tracking is optional: pip install -e .[tracking]")
     base = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
     log = open(base / "server.log", "wb")
@@ -190,7 +190,7 @@ def test_without_mlflow_track_exits_2_before_anything_starts(tmp_path, monkeypat
         proc = subprocess.run([sys.executable, "-c", block, *argv, "--track", "./mlruns"], capture_output=True,
                               text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.count("\n") == 1 and "pip install 'workbench[tracking]'" in proc.stderr
+        assert proc.stderr.count("\n") == 1 and "pip install -e .[tracking]" in proc.stderr
         assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(tracking.TrackingUnavailable, match=r"pip install 'workbench\[tracking\]'"):

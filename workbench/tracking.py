@@ -1,4 +1,4 @@
-"""MLflow tracking of runs (optional: ``pip install 'workbench[tracking]'``, which brings ``mlflow-skinny``).
+"""MLflow tracking of runs (optional: ``pip install -e .[tracking]``, which brings ``mlflow-skinny``).
 
 ``workbench run --track URI`` and ``workbench.run(..., track=URI)`` log the run as one MLflow run **after it
 ended**, from its :class:`~workbench.results.RunResult` (so tracking never slows training, and MLflow — ~2 s of
@@ -47,7 +47,7 @@ from typing import Any
 from workbench.errors import WorkbenchError
 from workbench.results import METRIC_COLUMNS, RunResult
 
-INSTALL = "pip install 'workbench[tracking]'"
+INSTALL = "pip install -e .[tracking]"
 DEFAULT_EXPERIMENT = "Default"  # MLflow's own default experiment
 BATCH = 1000  # MLflow's LogBatch limits: 1,000 metrics, 100 params, 100 tags, 1,000 entities a request
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
