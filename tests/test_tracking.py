@@ -193,7 +193,7 @@ def test_without_mlflow_track_exits_2_before_anything_starts(tmp_path, monkeypat
         assert proc.stderr.count("\n") == 1 and "pip install -e .[tracking]" in proc.stderr
         assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(tracking.TrackingUnavailable, match=r"pip install 'workbench\[tracking\]'"):
+    with pytest.raises(tracking.TrackingUnavailable, match=r"pip install -e \.\[tracking\]"):
         workbench.start(world_size=2, steps=5, track="./mlruns")
 
 
