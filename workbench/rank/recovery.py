@@ -9,7 +9,7 @@ they settle the step that was in flight:
 recovery            before the state is settled              after it
 =================== ======================================== =========================================
 ``rollback``        undo the buckets of the failed step      nothing: the training loop redoes the
-                    already applied (pre-step snapshots)     whole step, re-split over the new members
+                    already applied (undoable steps)         whole step, re-split over the new members
 ``forward``         keep the applied buckets                 finish the other buckets among the
                                                              members (dead rank's share lost)
 ``shrink``          nothing (no update before the whole      retry the failed allreduce among the
