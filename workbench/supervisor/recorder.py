@@ -61,6 +61,11 @@ class Failure:
             "world_size_after": self.world_size_after, "bytes_moved": self.bytes_moved,
         }
 
+    def resumed_at(self, step: int) -> None:
+        """The recovery generation resumed at ``step``: the committed steps past it are redone."""
+        self.resume_step = step
+        self.steps_redone = max(0, self.committed - step)
+
 
 class Recorder:
     def __init__(self, config: RunConfig, on_event: EventCallback | None = None) -> None:
@@ -151,8 +156,7 @@ class Recorder:
         for failure in self.failures:
             if failure.recovery_gen == m["gen"] or (failure.recovery_gen is not None and failure.recovery_gen < m["gen"]
                                                    and failure.resume_time is None):
-                failure.resume_step = m["resume_step"]
-                failure.steps_redone = max(0, failure.committed - m["resume_step"])
+                failure.resumed_at(m["resume_step"])
                 failure.samples_lost = failure.lost_share if m.get("retried") else 0
         detail = f"resumed at step {m['resume_step']}" + (", failed step finished by the survivors"
                                                            if m.get("retried") else "")
@@ -164,12 +168,12 @@ class Recorder:
             self.train_start = time.time() - m["step_time"]
         self.committed = m["step"] + 1
         for failure in self.failures:
-            if failure.recovery_gen is None or m["gen"] < failure.recovery_gen:
+            if failure.resume_time is None and (failure.recovery_gen is None or m["gen"] < failure.recovery_gen):
                 # a step of the failed generation reported after the death was seen (a gossip survivor finishing
                 # the step it shared with the dead rank, a report still in flight): the run had committed it
                 failure.committed = max(failure.committed, m["step"] + 1)
                 if failure.resume_step is not None:
-                    failure.steps_redone = max(0, failure.committed - failure.resume_step)
+                    failure.resumed_at(failure.resume_step)
             if failure.resume_time is None and failure.recovery_gen is not None and m["gen"] >= failure.recovery_gen:
                 failure.resume_time = m["t"]
             elif failure.resume_time is None and failure.recovery_gen is None and failure.settle_time is not None \
