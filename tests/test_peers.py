@@ -41,7 +41,11 @@ def test_torchrun_restarts_the_world_and_redoes_the_steps_since_the_checkpoint(t
     summary = result.summary
     assert summary["outcome"] == "completed", summary["reason"]
     (failure,) = summary["failures"]
-    assert failure["steps_redone"] == 40 + 1 - 25  # steps 25..40 again, from the checkpoint of step 25
+    # the fault fires after step 40's exchange: rank 0 commits step 40 unless the agent's SIGTERM (it polls every
+    # 0.1 s) reaches it first; either way the figure is the failed world's committed steps from the checkpoint on
+    last = max(row["step"] for row in result.metrics if row["generation"] == 0)
+    assert last in (39, 40)
+    assert failure["steps_redone"] == last + 1 - 25  # back to the checkpoint of step 25
     assert failure["samples_lost"] == 0 and failure["world_size_after"] == 2
     assert 0 < failure["detection_s"] <= failure["resume_s"]
     assert summary["replicas_identical"] is True and summary["steps_completed"] == 100
