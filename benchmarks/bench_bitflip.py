@@ -4,11 +4,12 @@
 (b) the peer's method (``hdf5_corrupter``): per value, an h5py element read, ``struct`` to reinterpret the float
     as an integer, XOR, ``struct`` back, an h5py element write.
 Both flip random bits of random elements of the same >= 10 MB float32 checkpoint, in one run. Then each
-detector's cost, two ways: (c) its own work per step, timed in-process on the run's model (what the rank does
-for it each step, plus its every-``detect_every``-steps work divided by the period; the tiny collectives
-excluded), in % of the measured no-detector step; (d) end to end: the same no-fault training with no detector
-and with each detector, wall time per step, overhead in % (median and spread over shuffled rounds: on 2 shared
-cores this spread is ±10-30 % of a 2.5 ms step, so (d) bounds what (c) measures only coarsely).
+detector's cost, from the same no-fault trainings (world 2) run with no detector and with each one, in shuffled
+rounds, two ways: (c) its work per step, timed inside the ranks of the real run (CPU time of the rank's thread in
+every detector call — alarms, settle, the every-``detect_every``-steps snapshot and checks — summed over the run:
+the summary's ``detector_s``, the slowest final member), in % of the no-detector step; (d) end to end: wall time
+per step with the detector against without it (median over rounds of the per-round ratio, with the spread: on 2
+shared cores the spread is ±10-30 % of a 2.5 ms step, so (d) bounds what (c) measures only coarsely).
 Prints one JSON line. Usage: python benchmarks/bench_bitflip.py [--mb 12] [--flips 200000] [--peer-flips 3000]
        [--model resnet20 --dataset synthetic_image --batch-size 128]  (the detector runs' workload; default the MLP)
 """
@@ -61,62 +62,16 @@ def our_flips(path: Path, count: int, seed: int) -> float:
     return count / (time.perf_counter() - started)
 
 
-def detector_work(model_name: str, dataset: str, batch_size: int, every: int = 10, repeats: int = 2000
-                  ) -> dict[str, float]:
-    """(c): microseconds of each detector's own work per training step, on the run's model (see the docstring)."""
-    from workbench.config import RunConfig
-    from workbench.data import load_dataset
-    from workbench.models import build_model
-    from workbench.rank.soft_errors import Detectors
-
-    config = RunConfig(model=model_name, dataset=dataset, batch_size=batch_size, detect=["guard", "spike",
-                       "fingerprint"], detect_every=every)
-    data = load_dataset(config)
-    model = build_model(config, data.input_shape, data.num_classes)
-    grads = torch.randn(sum(p.numel() for p in model.parameters()))
-    buckets = list(grads.chunk(2))  # the default two gradient buckets
-    optimizer_state = [torch.zeros_like(p) for p in model.parameters()]
-    torch.set_num_threads(1)
-
-    def timed(work) -> float:  # noqa: ANN001 - a callable
-        work()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            work()
-        return (time.perf_counter() - t0) / repeats * 1e6
-
-    def per_step(names: list[str]) -> float:
-        detectors = Detectors(config.__class__(**{**config.to_dict(), "detect": names}), model)
-        alarms = torch.zeros(2)
-
-        def step() -> None:
-            detectors.local_alarms(0.5)
-            for bucket in buckets:
-                detectors.note_reduced(bucket, ["bucket"])
-            detectors.settle(1, alarms)
-        return timed(step)
-
-    def snapshot() -> None:  # the verified snapshot every detector keeps (replicated.Trainer._snapshot)
-        [v.detach().clone() for v in model.state_dict().values()]
-        [m.clone() for m in optimizer_state]
-
-    guard = Detectors(config, model)
-    common = timed(snapshot) / every
-    return {"guard_work_us": round(per_step(["guard"]) + timed(guard.weights_alarm) / every + common, 1),
-            "spike_work_us": round(per_step(["spike"]) + common, 1),
-            "fingerprint_work_us": round(per_step(["fingerprint"]) + timed(guard.fingerprint) / every + common, 1)}
-
-
 def detector_overheads(steps: int, rounds: int, **workload: object) -> dict[str, float]:
-    """Each detector's cost: wall time per step in the steady state (step reports' timestamps after the first 20
-    steps, so the periodic work — fingerprints, the guard's weight check, snapshots every ``detect_every`` steps —
-    counts, not just the median step), with the detector against without it in the same round; rounds run the
-    variants in a shuffled order so the machine's drift falls on all alike; the overhead is the median over
-    rounds of the per-round ratio."""
+    """Each detector's cost (see the module docstring): wall time per step in the steady state (step reports'
+    timestamps after the first 20 steps, so the periodic work counts, not just the median step) and the ranks' own
+    timing of their detector work, with the detector against without it in the same round; rounds run the variants
+    in a shuffled order so the machine's drift falls on all alike."""
     import random
 
     variants = {"none": [], "guard": ["guard"], "spike": ["spike"], "fingerprint": ["fingerprint"]}
     per_step: dict[str, list[float]] = {name: [] for name in variants}
+    work: dict[str, list[float]] = {name: [] for name in variants}
     order = list(variants)
     for k in range(rounds):
         random.Random(k).shuffle(order)
@@ -124,9 +79,13 @@ def detector_overheads(steps: int, rounds: int, **workload: object) -> dict[str,
             result = workbench.run(world_size=2, steps=steps, eval_interval=steps, detect=variants[name], **workload)
             times = [r["time"] for r in result.metrics[20:]]
             per_step[name].append((times[-1] - times[0]) / (len(times) - 1))
+            work[name].append(result.summary["detector_s"] / result.summary["steps_completed"])
     base = statistics.median(per_step["none"])
     figures = {"no_detector_step_ms": round(base * 1e3, 3), "rounds": rounds}
     for name in ("guard", "spike", "fingerprint"):
+        mine = statistics.median(work[name])
+        figures[f"{name}_work_us"] = round(mine * 1e6, 1)
+        figures[f"{name}_work_pct"] = round(100 * mine / base, 2)
         ratios = [mine / none for mine, none in zip(per_step[name], per_step["none"])]
         figures[f"{name}_overhead_pct"] = round((statistics.median(ratios) - 1) * 100, 2)
         figures[f"{name}_overhead_spread_pct"] = [round((min(ratios) - 1) * 100, 2), round((max(ratios) - 1) * 100, 2)]
@@ -153,14 +112,11 @@ def main() -> None:
         ours = our_flips(ours_path, args.flips, seed=1)
         peer = peer_flips(peer_path, args.peer_flips, seed=1)
         size_mb = original.stat().st_size / 2**20
-    work = detector_work(args.model, args.dataset, args.batch_size)
-    end_to_end = detector_overheads(args.steps, args.rounds, model=args.model, dataset=args.dataset,
-                                    batch_size=args.batch_size)
-    step_us = end_to_end["no_detector_step_ms"] * 1e3
-    work.update({f"{k[:-len('_work_us')]}_work_pct": round(100 * v / step_us, 2) for k, v in list(work.items())})
+    detectors = detector_overheads(args.steps, args.rounds, model=args.model, dataset=args.dataset,
+                                   batch_size=args.batch_size)
     print(json.dumps({"benchmark": "bitflip", "checkpoint_mb": round(size_mb, 1),
                       "workbench_flips_per_s": round(ours), "peer_struct_h5py_flips_per_s": round(peer),
-                      "ratio": round(ours / peer, 1), "detector_model": args.model, **work, **end_to_end}))
+                      "ratio": round(ours / peer, 1), "detector_model": args.model, **detectors}))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,14 @@ def test_a_deterministic_alarm_cannot_roll_back_forever():
     assert any("not transient" in a for a in actions)
 
 
+def _slots(guard: float = 0.0, spike: float = 0.0, digests: list[float] | None = None):
+    import torch
+
+    from workbench.rank.soft_errors import ALARM_SLOTS
+    values = [guard, spike] + (digests or [])
+    return torch.tensor(values + [0.0] * (ALARM_SLOTS - len(values)))
+
+
 def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
     import torch
 
@@ -84,17 +92,21 @@ def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
     detectors.note_reduced(torch.tensor([1.0, -3.0]), ["fc.weight"])
     detectors.note_reduced(torch.tensor([float("nan")]), ["fc.bias"])
     with pytest.raises(Detected, match="gradient in fc.bias at step 7"):
-        detectors.settle(7, torch.tensor([0.0, 0.0]))
+        detectors.settle(7, _slots(), 2)
     assert detectors.pending == []  # settled: the next step starts clean
     detectors.note_reduced(torch.tensor([-50.0, 99.0]), ["fc.weight"])
-    detectors.settle(8, torch.tensor([0.0, 0.0]))  # within the limit, no alarm
+    detectors.note_reduced(torch.full((1000,), 99.0), ["fc.bias"])  # a sum of squares far beyond 100^2 ...
+    detectors.settle(8, _slots(), 2)  # ... but no value beyond the limit: no alarm
     with pytest.raises(Detected, match="loss spike on 2 rank"):
-        detectors.settle(8, torch.tensor([0.0, 2.0]))
+        detectors.settle(8, _slots(spike=2.0), 2)
     detectors.note_reduced(torch.tensor([-5.0, 1e5]), ["fc.weight"])
     with pytest.raises(Detected, match="> 100 gradient in fc.weight"):
-        detectors.settle(8, torch.tensor([0.0, 0.0]))
+        detectors.settle(8, _slots(), 2)
+    detectors.note_reduced(torch.tensor([-5.0, float("inf")]), ["fc.weight"])
+    with pytest.raises(Detected, match="> 100 gradient in fc.weight"):
+        detectors.settle(8, _slots(), 2)
     detectors.suppressed.add(9)
-    detectors.settle(9, torch.tensor([1.0, 0.0]))  # a step whose alarm repeated on replay is let through
+    detectors.settle(9, _slots(guard=1.0), 2)  # a step whose alarm repeated on replay is let through
     assert detectors.weights_alarm() == 0.0
     with torch.no_grad():
         model.weight[0, 0] = 1e6
@@ -103,3 +115,36 @@ def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
     detectors.check_weights_next()
     assert detectors.local_alarms(0.5)[0] == 1.0  # ... in the guard slot of the step after a snapshot
     assert detectors.local_alarms(0.5)[0] == 0.0
+
+
+def test_fingerprint_digests_in_the_alarm_slots_tell_whether_all_replicas_agree():
+    """Summed over the members, n * sum(h^2) == sum(h)^2 exactly when every member sent the same digest h; a
+    member that sent none (zeros) differs from every digest (they are 1..256)."""
+    import torch
+
+    from workbench.config import RunConfig
+    from workbench.rank.soft_errors import Detectors
+
+    torch.manual_seed(0)
+    replicas = [torch.nn.Linear(8, 4) for _ in range(3)]
+    for model in replicas[1:]:
+        model.load_state_dict(replicas[0].state_dict())
+    detectors = [Detectors(RunConfig(detect=["fingerprint"]), m) for m in replicas]
+
+    def summed(due: list[bool]) -> torch.Tensor:
+        for d, on in zip(detectors, due):
+            if on:
+                d.check_fingerprint_next()
+        return sum(torch.tensor(d.local_alarms(0.5), dtype=torch.float32) for d in detectors)
+
+    assert summed([False] * 3).sum() == 0  # no check due: nothing to compare
+    detectors[0].settle(1, summed([True] * 3), 3)
+    assert detectors[0].diverged is False
+    detectors[0].settle(2, summed([True, True, False]), 3)  # one replica did not fingerprint
+    assert detectors[0].diverged is True
+    with torch.no_grad():
+        replicas[2].weight.view(-1)[5] = torch.nextafter(replicas[2].weight.view(-1)[5], torch.tensor(1.0))
+    detectors[0].settle(3, summed([True] * 3), 3)  # one ulp on one replica
+    assert detectors[0].diverged is True
+    detectors[0].forget_due_checks()
+    assert detectors[0].diverged is False

@@ -78,6 +78,7 @@ class BaseTrainer:
         self.comm = Comm(store, channel, config.op_timeout)
         self.step = 0
         self.trained = False  # holds a real training state (not a fresh replacement)
+        self.detector_s = 0.0  # time this rank spent in the soft-error detectors' checks (and their recoveries)
         self.inflight: InFlight | None = None
         self.step_faults: dict[int, FaultSpec] = {}
         self.random_steps: set[int] = set()
@@ -251,7 +252,7 @@ class BaseTrainer:
         if self._writer is not None:
             self._writer.join()
         self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model),
-                           "group": self.replica_group()})
+                           "group": self.replica_group(), "detector_s": self.detector_s})
 
     def replica_group(self) -> int:
         """Members with the same group hold replicas of the same parameters (a pipeline stage's replicas)."""

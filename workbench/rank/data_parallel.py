@@ -55,9 +55,9 @@ from torch import nn
 from workbench.rank import state as st
 from workbench.rank.comm import Comm
 from workbench.rank.optim import Optimizer, make_optimizer
+from workbench.rank.soft_errors import ALARM_SLOTS
 
-ALARM_SLOTS = 2  # guard and spike alarms of the soft-error detectors (soft_errors.py), last in the stats
-STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then the alarms
+STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then the detectors' alarm slots
 # buckets per step when RunConfig.buckets is None: the fewest that make forward differ from shrink. Each further
 # bucket's allreduce costs ~0.3-1 ms on 2 busy cores, hidden by no backward pass there: 4 buckets measured
 # 1.26-1.30x plain DDP's step (mlp, cnn), 1.08x (lenet5); 2 buckets 0.92-1.00x (docs/permanent-faults.md)

@@ -21,8 +21,10 @@ from workbench.data import BatchSequence, shard
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel
-from workbench.rank.data_parallel import ALARM_SLOTS, DataParallel, _clone_state
-from workbench.rank.soft_errors import Detected, Detectors, Injector
+from workbench.rank.data_parallel import DataParallel, _clone_state
+from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors, Injector
+
+NO_ALARMS = [0.0] * ALARM_SLOTS
 
 
 class Trainer(BaseTrainer):
@@ -162,6 +164,7 @@ class Trainer(BaseTrainer):
         self.inflight = None
         self.trained = True
         if self.detectors.active:
+            self.detectors.forget_due_checks()
             self.verified, self.tentative = self._snapshot(), None  # replicas are identical right after a sync
 
     def _load_checkpoint(self, path: str) -> None:
@@ -252,6 +255,7 @@ class Trainer(BaseTrainer):
         at = self.inflight.step if self.inflight is not None else self.step
         self.inflight = None
         self.tentative = None  # taken after the corruption, or not verified yet: never returned to
+        self.detectors.forget_due_checks()
         self._restore(self.verified)
         action = "rollback"
         if (at, detected.detector) in self._detections:
@@ -263,40 +267,48 @@ class Trainer(BaseTrainer):
                                "detail": detected.detail, "action": action, "to_step": self.step})
 
     def _verify_replicas(self) -> None:
-        """Every ``detect_every`` steps: the fingerprint check, and the guard's weight check (carried by the next
-        step's alarms); a verified state becomes the snapshot to return to."""
+        """Every ``detect_every`` steps: a snapshot of this state, verified (it becomes the one to return to) when
+        the next step's alarm slots, which carry the guard's weight check and the replicas' fingerprints, come
+        back clean (no extra collective)."""
         if "fingerprint" in self.detectors.on and self.comm.size > 1:
-            mine = torch.tensor([self.detectors.fingerprint()], dtype=torch.int64)
-            everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
-            self.comm.wait(self.comm.group.allgather([everyone], [mine]))
-            values = [int(t.item()) for t in everyone]
-            if len(set(values)) > 1:
-                majority, count = max(((v, values.count(v)) for v in set(values)), key=lambda vc: vc[1])
-                odd = [r for r, v in enumerate(values) if v != majority]
-                if count * 2 > len(values):
-                    source = values.index(majority)
-                    agreement = transfer.Agreement([[0, 0, v, 0] for v in values], source)
-                    named = self._named_state()
-                    header, _ = transfer.move(self.comm, agreement, named if self.comm.rank == source else None,
-                                              self._state_meta() if self.comm.rank == source else None, self._place)
-                    if header is not None and self.comm.rank != source:
-                        self._adopt_received(header["meta"])
-                    action = f"re-broadcast from rank {source} of the agreeing majority"
-                else:
-                    self._restore(self.verified)
-                    action = "rollback"
-                if self.comm.rank == 0:
-                    self.channel.send({"type": "detected", "step": self.step - 1, "detector": "fingerprint",
-                                       "detail": f"replicas at generation ranks {odd} differ", "action": action,
-                                       "to_step": self.step})
-                return
+            if self.step >= self.config.steps:
+                self._resolve_divergence()  # no next step to carry it: compare now
+            else:
+                self.detectors.check_fingerprint_next()
         if "guard" in self.detectors.on:
-            # the weights' check rides in the next step's alarm slot (no extra collective); the snapshot becomes
-            # the verified one only when that step's alarms come back clean
             self.detectors.check_weights_next()
+        if self.detectors.weights_due or self.detectors.fingerprint_due:
             self.tentative = self._snapshot()
         else:
             self.verified = self._snapshot()
+
+    def _resolve_divergence(self) -> None:
+        """The replicas' fingerprint digests disagreed: allgather the full fingerprints to find the odd replicas; a
+        strict majority re-broadcasts its state to the others, without one everyone rolls back."""
+        mine = torch.tensor([self.detectors.fingerprint()], dtype=torch.int64)
+        everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
+        self.comm.wait(self.comm.group.allgather([everyone], [mine]))
+        values = [int(t.item()) for t in everyone]
+        if len(set(values)) == 1:
+            return  # they agree again (a replica that had not fingerprinted, e.g. across a rollback)
+        majority, count = max(((v, values.count(v)) for v in set(values)), key=lambda vc: vc[1])
+        odd = [r for r, v in enumerate(values) if v != majority]
+        if count * 2 > len(values):
+            source = values.index(majority)
+            agreement = transfer.Agreement([[0, 0, v, 0] for v in values], source)
+            named = self._named_state()
+            header, _ = transfer.move(self.comm, agreement, named if self.comm.rank == source else None,
+                                      self._state_meta() if self.comm.rank == source else None, self._place)
+            if header is not None and self.comm.rank != source:
+                self._adopt_received(header["meta"])
+            action = f"re-broadcast from rank {source} of the agreeing majority"
+        else:
+            self._restore(self.verified)
+            action = "rollback"
+        if self.comm.rank == 0:
+            self.channel.send({"type": "detected", "step": self.step - 1, "detector": "fingerprint",
+                               "detail": f"replicas at generation ranks {odd} differ", "action": action,
+                               "to_step": self.step})
 
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:
@@ -311,8 +323,13 @@ class Trainer(BaseTrainer):
         out = self.model(x)
         loss_sum = F.cross_entropy(out, y, reduction="sum")
         correct = (out.detach().argmax(1) == y).sum()
-        alarms = self.detectors.local_alarms(loss_sum.item() / len(y)) if self.detectors.active else [0.0, 0.0]
-        self.dp.begin(torch.tensor([loss_sum.item(), correct.item(), float(len(y)), *alarms]))
+        loss_value = loss_sum.item()
+        alarms = NO_ALARMS
+        if self.detectors.active:
+            began = time.thread_time()
+            alarms = self.detectors.local_alarms(loss_value / len(y))
+            self.detector_s += time.thread_time() - began
+        self.dp.begin(torch.tensor([loss_value, correct.item(), float(len(y)), *alarms]))
         (loss_sum / self.config.batch_size).backward()
         stats = self.dp.finish()
         self.inflight = None
@@ -320,10 +337,13 @@ class Trainer(BaseTrainer):
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         if self.detectors.active:
-            # before the step counts: an alarm rolls back to the verified snapshot
-            self.detectors.settle(step, stats[-ALARM_SLOTS:])
-            if self.tentative is not None:
-                self.verified, self.tentative = self.tentative, None
+            began = time.thread_time()
+            try:  # before the step counts: an alarm rolls back to the verified snapshot
+                self.detectors.settle(step, stats[-ALARM_SLOTS:], self.comm.size)
+                if self.tentative is not None and not self.detectors.diverged:
+                    self.verified, self.tentative = self.tentative, None
+            finally:
+                self.detector_s += time.thread_time() - began
         self.step = step + 1
         if self.rule is not None:
             # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same
@@ -336,8 +356,14 @@ class Trainer(BaseTrainer):
         if (self.rule is not None and self._evaluation_due()
                 and self.rule.deciding(self.step, self.config.steps, self.config.eval_interval)):
             self._apoptosis_step(evaluation)  # never at the last evaluation: the final accuracy is the model's
-        if self.detectors.active and self.step % self.detectors.every == 0:
-            self._verify_replicas()
+        if self.detectors.diverged or (self.detectors.active and self.step % self.detectors.every == 0):
+            began = time.thread_time()
+            if self.detectors.diverged:
+                self.detectors.diverged, self.tentative = False, None
+                self._resolve_divergence()
+            else:
+                self._verify_replicas()
+            self.detector_s += time.thread_time() - began
         self._replica_snapshot()
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:

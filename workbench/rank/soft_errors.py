@@ -21,9 +21,12 @@ only on collective information.
     loss nor a gradient showed it first. A flipped exponent bit can leave the loss finite near 1e35:
     magnitudes count.
   * ``spike``: this rank's loss above ``spike_factor`` x the median of its recent losses; also an alarm slot.
-  * ``fingerprint``: every ``detect_every`` steps the replicas allgather a fingerprint of their parameters and
-    floating-point buffers; they must be bitwise equal. A strict majority re-broadcasts its parameters to the
-    others; without one, all roll back to the last verified snapshot.
+  * ``fingerprint``: every ``detect_every`` steps each replica fingerprints its parameters and floating-point
+    buffers; they must be bitwise equal. The fingerprint rides in the next step's alarm slots (no extra
+    collective): four 8-bit digests h of it, each sent as h and h^2, so the sums tell whether all members agree
+    (n * sum(h^2) == sum(h)^2 exactly when every h is equal). Only on a disagreement do the replicas allgather
+    their full fingerprints to find the odd ones: a strict majority re-broadcasts its state to the others;
+    without one, all roll back to the last verified snapshot.
 On an alarm every rank returns to the last verified in-memory snapshot (taken every ``detect_every`` steps,
 after the fingerprint agreed when that detector is on). If the same detector fires at the same step again after
 that rollback, the alarm is deterministic (the replay is bit-identical), not a transient error: the step is let
@@ -32,7 +35,7 @@ through and the event says so, rather than rolling back forever.
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +48,9 @@ from workbench.faults.bitflip import Flip, apply_masks, width
 from workbench.rank.state import float_buffers
 
 SPIKE_MARGIN = 1.0  # nats of cross-entropy a spike must also exceed the recent median by
+DIGESTS = 4  # 8-bit digests of the fingerprint in the alarm slots: h and h^2 of each are exact float32 sums
+ALARM_SLOTS = 2 + 2 * DIGESTS  # guard, spike, then the fingerprint's digests
+NO_DIGESTS = (0.0,) * (2 * DIGESTS)
 
 
 class Detected(Exception):
@@ -154,6 +160,8 @@ class Detectors:
         # this step's reduced-gradient peaks and bucket-0 alarm slots, checked together by ``settle`` (one sync)
         self.pending: list[tuple[torch.Tensor, torch.Tensor, list[str]]] = []
         self.weights_due = False  # check the weights at the next step (its guard slot carries the result)
+        self.fingerprint_due = False  # the next step's alarm slots carry this replica's fingerprint digests
+        self.diverged = False  # the last settled step's digests disagreed: the replicas must be compared
         # steps whose alarm came back after a rollback: training is deterministic, so such an alarm is not a
         # transient soft error; those steps are let through instead of rolling back forever
         self.suppressed: set[int] = set()
@@ -172,45 +180,69 @@ class Detectors:
         return list(self.model.parameters()) + [b for _, b in float_buffers(self.model)]
 
     def local_alarms(self, loss: float) -> list[float]:
-        """[guard, spike] alarms of this rank for this step (1.0 = alarm), sent with the gradients."""
+        """This rank's alarm slots for this step (1.0 = alarm; then the fingerprint's digests, zeros when none is
+        due), sent with the gradients."""
         guard = spike = 0.0
         self.pending = []
-        if "guard" in self.on and (not np.isfinite(loss) or abs(loss) > self.limit):
+        if "guard" in self.on and (not math.isfinite(loss) or abs(loss) > self.limit):
             guard = 1.0
         if self.weights_due:
             self.weights_due = False
             guard = max(guard, self.weights_alarm())
-        if "spike" in self.on and np.isfinite(loss):
-            median = statistics.median(self.recent) if len(self.recent) >= 5 else None
+        if "spike" in self.on and math.isfinite(loss):
+            recent = sorted(self.recent)
+            n = len(recent)
+            median = None if n < 5 else (recent[n // 2] if n % 2 else (recent[n // 2 - 1] + recent[n // 2]) / 2)
             # relative AND absolute: late in training a 10x jump of a 1e-3 loss is noise, not corruption
             if median is not None and loss > self.spike_factor * median and loss > median + SPIKE_MARGIN:
                 spike = 1.0
             else:
                 self.recent.append(loss)
-        return [guard, spike]
+        if not self.fingerprint_due:
+            return [guard, spike, *NO_DIGESTS]
+        self.fingerprint_due = False
+        value, slots = self.fingerprint(), [guard, spike]
+        for k in range(DIGESTS):
+            digest = float((value >> (8 * k)) & 0xFF) + 1.0  # 1..256: a member that sent none shows too
+            slots += [digest, digest * digest]
+        return slots
+
+    def check_fingerprint_next(self) -> None:
+        """Have the next step's alarm slots carry this replica's fingerprint (as it is at that step's start)."""
+        self.fingerprint_due = "fingerprint" in self.on
+
+    def forget_due_checks(self) -> None:
+        """A generation change or a rollback: checks asked for the next step no longer describe this state."""
+        self.weights_due = self.fingerprint_due = self.diverged = False
 
     def note_reduced(self, bucket_buffer: torch.Tensor, names: list[str]) -> None:
         """Remember a bucket's gradients after their allreduce (identical on every rank) for :meth:`settle`."""
         if "guard" in self.on:
             self.pending.append((bucket_buffer, names))
 
-    def settle(self, step: int, alarms: torch.Tensor) -> None:
-        """The step's summed [guard, spike] alarm slots (they came back with the gradients) and the min and max of
-        its reduced gradients, once the step's updates are applied; every rank holds the same values, so every rank
-        raises the same :class:`Detected` or none. CPU tensors: the gradients are read in place through numpy (no
-        copy, no tensor operation to dispatch); what this costs in a training step is the pass over memory that
-        gloo's thread just wrote (~10 us per 8k floats here, against ~1 us in a hot loop: bench_bitflip)."""
+    def settle(self, step: int, alarms: torch.Tensor, members: int) -> None:
+        """The step's summed alarm slots (they came back with the gradients) and its reduced gradients, once the
+        step's updates are applied; every rank holds the same values, so every rank raises the same
+        :class:`Detected` or none, and sets ``diverged`` alike. Gradients: one pass (their sum of squares) bounds
+        every value; only a sum beyond ``guard_limit``^2 (or non-finite) is looked at value by value."""
         pending, self.pending = self.pending, []
+        guard, spike, *digests = alarms.tolist()
+        if digests[0]:  # somebody fingerprinted: every slot pair is an exact integer sum
+            sums = [(round(digests[2 * k]), round(digests[2 * k + 1])) for k in range(DIGESTS)]
+            self.diverged = any(members * squares != total * total for total, squares in sums)
         if step in self.suppressed:
             return
-        guard, spike = alarms.tolist()
         if guard > 0:
             raise Detected("guard", f"non-finite or > {self.limit:g} loss or weights on {int(guard)} rank(s) at "
                            f"step {step}")
         if spike > 0:
             raise Detected("spike", f"loss spike on {int(spike)} rank(s) at step {step}")
+        bound = self.limit * self.limit * (1 - 1e-3)  # below it, no |value| can exceed the limit (rounding aside)
         for gradients, names in pending:
-            values = gradients.detach().numpy()
+            flat = gradients.detach()
+            if float(torch.dot(flat, flat)) <= bound:  # NaN and inf fail "<=": they are looked at below
+                continue
+            values = flat.numpy()
             low, high = float(values.min()), float(values.max())
             if not (-self.limit <= low and high <= self.limit):  # NaN fails "<=" too
                 raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {', '.join(names)} at step "

@@ -128,6 +128,7 @@ class Supervisor:
         result = self.recorder.result(outcome, reason, world_size_final=len(workers),
                                       replicas_identical=replicas_identical(workers),
                                       keep_checkpoint=self.out_dir is not None)
+        result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
         result.provenance = provenance.finish(self.provenance)
         return result
 
@@ -365,8 +366,7 @@ class Supervisor:
             self.recorder.event("peer_error", w.steps_done, m["message"], rank=w.label)
         elif kind == "done":
             w.done = True
-            w.fingerprint = m.get("fingerprint")
-            w.group = m.get("group", 0)
+            w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
         elif kind == "error":
             self.recorder.event("error", w.steps_done, m["message"], rank=w.label if w.label is not None else -1)
             self._outcome = ("failed", f"rank {w.label} raised an error at step {w.steps_done}: {m['message']}")
