@@ -12,6 +12,7 @@ from torch import nn
 from workbench.config import MODELS, RunConfig
 from workbench.models import build_model, mlp
 from workbench.rank.data_parallel import DEFAULT_BUCKETS, DataParallel, bucket_layout
+from workbench.rank.soft_errors import ALARM_SLOTS
 
 MLP_SIZES = [10, 640, 64, 8192, 128, 8192]  # the digits MLP's parameters in backward order (fc3.bias .. fc1.weight)
 
@@ -23,7 +24,7 @@ def step_once(comm, x, y, batch, cap_mb, launches, initial, buckets=None):
     part = torch.tensor_split(torch.arange(batch), comm.size)[comm.rank]
     out = model(x[part])
     loss = F.cross_entropy(out, y[part], reduction="sum")
-    dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), 0.0, 0.0]))
+    dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]))
     (loss / batch).backward()
     stats = dp.finish()
     return len(dp.buckets), stats, {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -65,7 +66,7 @@ def test_rollback_restores_exactly_and_retry_finishes_a_step():
                           snapshot_buckets=True)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         loss = F.cross_entropy(model(x), y, reduction="sum")
-        dp.begin(torch.tensor([loss.item(), 0.0, 16.0, 0.0, 0.0]))
+        dp.begin(torch.tensor([loss.item(), 0.0, 16.0, *[0.0] * ALARM_SLOTS]))
         (loss / 16).backward()
         dp.finish()
         after = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -136,7 +137,7 @@ def test_updates_overlap_the_backward_pass_and_equal_updates_after_it(build):
         for step in range(3):
             part = torch.tensor_split(torch.arange(16), comm.size)[comm.rank]
             loss = F.cross_entropy(model(x[step][part]), y[step][part], reduction="sum")
-            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), 0.0, 0.0]))
+            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]))
             (loss / 16).backward()
             overlapped.append((dp.overlapped, [b.overlapped for b in dp.buckets]))
             dp.finish()
@@ -183,7 +184,7 @@ def test_an_alarm_seen_during_the_backward_pass_is_raised_once_every_bucket_is_l
         def step():
             part = torch.tensor_split(torch.arange(16), comm.size)[comm.rank]
             loss = F.cross_entropy(model(x[part]), y[part], reduction="sum")
-            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), 0.0, 0.0]))
+            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]))
             phase["now"] = "backward"
             (loss / 16).backward()  # the alarm, if met here, is kept
             phase["now"] = "finish"
