@@ -13,7 +13,8 @@ Protocol of :func:`sweep_slurm`:
 - **Wait**: a progress bar of points fed from the points' ``point.json`` (a point counts once its file says
   ``completed`` or ``failed`` with a start time other than the one it had at submission); ``squeue`` is asked
   only whether the array still has tasks queued or running (and why queued ones wait: the bar shows Slurm's
-  reason). The wait ends when it has none, twice in a row (a requeued task passes through states of an end) —
+  reason). The wait ends when it has none, twice in a row, and — while a point is unfinished — for
+  ``REQUEUE_GRACE_S`` (a requeued task passes through a terminal state, ``FAILED``, before ``PENDING``) —
   Slurm's time limits bound the running tasks, and a queue that holds them back is on screen, for Ctrl-C; if
   ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with ``SweepError`` (the array may still
   run; the message says how to cancel it).
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 JOB_FILE = "slurm.json"
 POLL_S = 1.0  # points' files are read this often
 SQUEUE_EVERY_S = 3.0  # squeue is asked this often whether the array has ended
+REQUEUE_GRACE_S = 20.0  # a requeued task shows FAILED before PENDING (seen here: > 1 s): how long an end may be one
 LOST_S = 300.0  # squeue silent this long: give up waiting
 CANCEL_WAIT_S = 120.0  # after scancel: wait this long for the tasks to leave the queue (KillWait is 30 s by default)
 
@@ -195,7 +197,7 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
     bar = tqdm(total=len(before), unit="point", desc=f"sweep (Slurm job {job})", disable=not progress,
                dynamic_ncols=True)
     last_answer = asked = time.monotonic()
-    queued, reported, ended = "", set(), False
+    queued, reported, ended, ended_at = "", set(), False, None
     try:
         while True:
             done = _states(directory, before)
@@ -215,7 +217,11 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
                     last_answer = now
                     pending = sorted(v for v in tasks.values() if v.startswith("PENDING"))
                     queued = f", {len(pending)} queued: {pending[0]}" if pending else ""  # why they wait, shown
-                    if not tasks and ended:  # twice in a row: a task between two states is not taken for an end
+                    # an end is seen twice in a row (a task between two states is not taken for one), and while a
+                    # point is unfinished for REQUEUE_GRACE_S: a requeued task shows a terminal state first
+                    ended_at = (ended_at or now) if not tasks else None
+                    if not tasks and ended and (len(_states(directory, before)) == len(before)
+                                                or now - ended_at >= REQUEUE_GRACE_S):
                         return _states(directory, before)
                     ended = not tasks
                 elif now - last_answer > LOST_S:
