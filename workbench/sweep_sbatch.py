@@ -220,8 +220,7 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
                     # an end is seen twice in a row (a task between two states is not taken for one), and while a
                     # point is unfinished for REQUEUE_GRACE_S: a requeued task shows a terminal state first
                     ended_at = (ended_at or now) if not tasks else None
-                    if not tasks and ended and (len(_states(directory, before)) == len(before)
-                                                or now - ended_at >= REQUEUE_GRACE_S):
+                    if not tasks and ended and (len(done) == len(before) or now - ended_at >= REQUEUE_GRACE_S):
                         return _states(directory, before)
                     ended = not tasks
                 elif now - last_answer > LOST_S:

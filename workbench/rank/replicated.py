@@ -283,8 +283,9 @@ class Trainer(BaseTrainer):
             self.verified = self._snapshot()
 
     def _resolve_divergence(self) -> None:
-        """The replicas' fingerprint digests disagreed: allgather the full fingerprints to find the odd replicas; a
-        strict majority re-broadcasts its state to the others, without one everyone rolls back."""
+        """Allgather the replicas' full fingerprints (their digests disagreed, or the run's last check is due) to
+        find the odd replicas; a strict majority re-broadcasts its state to the others, without one everyone rolls
+        back. Nothing happens when they all agree."""
         mine = torch.tensor([self.detectors.fingerprint()], dtype=torch.int64)
         everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
         self.comm.wait(self.comm.group.allgather([everyone], [mine]))

@@ -157,8 +157,8 @@ class Detectors:
         self.model = model
         self.params = self._watched()
         self.recent: deque[float] = deque(maxlen=20)
-        # this step's reduced-gradient peaks and bucket-0 alarm slots, checked together by ``settle`` (one sync)
-        self.pending: list[tuple[torch.Tensor, torch.Tensor, list[str]]] = []
+        # this step's reduced gradient buckets (and their parameters' names), checked by ``settle`` with its alarms
+        self.pending: list[tuple[torch.Tensor, list[str]]] = []
         self.weights_due = False  # check the weights at the next step (its guard slot carries the result)
         self.fingerprint_due = False  # the next step's alarm slots carry this replica's fingerprint digests
         self.diverged = False  # the last settled step's digests disagreed: the replicas must be compared
