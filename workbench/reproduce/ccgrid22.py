@@ -27,7 +27,9 @@ PAPER = ("Checkpoint-restart adds the most runtime (progress since the last chec
          "recovery redoes nothing and loses a little accuracy (the dead rank's share of the buckets not yet applied).")
 
 SCALES: dict[str, dict[str, Any]] = {
-    "small": {"worlds": [4], "seeds": [0, 1, 2], "steps": 120, "mtbf_steps": 50, "max_failures": 2,
+    # 5 seeds even small: with 3, the one-sided bound of "restart costs more" (t with 2 df) failed on CI although
+    # all three pairs had restart dearer (+8, +38, +82 pt): where failures land against checkpoints varies by seed
+    "small": {"worlds": [4], "seeds": [0, 1, 2, 3, 4], "steps": 120, "mtbf_steps": 50, "max_failures": 2,
               "intervals": [30], "elastic": ["rollback", "forward"]},
     "paper": {"worlds": [4, 8], "seeds": [0, 1, 2, 3, 4], "steps": 300, "mtbf_steps": 90, "max_failures": 3,
               "intervals": [25, 50, 100], "elastic": ["rollback", "forward", "shrink"]},
