@@ -59,3 +59,47 @@ def test_cli_slurm_flag(monkeypatch):
     assert config.world_size == 3 and config.hosts[0]["slots"] == 3
     with pytest.raises(ConfigError, match="give --slurm or --hosts-file, not both"):
         _config_from_args(build_parser().parse_args(["run", "--slurm", "--hosts-file", "h"]))
+
+
+def _scripted_wait(monkeypatch, tmp_path, script):
+    """Run the sweep's wait for one unfinished point (task 5_0) against ``script``: a function of the n-th squeue
+    answer (0, 1, ...) returning the task states; the time it took and what it returned."""
+    import time
+
+    from workbench import slurm, sweep_sbatch
+
+    monkeypatch.setattr(sweep_sbatch, "POLL_S", 0.01)
+    monkeypatch.setattr(sweep_sbatch, "SQUEUE_EVERY_S", 0.01)
+    monkeypatch.setattr(sweep_sbatch, "REQUEUE_GRACE_S", 2.0)
+    answers = []
+    monkeypatch.setattr(slurm, "task_states", lambda job: script(len(answers), answers.append(job)))
+    (tmp_path / "p0").mkdir()
+    began = time.monotonic()
+    done = sweep_sbatch._wait("5", tmp_path, {"p0": None}, {"p0": "5_0"}, progress=False)
+    return time.monotonic() - began, done
+
+
+def test_a_cancelled_task_ends_the_sweep_wait_at_once(monkeypatch, tmp_path):
+    took, done = _scripted_wait(monkeypatch, tmp_path, lambda n, _: {"5_0": "CANCELLED"})
+    assert done == {} and took < 1.0  # the 2 s grace is not waited for: scancel is final
+
+
+def test_a_task_requeued_after_it_failed_is_waited_for(monkeypatch, tmp_path):
+    """FAILED for a while (longer than two polls), then PENDING, then the point's second attempt ends."""
+    import json
+
+    def script(n, _):
+        if n < 20:
+            return {"5_0": "FAILED"}
+        if n == 20:
+            (tmp_path / "p0" / "point.json").write_text(json.dumps({"status": "failed", "started": 1.0}))
+            return {"5_0": "PENDING (BeginTime)"}
+        return {"5_0": "FAILED"}
+
+    took, done = _scripted_wait(monkeypatch, tmp_path, script)
+    assert done == {"p0": "failed"}  # the second attempt's end, not the first one's
+
+
+def test_a_task_that_failed_for_good_ends_the_wait_after_the_grace(monkeypatch, tmp_path):
+    took, done = _scripted_wait(monkeypatch, tmp_path, lambda n, _: {"5_0": "FAILED"})
+    assert done == {} and 2.0 <= took < 5.0

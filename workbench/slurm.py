@@ -62,12 +62,12 @@ def submit(script: str, options: Sequence[str] = ()) -> str:
     return job
 
 
-def active_tasks(job: str) -> dict[str, str] | None:
-    """Task id (``J_i``) -> state of the job's tasks that Slurm still lists as queued or running (a pending one's
-    with its reason: ``PENDING (Resources)``); ``{}`` once the job has ended (or was forgotten); None when
-    ``squeue`` did not answer (retry later)."""
+def task_states(job: str) -> dict[str, str] | None:
+    """Task id (``J_i``) -> state of every task of the job that Slurm still lists, ended ones included (for
+    ``MinJobAge`` seconds); a pending one's with its reason: ``PENDING (Resources)``. ``{}`` once Slurm has
+    forgotten the job; None when ``squeue`` did not answer (retry later)."""
     try:
-        done = run(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i %T %r"])  # every state: ours to judge
+        done = run(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%i %T %r"])
     except SlurmUnavailable:
         return None
     if done.returncode != 0:
@@ -75,10 +75,22 @@ def active_tasks(job: str) -> dict[str, str] | None:
     states = {}
     for line in done.stdout.splitlines():
         words = line.split(None, 2)
-        if len(words) >= 2 and words[1] in ACTIVE_STATES:
+        if len(words) >= 2:
             reason = words[2].strip() if len(words) == 3 and words[1] == "PENDING" else ""
             states[words[0]] = f"{words[1]} ({reason})" if reason and reason != "None" else words[1]
     return states
+
+
+def is_active(state: str) -> bool:
+    """Whether a state of :func:`task_states` is one of a task still queued or running."""
+    return state.split(" ", 1)[0] in ACTIVE_STATES
+
+
+def active_tasks(job: str) -> dict[str, str] | None:
+    """The tasks of :func:`task_states` still queued or running: ``{}`` once the job has ended (or was
+    forgotten); None when ``squeue`` did not answer."""
+    states = task_states(job)
+    return None if states is None else {task: state for task, state in states.items() if is_active(state)}
 
 
 def cancel(job: str) -> None:

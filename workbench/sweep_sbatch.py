@@ -13,11 +13,11 @@ Protocol of :func:`sweep_slurm`:
 - **Wait**: a progress bar of points fed from the points' ``point.json`` (a point counts once its file says
   ``completed`` or ``failed`` with a start time other than the one it had at submission); ``squeue`` is asked
   only whether the array still has tasks queued or running (and why queued ones wait: the bar shows Slurm's
-  reason). The wait ends when it has none, twice in a row, and — while a point is unfinished — for
-  ``REQUEUE_GRACE_S`` (a requeued task passes through a terminal state, ``FAILED``, before ``PENDING``) —
-  Slurm's time limits bound the running tasks, and a queue that holds them back is on screen, for Ctrl-C; if
-  ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with ``SweepError`` (the array may still
-  run; the message says how to cancel it).
+  reason). The wait ends when it has none, twice in a row — at once if every unfinished point's task was
+  cancelled, else after ``REQUEUE_GRACE_S`` (a task that ended ``FAILED``, ``NODE_FAIL``... may still be
+  requeued, and then shows ``PENDING`` again). Slurm's time limits bound the running tasks, and a queue that holds
+  them back is on screen, for Ctrl-C; if ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with
+  ``SweepError`` (the array may still run; the message says how to cancel it).
 - **End**: a submitted point that did not finish is recorded as ``failed`` with one line naming the task, how
   Slurm says it ended (``CANCELLED (exit 0:15)``, ``TIMEOUT``, ``NODE_FAIL``...) and the last line of its log
   ``DIR/slurm-J_i.log``; then ``DIR/results.h5`` and, when a point completed, ``DIR/report.html`` are written.
@@ -57,7 +57,10 @@ if TYPE_CHECKING:
 JOB_FILE = "slurm.json"
 POLL_S = 1.0  # points' files are read this often
 SQUEUE_EVERY_S = 3.0  # squeue is asked this often whether the array has ended
-REQUEUE_GRACE_S = 20.0  # a requeued task shows FAILED before PENDING (seen here: > 1 s): how long an end may be one
+# A task that ended other than CANCELLED may be requeued after its end (RequeueExit, a node failure, preemption,
+# an operator's `scontrol requeue` of an ended task: its state goes FAILED -> PENDING): while a point is
+# unfinished, such an end counts only after this long. scancel is final: a cancelled array ends at once.
+REQUEUE_GRACE_S = 60.0
 LOST_S = 300.0  # squeue silent this long: give up waiting
 CANCEL_WAIT_S = 120.0  # after scancel: wait this long for the tasks to leave the queue (KillWait is 30 s by default)
 
@@ -101,7 +104,8 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
                 job = _submit(str(script), array)
                 write_json(directory / JOB_FILE, {"job": job, "points": [ids[i] for i in indices],
                                                   "submitted": time.time()})
-            done = _wait(job, directory, before, progress_enabled(progress))
+            task_of = {ids[i]: f"{job}_{i}" for i in indices}
+            done = _wait(job, directory, before, task_of, progress_enabled(progress))
         except KeyboardInterrupt:
             if job is not None:
                 _cancel(job)
@@ -188,10 +192,11 @@ def _finished(directory: Path, before: Any) -> str | None:
     return None
 
 
-def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> dict[str, str]:
-    """Until Slurm lists no task of ``job``: the bar follows the points' files. Returns id -> completed/failed of
-    the points that finished, as their files say when the array has ended (a requeued task may run a point again
-    after an attempt that failed)."""
+def _wait(job: str, directory: Path, before: dict[str, Any], task_of: dict[str, str],
+          progress: bool) -> dict[str, str]:
+    """Until Slurm lists no task of ``job`` queued or running: the bar follows the points' files. Returns id ->
+    completed/failed of the points that finished, as their files say when the array has ended (a requeued task
+    may run a point again after an attempt that failed). ``task_of``: point id -> its task (``J_i``)."""
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(before), unit="point", desc=f"sweep (Slurm job {job})", disable=not progress,
@@ -212,15 +217,18 @@ def _wait(job: str, directory: Path, before: dict[str, Any], progress: bool) -> 
             now = time.monotonic()
             if now - asked >= (POLL_S if ended else SQUEUE_EVERY_S) or len(done) == len(before):
                 asked = now
-                tasks = slurm.active_tasks(job)
-                if tasks is not None:
+                states = slurm.task_states(job)
+                if states is not None:
                     last_answer = now
+                    tasks = {task: state for task, state in states.items() if slurm.is_active(state)}
                     pending = sorted(v for v in tasks.values() if v.startswith("PENDING"))
                     queued = f", {len(pending)} queued: {pending[0]}" if pending else ""  # why they wait, shown
-                    # an end is seen twice in a row (a task between two states is not taken for one), and while a
-                    # point is unfinished for REQUEUE_GRACE_S: a requeued task shows a terminal state first
                     ended_at = (ended_at or now) if not tasks else None
-                    if not tasks and ended and (len(done) == len(before) or now - ended_at >= REQUEUE_GRACE_S):
+                    # an end is seen twice in a row (a task between two states is not taken for one); an
+                    # unfinished point's task may still come back unless it was cancelled (see REQUEUE_GRACE_S)
+                    final = all(states.get(task_of[pid], "CANCELLED").startswith("CANCELLED")
+                                for pid in before if pid not in done)
+                    if not tasks and ended and (final or now - ended_at >= REQUEUE_GRACE_S):
                         return _states(directory, before)
                     ended = not tasks
                 elif now - last_answer > LOST_S:
