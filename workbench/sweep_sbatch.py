@@ -230,6 +230,8 @@ def _wait(job: str, directory: Path, before: dict[str, Any], task_of: dict[str, 
                                 for pid in before if pid not in done)
                     if not tasks and ended and (final or now - ended_at >= REQUEUE_GRACE_S):
                         return _states(directory, before)
+                    if not tasks and not final:  # on screen: why a sweep whose tasks have ended still waits
+                        queued = f", tasks ended; waiting up to {REQUEUE_GRACE_S:g} s for a requeue"
                     ended = not tasks
                 elif now - last_answer > LOST_S:
                     raise SweepError(f"squeue has not answered for {LOST_S:g} s; the array (job {job}) may still run: "
