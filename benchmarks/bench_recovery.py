@@ -12,6 +12,8 @@ torchrun-style baseline: tear the world down, start fresh ranks, reload the last
 with ``mpi, no FT``: the same MPI ranks under mpirun without fault tolerance, no kill (its per-step time only).
 ``step_ms`` is the median step time of the run, ``step_vs_ours`` that over our no-fault run's (per-step overhead).
 ``bytes_moved`` is the state received by ranks over all recoveries of the run (0 when the survivors agree).
+``settle_s`` (fault to every member holding the agreed state) and ``join_s`` (the last member entering the recovery
+to the last holding the agreed state: the recovery protocol alone) are medians over the run's failures.
 ``--spawns template,fresh`` repeats every row with ranks forked by the rank template and started fresh.
 
 Prints one JSON line: {"benchmark": "recovery", "rows": [...]} with one row per (model, world, strategy).
@@ -96,6 +98,7 @@ def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str 
             "step_vs_ours": None if not ours_ms or step_ms(result) is None else round(step_ms(result) / ours_ms, 3),
             "detection_s": median([f["detection_s"] for f in failures]),
             "settle_s": median([f.get("settle_s") for f in failures]),
+            "join_s": median([f.get("join_s") for f in failures]),
             "resume_s": median([f["resume_s"] for f in failures]),
             "regrow_s": median([f["regrow_s"] for f in failures]),
             "steps_redone": sum(f["steps_redone"] for f in failures),

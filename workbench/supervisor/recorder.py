@@ -2,12 +2,14 @@
 :class:`~workbench.results.RunResult` built from them.
 
 Figures of a failure (DESIGN §4):
-``detection_s`` fault to the supervisor seeing it (or to the peer's own detection);
-``settle_s`` fault to the last member of the recovery generation holding the agreed state (the workbench's own
-cost of a recovery); ``resume_s`` fault to the first step committed by the recovery generation (``settle_s``
-plus the work the strategy redoes or finishes); ``regrow_s`` fault to the replacement joining;
-``steps_redone`` committed steps the recovery went back over; ``samples_lost`` the dead rank's share of a step
-finished without it; ``bytes_moved`` state received by members and the replacement; ``world_size_after``.
+``detection_s`` fault to the supervisor seeing it (or to the peer's own detection); ``settle_s`` fault to the last
+member of the recovery generation holding the agreed state (detection, the survivors leaving what they were doing,
+and the recovery itself); ``join_s`` the last member entering the recovery to the last holding the agreed state (the
+recovery protocol alone: ``settle_s`` less detection, the survivors finishing what they were doing, and start-up of
+a replacement); ``resume_s`` fault to the first step committed by the recovery generation (``settle_s`` plus the
+work the strategy redoes or finishes); ``regrow_s`` fault to the replacement joining; ``steps_redone`` committed
+steps the recovery went back over; ``samples_lost`` the dead rank's share of a step finished without it;
+``bytes_moved`` state received by members and the replacement; ``world_size_after``.
 The recorder is fed by the supervisor's thread only; widgets read ``metrics``/``events``/``status`` (appends
 are atomic in CPython).
 """
@@ -43,6 +45,7 @@ class Failure:
     resume_time: float | None = None  # the first step committed by the recovery generation
     resume_step: int | None = None  # where the recovery generation resumed
     settle_time: float | None = None  # the last member of the recovery generation settled its state
+    entered_time: float | None = None  # the last member of the recovery generation entered it (began its join)
     regrow_time: float | None = None  # when that replacement joined: the world is back to its size
     steps_redone: int = 0
     samples_lost: int = 0
@@ -56,6 +59,8 @@ class Failure:
             "detection_s": round(self.detect_time - self.fault_time, 4) if self.detect_time is not None else None,
             "resume_s": None if self.resume_time is None else round(self.resume_time - self.fault_time, 4),
             "settle_s": None if self.settle_time is None else round(self.settle_time - self.fault_time, 4),
+            "join_s": None if self.settle_time is None or self.entered_time is None
+            else round(max(self.settle_time - self.entered_time, 0.0), 4),
             "regrow_s": None if self.regrow_time is None else round(self.regrow_time - self.fault_time, 4),
             "steps_redone": self.steps_redone, "samples_lost": self.samples_lost,
             "world_size_after": self.world_size_after, "bytes_moved": self.bytes_moved,
@@ -143,6 +148,8 @@ class Recorder:
                 failure.bytes_moved += m.get("bytes_in", 0)
             if failure.recovery_gen == m["gen"]:
                 failure.settle_time = time.time()
+                entered = failure.settle_time - float(m.get("sync_s") or 0.0)
+                failure.entered_time = max(failure.entered_time or entered, entered)
         if m["gen"] != self.gen:
             return
         if "recovery" in m:
