@@ -1,5 +1,6 @@
 """Slurm's formats and ``workbench run --slurm``'s placement, without a cluster: node lists, tasks per node, which
-node forks its ranks and which are launched through srun, and the one-line refusals."""
+node forks its ranks and which are launched through srun, and the one-line refusals; and when a Slurm sweep's wait
+takes the array for ended, against scripted ``squeue`` answers."""
 
 import pytest
 
@@ -64,6 +65,7 @@ def test_cli_slurm_flag(monkeypatch):
 def _scripted_wait(monkeypatch, tmp_path, script):
     """Run the sweep's wait for one unfinished point (task 5_0) against ``script``: a function of the n-th squeue
     answer (0, 1, ...) returning the task states; the time it took and what it returned."""
+    import itertools
     import time
 
     from workbench import slurm, sweep_sbatch
@@ -71,8 +73,8 @@ def _scripted_wait(monkeypatch, tmp_path, script):
     monkeypatch.setattr(sweep_sbatch, "POLL_S", 0.01)
     monkeypatch.setattr(sweep_sbatch, "SQUEUE_EVERY_S", 0.01)
     monkeypatch.setattr(sweep_sbatch, "REQUEUE_GRACE_S", 2.0)
-    answers = []
-    monkeypatch.setattr(slurm, "task_states", lambda job: script(len(answers), answers.append(job)))
+    answers = itertools.count()
+    monkeypatch.setattr(slurm, "task_states", lambda job: script(next(answers)))
     (tmp_path / "p0").mkdir()
     began = time.monotonic()
     done = sweep_sbatch._wait("5", tmp_path, {"p0": None}, {"p0": "5_0"}, progress=False)
@@ -80,7 +82,7 @@ def _scripted_wait(monkeypatch, tmp_path, script):
 
 
 def test_a_cancelled_task_ends_the_sweep_wait_at_once(monkeypatch, tmp_path):
-    took, done = _scripted_wait(monkeypatch, tmp_path, lambda n, _: {"5_0": "CANCELLED"})
+    took, done = _scripted_wait(monkeypatch, tmp_path, lambda n: {"5_0": "CANCELLED"})
     assert done == {} and took < 1.0  # the 2 s grace is not waited for: scancel is final
 
 
@@ -88,7 +90,7 @@ def test_a_task_requeued_after_it_failed_is_waited_for(monkeypatch, tmp_path):
     """FAILED for a while (longer than two polls), then PENDING, then the point's second attempt ends."""
     import json
 
-    def script(n, _):
+    def script(n):
         if n < 20:
             return {"5_0": "FAILED"}
         if n == 20:
@@ -96,10 +98,10 @@ def test_a_task_requeued_after_it_failed_is_waited_for(monkeypatch, tmp_path):
             return {"5_0": "PENDING (BeginTime)"}
         return {"5_0": "FAILED"}
 
-    took, done = _scripted_wait(monkeypatch, tmp_path, script)
+    _, done = _scripted_wait(monkeypatch, tmp_path, script)
     assert done == {"p0": "failed"}  # the second attempt's end, not the first one's
 
 
 def test_a_task_that_failed_for_good_ends_the_wait_after_the_grace(monkeypatch, tmp_path):
-    took, done = _scripted_wait(monkeypatch, tmp_path, lambda n, _: {"5_0": "FAILED"})
+    took, done = _scripted_wait(monkeypatch, tmp_path, lambda n: {"5_0": "FAILED"})
     assert done == {} and 2.0 <= took < 5.0

@@ -202,7 +202,7 @@ def _wait(job: str, directory: Path, before: dict[str, Any], task_of: dict[str, 
     bar = tqdm(total=len(before), unit="point", desc=f"sweep (Slurm job {job})", disable=not progress,
                dynamic_ncols=True)
     last_answer = asked = time.monotonic()
-    queued, reported, ended, ended_at = "", set(), False, None
+    queued, reported, ended_at = "", set(), None  # ended_at: the first of the polls in a row that found no task
     try:
         while True:
             done = _states(directory, before)
@@ -215,7 +215,7 @@ def _wait(job: str, directory: Path, before: dict[str, Any], task_of: dict[str, 
             running = sum(1 for pid in before if pid not in done and _is_running(directory / pid, before[pid]))
             bar.set_postfix_str(f"{running} running" + queued, refresh=True)
             now = time.monotonic()
-            if now - asked >= (POLL_S if ended else SQUEUE_EVERY_S) or len(done) == len(before):
+            if now - asked >= (POLL_S if ended_at is not None else SQUEUE_EVERY_S) or len(done) == len(before):
                 asked = now
                 states = slurm.task_states(job)
                 if states is not None:
@@ -223,16 +223,18 @@ def _wait(job: str, directory: Path, before: dict[str, Any], task_of: dict[str, 
                     tasks = {task: state for task, state in states.items() if slurm.is_active(state)}
                     pending = sorted(v for v in tasks.values() if v.startswith("PENDING"))
                     queued = f", {len(pending)} queued: {pending[0]}" if pending else ""  # why they wait, shown
-                    ended_at = (ended_at or now) if not tasks else None
-                    # an end is seen twice in a row (a task between two states is not taken for one); an
-                    # unfinished point's task may still come back unless it was cancelled (see REQUEUE_GRACE_S)
-                    final = all(states.get(task_of[pid], "CANCELLED").startswith("CANCELLED")
-                                for pid in before if pid not in done)
-                    if not tasks and ended and (final or now - ended_at >= REQUEUE_GRACE_S):
-                        return _states(directory, before)
-                    if not tasks and not final:  # on screen: why a sweep whose tasks have ended still waits
-                        queued = f", tasks ended; waiting up to {REQUEUE_GRACE_S:g} s for a requeue"
-                    ended = not tasks
+                    if tasks:
+                        ended_at = None
+                    else:
+                        # an end is seen twice in a row (a task between two states is not taken for one); an
+                        # unfinished point's task may still come back unless it was cancelled (REQUEUE_GRACE_S)
+                        final = all(states.get(task_of[pid], "CANCELLED").startswith("CANCELLED")
+                                    for pid in before if pid not in done)
+                        if ended_at is not None and (final or now - ended_at >= REQUEUE_GRACE_S):
+                            return _states(directory, before)
+                        ended_at = ended_at or now
+                        if not final:  # on screen: why a sweep whose tasks have ended still waits
+                            queued = f", tasks ended; waiting up to {REQUEUE_GRACE_S:g} s for a requeue"
                 elif now - last_answer > LOST_S:
                     raise SweepError(f"squeue has not answered for {LOST_S:g} s; the array (job {job}) may still run: "
                                      f"squeue -j {job}, scancel {job}")
