@@ -9,8 +9,12 @@ on a socket the child held (median of ``--repeats``). The peer figure is the sam
 A rank of the 19.2M-parameter model holds ~460 MiB of anonymous memory (parameters, gradients, momentum, the
 gradients kept for a retry, bucket buffers, the torch heap: measured with /proc/PID/status at world 2).
 
-The last stdout line is one JSON object: {"benchmark": "death", "rows": [{"mib": M, "eof_ms": T}, ...],
-"vs_10_mib": {...}}.
+Each size is measured twice: in 4 KiB pages, and in 2 MiB transparent huge pages (``madvise(MADV_HUGEPAGE)``, what
+torch does for tensors of 2 MiB or more under ``THP_MEM_ALLOC_ENABLE=1``, which the workbench sets for its ranks):
+the kernel frees a huge page in one step instead of 512.
+
+The last stdout line is one JSON object: {"benchmark": "death", "rows": [{"mib": M, "eof_ms": T,
+"eof_ms_huge": H}, ...], "vs_10_mib": {...}, "small_vs_huge": {...}}.
 Usage: python benchmarks/bench_death.py [--sizes 10,300,500,1200,2400] [--repeats 5]
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import mmap
 import os
 import signal
 import socket
@@ -27,13 +32,16 @@ import sys
 import time
 
 
-def eof_after_kill(mib: int) -> float:
-    """Seconds from SIGKILL to EOF on the dead child's socket, the child holding ``mib`` MiB of touched pages."""
+def eof_after_kill(mib: int, huge: bool = False) -> float:
+    """Seconds from SIGKILL to EOF on the dead child's socket, the child holding ``mib`` MiB of touched pages
+    (``huge``: in transparent huge pages)."""
     ours, theirs = socket.socketpair()
     pid = os.fork()
     if pid == 0:
         ours.close()
-        memory = bytearray(mib * 2**20)
+        memory = mmap.mmap(-1, mib * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if huge:
+            memory.madvise(mmap.MADV_HUGEPAGE)
         for i in range(0, len(memory), 4096):
             memory[i] = 1  # private pages, as a rank's tensors are
         theirs.send(b"r")
@@ -62,12 +70,14 @@ def main() -> None:
     rows = []
     for mib in (int(s) for s in args.sizes.split(",")):
         ms = statistics.median(1000 * eof_after_kill(mib) for _ in range(args.repeats))
-        rows.append({"mib": mib, "eof_ms": round(ms, 2)})
-        print(f"{mib} MiB: EOF {ms:.1f} ms after SIGKILL", flush=True, file=sys.stderr)
+        huge = statistics.median(1000 * eof_after_kill(mib, huge=True) for _ in range(args.repeats))
+        rows.append({"mib": mib, "eof_ms": round(ms, 2), "eof_ms_huge": round(huge, 2)})
+        print(f"{mib} MiB: EOF {ms:.1f} ms after SIGKILL, {huge:.1f} ms in huge pages", flush=True, file=sys.stderr)
     base = next((r["eof_ms"] for r in rows if r["mib"] == 10), None)
     ratios = {str(r["mib"]): round(r["eof_ms"] / base, 1) for r in rows} if base else {}
+    huge_gain = {str(r["mib"]): round(r["eof_ms"] / r["eof_ms_huge"], 1) for r in rows}
     print(json.dumps({"benchmark": "death", "repeats": args.repeats, "loadavg": os.getloadavg()[0], "rows": rows,
-                      "vs_10_mib": ratios}))
+                      "vs_10_mib": ratios, "small_vs_huge": huge_gain}))
 
 
 if __name__ == "__main__":

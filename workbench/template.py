@@ -46,6 +46,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "numpy", "h5py",
            "workbench.rank.main", "workbench.rank.gossip", "workbench.rank.pipeline")
 # one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# big tensors on 2 MiB pages (torch reads this at a process's first allocation): a killed rank's sockets close only
+# once the kernel has freed its memory, 16x sooner in huge pages at 500 MiB (benchmarks/bench_death.py); =0: off
+RANK_ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1"}
 
 
 # -- the template process ------------------------------------------------------------------------------------------
@@ -252,7 +255,7 @@ class Template:
 
     # the owner thread: start, then read until the template ends
     def _own(self) -> None:
-        env = {**os.environ, **THREAD_ENV,
+        env = {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV,
                "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
         try:
             self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "workbench.template"],
@@ -324,7 +327,7 @@ class Template:
             self._token += 1
             token = self._token
         self.request({"type": "fork", "token": token, "argv": argv, "log": log, "title": title,
-                      "env": {**os.environ, **THREAD_ENV, **(env or {})}, "cwd": os.getcwd(),
+                      "env": {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV, **(env or {})}, "cwd": os.getcwd(),
                       "path": [p for p in sys.path if p]})
         with self._lock:
             while token not in self._waiting:
