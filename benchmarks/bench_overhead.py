@@ -30,6 +30,7 @@ import workbench
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
+from workbench.template import RANK_ENV_DEFAULTS
 
 WARMUP = 50
 
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="the global batch")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for name, value in RANK_ENV_DEFAULTS.items():  # DDP's ranks get the memory setting the workbench's ranks get
+        os.environ.setdefault(name, value)
     rows = []
     for model in args.model:
         config = RunConfig(world_size=args.world_size, steps=args.steps, model=model, dataset=args.dataset,

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import workbench
 from workbench.results import RunResult
+from workbench.template import RANK_ENV_DEFAULTS
 
 PATHS = ("cli_cold_template", "cli_cold_fresh", "warm_template", "warm_fresh", "torchrun_workers")
 AIMS = {"cli_world4_wall_s": 1.5, "warm_second_run_wall_s": 0.4}
@@ -136,7 +137,7 @@ def warm(world: int, spawn: str) -> dict:
 
 
 def torchrun(world: int, script: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**RANK_ENV_DEFAULTS, **os.environ, "OMP_NUM_THREADS": "1"}  # the memory setting our ranks get
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(world),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.1",
             str(script)]
