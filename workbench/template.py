@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from workbench.processes import die_with_parent, kill_session
@@ -49,6 +49,13 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 # big tensors on 2 MiB pages (torch reads this at a process's first allocation): a killed rank's sockets close only
 # once the kernel has freed its memory, 16x sooner in huge pages at 500 MiB (benchmarks/bench_death.py); =0: off
 RANK_ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1"}
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """For a process that runs rank code: this environment over the ranks' defaults, ``extra`` over both, and
+    PYTHONPATH carrying this process's import path (a notebook's directory, the user's package)."""
+    path = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])
+    return {**RANK_ENV_DEFAULTS, **os.environ, **(extra or {}), "PYTHONPATH": path}
 
 
 # -- the template process ------------------------------------------------------------------------------------------
@@ -230,9 +237,7 @@ class Template:
     """The owner's handle on one template process: ``fork()`` a rank, learn its exit code.
 
     ``prefix``: a host's launch line (empty: this machine). The template is started, and its output read, by a
-    thread of its own that lives until the template ends, so the template's parent-death signal fires only when
-    this process does.
-    """
+    thread of its own that lives until the template ends, so its parent-death signal fires only with this process."""
 
     def __init__(self, prefix: Sequence[str] = (), stderr: Any = None, ready_timeout: float = 120.0) -> None:
         self.prefix = list(prefix)
@@ -255,8 +260,7 @@ class Template:
 
     # the owner thread: start, then read until the template ends
     def _own(self) -> None:
-        env = {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV,
-               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
+        env = child_env(THREAD_ENV)
         try:
             self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "workbench.template"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
@@ -387,8 +391,7 @@ def local_template() -> Template:
 
 
 def prewarm() -> None:
-    """Start this process's template now (in the background): the CLI calls this before importing torch
-    itself, so the two imports overlap."""
+    """Start this process's template now, in the background: the CLI calls it before its own torch import."""
     local_template()
 
 

@@ -30,7 +30,7 @@ from workbench.errors import RunStartError
 from workbench.hosts import Host
 from workbench.processes import kill_session
 from workbench.protocol import LineDecoder
-from workbench.template import RANK_ENV_DEFAULTS, ForkedProcess, Template, TemplateError, local_template
+from workbench.template import ForkedProcess, Template, TemplateError, child_env, local_template
 
 TITLE = "workbench.rank"  # forked ranks' command line starts with this: `ps` and the leak checks find them
 
@@ -143,8 +143,7 @@ class Launcher:
         """Start a process of the run (a fresh rank, the lighthouse, the torchrun agent) in a session of its own,
         its output in ``logs/<log_name>``. Ranks must import what this process can (a notebook's working
         directory, the user's package), hence PYTHONPATH; one thread each (gloo on CPU); big tensors on huge pages."""
-        env = {**RANK_ENV_DEFAULTS, **os.environ, **(env or {}),
-               "PYTHONPATH": os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])}
+        env = child_env(env)
         env.setdefault("OMP_NUM_THREADS", "1")
         out = open(self.log_dir / log_name, "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         try:
