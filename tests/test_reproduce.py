@@ -12,9 +12,10 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.reproduce import apoptosis, ccgrid22, europmpi17, gossipgrad, jpdc24
+from workbench.reproduce import apoptosis, ccgrid22, common, europmpi17, gossipgrad, jpdc24
 from workbench.reproduce.common import Verdict, mean_interval, one_sided, paired, wilson
 from workbench.reproduce.report import write_report
+from workbench.results import RunResult
 
 
 def test_intervals():
@@ -49,6 +50,51 @@ def test_verdict_require_asserts_everything_but_known_misses(tmp_path):
         empty.require(["anything"])
 
 
+def test_a_known_miss_given_as_a_string_is_one_name_never_its_letters():
+    """papermill's ``-p known_misses "..."`` passes a string: its letters must not excuse checks they start."""
+    v = Verdict("k", "T", "paper", "small")
+    v.check("checkpoint_restart adds more runtime", False, "1")
+    v.check("rollback loses no accuracy", False, "2")
+    with pytest.raises(AssertionError, match="checkpoint_restart adds") as raised:
+        v.require("rollback loses no accuracy")
+    assert "rollback loses" not in str(raised.value)
+    for excuses_nothing in ("", " ", [""]):
+        with pytest.raises(AssertionError, match="rollback loses"):
+            v.require(excuses_nothing)
+
+
+def test_cached_runs_rerun_for_other_code_and_for_unplanned_failures(tmp_path, monkeypatch):
+    """A saved run is replayed only for the same settings and the same workbench source, and only when what it
+    says follows from them: a rank lost to something the run did not plan (killed from outside) is run again."""
+    import workbench
+
+    calls = []
+    real_run = workbench.run
+    monkeypatch.setattr(workbench, "run", lambda **kw: calls.append(kw) or real_run(**kw))
+    settings = {"world_size": 2, "steps": 6, "seed": 3}
+    first = common.cached_run(tmp_path, **settings)
+    again = common.cached_run(tmp_path, **settings)
+    assert len(calls) == 1 and again.summary["final_test_accuracy"] == first.summary["final_test_accuracy"]
+
+    monkeypatch.setattr("workbench.provenance.source_digest", lambda: "other code")
+    common.cached_run(tmp_path, **settings)
+    assert len(calls) == 2  # the source changed: run again
+    common.cached_run(tmp_path, **settings)
+    assert len(calls) == 2
+
+    saved = RunResult.load(tmp_path / "result.h5")
+    saved.events.append({"time": 1.0, "step": 3, "rank": 1, "kind": "failure", "detail": "rank 1 died (SIGKILL)"})
+    saved.summary.update(outcome="failed", reason="rank 1 died (SIGKILL) at step 3; strategy 'none' does not recover")
+    saved.save(tmp_path)
+    assert not common.reusable(saved)
+    assert common.cached_run(tmp_path, **settings).completed and len(calls) == 3  # run again, not replayed
+
+    planned = common.cached_run(tmp_path / "planned", **settings, faults=["kill:rank=1,step=3"])
+    assert planned.outcome == "failed" and common.reusable(planned)  # a failure the settings make happen
+    common.cached_run(tmp_path / "planned", **settings, faults=["kill:rank=1,step=3"])
+    assert len(calls) == 4
+
+
 # -- CCGrid'22 ------------------------------------------------------------------------------------------------------
 def ccgrid_frame(rollback_lost=0):
     rows = []
@@ -56,7 +102,8 @@ def ccgrid_frame(rollback_lost=0):
         for label, over, loss, lost, redone in [("checkpoint_restart/30", 40 + 5 * seed, 0.0, 0, 20),
                                                  ("rollback", 6 + seed, 0.0, rollback_lost, 0),
                                                  ("forward", 4 + seed, 0.2, 32, 0)]:
-            rows.append({"strategy": label, "world_size": 4, "seed": seed, "outcome": "completed", "failures": 2,
+            rows.append({"strategy": label, "world_size": 4, "seed": seed, "outcome": "completed", "reason": "",
+                         "failures": 2, "baseline_outcome": "completed", "baseline_reason": "",
                          "overhead_pct": over, "accuracy_loss_pt": loss, "steps_redone": redone,
                          "samples_lost": lost})
     return pd.DataFrame(rows)
@@ -72,6 +119,33 @@ def test_ccgrid_holds_in_the_papers_direction_and_fails_when_rollback_loses_a_sh
 def test_ccgrid_without_failures_is_not_comparable():
     frame = ccgrid_frame().assign(failures=0)
     assert ccgrid22.verdict(frame, "small").status == "not comparable"
+
+
+def test_ccgrid_a_failed_run_or_reference_fails_the_verdict_instead_of_leaving_the_pairs():
+    frame = ccgrid_frame()
+    frame.loc[(frame.strategy == "rollback") & (frame.seed < 2), ["outcome", "reason"]] = ["failed", "no rank survived"]
+    broken = ccgrid22.verdict(frame, "small")
+    assert broken.status == "does not hold" and broken.failed() == [
+        "every run completes: rollback w4 seed 0: no rank survived; rollback w4 seed 1: no rank survived"]
+    frame = ccgrid_frame()
+    frame.loc[frame.seed == 3, ["baseline_outcome", "baseline_reason"]] = ["failed", "start-up timed out"]
+    assert ccgrid22.verdict(frame, "small").failed() == [
+        "every run completes: failure-free reference w4 seed 3: start-up timed out"]
+
+
+def test_ccgrid_seeds_without_a_failure_are_left_out_of_the_statistics():
+    """A seed whose failure process injected nothing compares failure-free runs: its noise (here restart
+    cheaper than rollback by 60 pt) must not decide what a recovery costs, nor pull the accuracy intervals to 0."""
+    calm = [{"strategy": label, "world_size": 4, "seed": 9, "outcome": "completed", "reason": "", "failures": 0,
+             "baseline_outcome": "completed", "baseline_reason": "", "overhead_pct": over, "accuracy_loss_pt": 0.0,
+             "steps_redone": 0, "samples_lost": 0}
+            for label, over in [("checkpoint_restart/30", -60.0), ("rollback", 0.0), ("forward", 0.0)]]
+    frame = pd.concat([ccgrid_frame(), pd.DataFrame(calm)], ignore_index=True)
+    v = ccgrid22.verdict(frame, "small")
+    assert v.status == "holds" and v.statistics["seeds_with_failures"] == [0, 1, 2, 3]
+    restart = next(c.detail for c in v.checks if c.name.startswith("checkpoint_restart/30 adds"))
+    assert restart.startswith("checkpoint_restart/30 - rollback overhead, paired by seed: 40.0 [")
+    assert ccgrid22.statistics(frame).set_index("strategy").loc["rollback", "completed"] == 4
 
 
 # -- EuroMPI'17 -----------------------------------------------------------------------------------------------------
@@ -182,3 +256,14 @@ def test_report_shows_each_verdict_and_lists_the_findings_not_run(tmp_path):
     assert "holds" in page and "rollback loses no samples" in page and html.escape(v.paper) in page
     assert page.count("not run") >= 4  # the other four findings
     assert json.loads((tmp_path / "ccgrid22" / "point-1" / "verdict.json").read_text())["status"] == "holds"
+
+
+def test_jpdc_altered_checkpoints_of_another_model_are_never_reused(tmp_path):
+    """The same ``out`` for another model: the altered checkpoints are made again from that model's checkpoint
+    (a stale one would fail to load, and its failure would count as a soft-error outcome)."""
+    tiny = {"worlds": [2], "platforms": ["data"], "steps": 8, "resume_steps": 4, "flips": [1], "groups": ["weights"],
+            "trials": 1, "bits": [0], "per_bit": 1, "bit_steps": 2}
+    for model in ("mlp", "cnn"):
+        alterations, _ = jpdc24.campaign("small", out=tmp_path, model=model, **tiny)
+        assert len(alterations) == 1 and alterations.outcome.iloc[0] != "crash", (model, alterations)
+    assert len(list((tmp_path / "runs" / "data-w2").glob("weights-k1-t0-*.h5"))) == 2

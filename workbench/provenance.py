@@ -94,6 +94,20 @@ def git_state() -> tuple[str, bool | None]:
 
 
 @functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """SHA-256 of the ``workbench`` package's Python sources (paths and contents), once per process: what a cache
+    of results keys on, so that a result computed by other code is never taken for this code's (a commit would not
+    see uncommitted edits)."""
+    import hashlib
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
 def _git_state() -> tuple[str, bool | None]:
     if not (_SOURCE / ".git").exists():  # a directory, or a file in a worktree; site-packages has none
         return UNKNOWN, None

@@ -72,8 +72,11 @@ class Verdict:
     def require(self, known_misses: Iterable[str] = ()) -> None:
         """Raise AssertionError unless the finding holds, except for checks whose names start with one of
         ``known_misses`` (a miss measured and documented at this scale: still reported, not asserted). A
-        campaign that is not comparable fails too: a notebook that measured nothing must not pass."""
-        misses = tuple(known_misses)
+        campaign that is not comparable fails too: a notebook that measured nothing must not pass. A string is
+        one name (papermill's ``-p known_misses "..."`` passes one), never its letters; an empty name excuses
+        nothing."""
+        names = [known_misses] if isinstance(known_misses, str) else list(known_misses)
+        misses = tuple(str(m) for m in names if str(m).strip())
         if not self.comparable:
             raise AssertionError(f"{self.title}: not comparable: {self.reason}")
         unexpected = [f"{c.name}: {c.detail}" for c in self.checks if not c.ok and not c.name.startswith(misses)]
@@ -117,21 +120,38 @@ def _plain(value: Any) -> Any:
 
 # -- runs ---------------------------------------------------------------------------------------------------------
 def cached_run(directory: str | os.PathLike, **settings: Any) -> Any:
-    """``workbench.run(**settings)`` saved to ``directory/result.h5``; when that file exists and holds the same
-    settings, it is loaded instead (an interrupted ``make reproduce`` resumes with the runs it has)."""
+    """``workbench.run(**settings)`` saved to ``directory/result.h5``; when that file exists, was made by the same
+    settings *and the same workbench source* (:func:`workbench.provenance.source_digest`) and can be trusted
+    (:func:`reusable`), it is loaded instead: an interrupted ``make reproduce`` resumes with the runs it has, and a
+    campaign whose code changed runs again (a notebook must never pass on results of code that is gone)."""
     import workbench
+    from workbench.provenance import source_digest
     from workbench.results import RESULT_FILE, RunResult
 
     directory = Path(directory)
     stamp = directory / "settings.json"
-    wanted = json.dumps(settings, sort_keys=True, default=str)
+    wanted = json.dumps({"settings": settings, "source": source_digest()}, sort_keys=True, default=str)
     if (directory / RESULT_FILE).is_file() and stamp.is_file() and stamp.read_text() == wanted:
-        return RunResult.load(directory / RESULT_FILE)
+        cached = RunResult.load(directory / RESULT_FILE)
+        if reusable(cached):
+            return cached
     directory.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)  # a run cut off below leaves no stamp: the next invocation runs it again
     result = workbench.run(**settings)
     result.save(directory)
     _write(stamp, wanted)
     return result
+
+
+def reusable(result: Any) -> bool:
+    """Whether a saved run says what its settings alone would make it say again: it completed or failed by a fault
+    it planned, and no rank was lost to anything else (a rank killed from outside, a machine too loaded to start
+    it). Anything else is run again rather than replayed: a transient failure must not stick to a campaign."""
+    kinds = [e["kind"] for e in result.events]
+    planned = sum(e.get("detail") == "planned fault fired" for e in result.events)
+    if kinds.count("failure") > planned:
+        return False
+    return result.outcome == "completed" or planned > 0
 
 
 # -- statistics ---------------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ Two parts, each on every platform's *own* checkpoint, resumed *by that platform*
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import zlib
@@ -69,6 +71,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
             resume = {**common, "steps": settings["steps"] + settings["resume_steps"],
                       "eval_interval": max(settings["resume_steps"] // 5, 1)}
             clean = cached_run(where / "clean", **resume, resume=original)
+            source = hashlib.sha256(Path(original).read_bytes()).hexdigest()
             sizes = {name: count for name, (count, _) in float_datasets(original).items()}
             names = list(sizes)
             for group in settings["groups"]:
@@ -78,8 +81,12 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
                 for k in settings["flips"]:
                     flipped = min(k, sum(sizes[n] for n in targets))  # lenet5's buffers: 44 values in all
                     for trial in range(settings["trials"]):
-                        altered = where / f"{group}-k{k}-t{trial}.h5"
                         flip_seed = zlib.crc32(f"{seed}-{world}-{platform}-{group}-{k}-{trial}".encode())
+                        # named by what it is made of (the original's content, the datasets, the count, the
+                        # seed): another model or scale never finds a stale copy under the same name, and the
+                        # cached resume of it (keyed by its path) goes with it
+                        recipe = hashlib.sha256(json.dumps([source, targets, flipped, flip_seed]).encode())
+                        altered = where / f"{group}-k{k}-t{trial}-{recipe.hexdigest()[:12]}.h5"
                         if not altered.is_file():  # altered aside, then renamed: never a half-altered copy
                             partial = altered.with_name(f".{altered.name}.tmp")
                             alter_checkpoint(original, datasets=targets, count=flipped, seed=flip_seed, out=partial)
