@@ -267,3 +267,16 @@ def test_jpdc_altered_checkpoints_of_another_model_are_never_reused(tmp_path):
         alterations, _ = jpdc24.campaign("small", out=tmp_path, model=model, **tiny)
         assert len(alterations) == 1 and alterations.outcome.iloc[0] != "crash", (model, alterations)
     assert len(list((tmp_path / "runs" / "data-w2").glob("weights-k1-t0-*.h5"))) == 2
+
+
+def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
+    from workbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^scale: 'medium' is not a scale of this campaign; choose one of small, "
+                                          r"paper$"):
+        gossipgrad.campaign("medium", out=tmp_path)
+    with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) sedes; this campaign's are worlds, seeds"):
+        ccgrid22.campaign("small", out=tmp_path, sedes=[1])
+    with pytest.raises(ConfigError, match=r"cannot shrink this model \(--model resnet20\)"):
+        apoptosis.campaign("small", out=tmp_path, model="resnet20")  # before the runs without apoptosis
+    assert not any(tmp_path.iterdir())

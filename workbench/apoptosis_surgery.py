@@ -91,11 +91,12 @@ def find_pairs(model: nn.Module) -> list[Pair]:
     return pairs
 
 
-def require_pairs(model: nn.Module) -> list[Pair]:
-    """:func:`find_pairs`, or a ConfigError saying what apoptosis can shrink."""
+def require_pairs(model: nn.Module, name: str | None = None) -> list[Pair]:
+    """:func:`find_pairs`, or a ConfigError saying what apoptosis can shrink (naming the model as ``name``, else by
+    its class)."""
     pairs = find_pairs(model)
     if not pairs:
-        raise ConfigError("apoptosis", f"cannot shrink this model ({type(model).__name__}): apoptosis needs an "
+        raise ConfigError("apoptosis", f"cannot shrink this model ({name or type(model).__name__}): apoptosis needs an "
                           "nn.Sequential in which a Linear or Conv2d (groups=1) feeds another through "
                           "parameter-free modules only (activations, pooling, Flatten), e.g. --model mlp or cnn")
     return pairs

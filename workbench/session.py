@@ -159,6 +159,13 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
         from workbench.tracking import require
 
         track = require(track)
+    return Run(prepare(config, **overrides), out=out, on_event=on_event, track=track)
+
+
+def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
+    """The run's validated configuration, or a ConfigError saying what is wrong, without starting anything: what
+    :func:`start` checks first (a campaign checks all its runs this way before it runs the first). Pipeline and
+    hybrid configurations come back with their ``stage_cuts``."""
     config = _as_config(config, overrides)
     flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
@@ -167,7 +174,7 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
 
         config = check_model(config)
         check_flip_targets(config, flips)
-    return Run(config, out=out, on_event=on_event, track=track)
+    return config
 
 
 def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,

@@ -87,7 +87,7 @@ def check_model(config: RunConfig) -> RunConfig:
     if config.apoptosis is not None:
         from workbench.apoptosis import require_pairs
 
-        require_pairs(_model(config))
+        require_pairs(_model(config), name=f"--model {config.model}")
     return config
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval
+from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, preflight, scale_settings
 
 KEY = "apoptosis"
 TITLE = "Adaptive neuron apoptosis"
@@ -45,12 +45,15 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
     with the paired run without apoptosis (parameter reduction, accuracy change in points, training time ratio)."""
     import pandas as pd
 
-    settings = {**SCALES[scale], **overrides}
+    settings = scale_settings(SCALES, scale, overrides)
     runs = [(MAIN, world, seed, arm, {"steps": settings["steps"]})
             for world in settings["worlds"] for seed in settings["seeds"] for arm in ARMS]
     if model == "mlp":  # the wide network is an MLP: with another model the time claim rests on the main runs
         runs += [(WIDE, 2, seed, arm, {"steps": settings["wide_steps"], "hidden": [1024, 1024]})
                  for seed in settings["wide_seeds"] for arm in ("off", "on")]
+    # every kind of run checked first (a model apoptosis cannot shrink is refused before the runs without it)
+    preflight(*[{"world_size": world, "model": model, "dataset": dataset, "apoptosis": ARMS[arm], **extra}
+                for config, world, seed, arm, extra in runs if seed == runs[0][2]])
     results = {}
     for config, world, seed, arm, extra in runs:
         name = f"{'wide-' if config == WIDE else ''}w{world}-s{seed}-{arm.split(' ')[0]}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, one_sided, paired
+from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, one_sided, paired, scale_settings
 
 KEY = "ccgrid22"
 TITLE = "Low-overhead resilience for data-parallel DL (CCGrid'22)"
@@ -52,7 +52,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", 
     """Run (or load, when already run) every (world size, seed, strategy) of the scale; one row per run."""
     import pandas as pd
 
-    settings = {**SCALES[scale], **overrides}
+    settings = scale_settings(SCALES, scale, overrides)
     rows = []
     for world in settings["worlds"]:
         for seed in settings["seeds"]:

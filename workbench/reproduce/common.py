@@ -20,7 +20,8 @@ from typing import Any
 
 from workbench.faults.outcomes import wilson
 
-__all__ = ["Check", "Verdict", "cached_run", "fmt", "mean_interval", "one_sided", "paired", "wilson"]
+__all__ = ["Check", "Verdict", "cached_run", "fmt", "mean_interval", "one_sided", "paired", "preflight",
+           "scale_settings", "wilson"]
 
 VERDICT_FILE = "verdict.json"
 FIGURES_DIR = "figures"
@@ -119,6 +120,29 @@ def _plain(value: Any) -> Any:
 
 
 # -- runs ---------------------------------------------------------------------------------------------------------
+def scale_settings(scales: dict[str, dict[str, Any]], scale: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A campaign's settings at ``scale`` with ``overrides``; a ConfigError naming what is allowed for an unknown
+    scale or setting (before any run starts)."""
+    from workbench.errors import ConfigError
+
+    if scale not in scales:
+        raise ConfigError("scale", f"{scale!r} is not a scale of this campaign; choose one of {', '.join(scales)}")
+    unknown = sorted(set(overrides) - set(scales[scale]))
+    if unknown:
+        raise ConfigError("settings", f"unknown campaign setting(s) {', '.join(unknown)}; this campaign's are "
+                          f"{', '.join(scales[scale])}")
+    return {**scales[scale], **overrides}
+
+
+def preflight(*runs: dict[str, Any]) -> None:
+    """Check every run's settings as ``workbench.run`` would (:func:`workbench.session.prepare`), before the
+    campaign runs the first: a model apoptosis cannot shrink is refused at once, not after the runs before it."""
+    from workbench.session import prepare
+
+    for settings in runs:
+        prepare(**settings)
+
+
 def cached_run(directory: str | os.PathLike, **settings: Any) -> Any:
     """``workbench.run(**settings)`` saved to ``directory/result.h5``; when that file exists, was made by the same
     settings *and the same workbench source* (:func:`workbench.provenance.source_digest`) and can be trusted

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, one_sided
+from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, one_sided, scale_settings
 
 KEY = "europmpi17"
 TITLE = "What fault-tolerant DL needs from MPI (EuroMPI'17)"
@@ -49,7 +49,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17"
     """Every (strategy, failures, seed) of the scale, run or loaded; one row per run."""
     import pandas as pd
 
-    settings = {**SCALES[scale], **overrides}
+    settings = scale_settings(SCALES, scale, overrides)
     world, steps = settings["world"], settings["steps"]
     rows = []
     for seed in settings["seeds"]:

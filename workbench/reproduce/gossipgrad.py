@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, fmt, one_sided
+from workbench.reproduce.common import Verdict, cached_run, fmt, one_sided, preflight, scale_settings
 
 KEY = "gossipgrad"
 TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"
@@ -36,7 +36,9 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
     """(one row per run, per-step rows of every run) for every (p, seed, mode) of the scale."""
     import pandas as pd
 
-    settings = {**SCALES[scale], **overrides}
+    settings = scale_settings(SCALES, scale, overrides)
+    preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset}
+                for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
     for p in settings["worlds"]:
         for seed in settings["seeds"]:

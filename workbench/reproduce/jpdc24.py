@@ -31,7 +31,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, wilson
+from workbench.reproduce.common import Verdict, cached_run, preflight, scale_settings, wilson
 
 KEY = "jpdc24"
 TITLE = "Soft errors in data- and model-parallel DL (JPDC'24)"
@@ -59,8 +59,10 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
     from workbench.faults import alter_checkpoint, bit_sensitivity
     from workbench.faults.hdf5 import float_datasets
 
-    settings = {**SCALES[scale], **overrides}
+    settings = scale_settings(SCALES, scale, overrides)
     out = Path(out)
+    preflight(*[{"world_size": world, "parallelism": platform, "model": model, "dataset": dataset, "seed": seed}
+                for world in settings["worlds"] for platform in settings["platforms"]])  # e.g. a model without stages
     rows, bit_frames = [], []
     for world in settings["worlds"]:
         for platform in settings["platforms"]:
