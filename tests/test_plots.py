@@ -44,8 +44,18 @@ def test_strategy_tradeoff_in_percent_with_failed_runs_apart():
     fig = plots.strategy_tradeoff(frame)
     assert [t.name for t in fig.data] == ["rollback (2 runs)"]  # the failed runs are no trade-off point
     assert fig.data[0].x[0] == 6.0 and "%" in fig.layout.xaxis.title.text
-    assert "none: 2 failed" in fig.layout.annotations[0].text
+    assert "runs that failed: none: 2" in fig.layout.annotations[0].text
     assert all(t.mode == "markers" for t in fig.data)  # no text labels to overlap: the legend names them
+
+
+def test_strategy_tradeoff_lists_runs_without_a_reference_apart_instead_of_drawing_them_at_zero():
+    frame = pd.DataFrame({"config.strategy": ["rollback", "rollback", "shrink", "shrink"],
+                          "outcome": ["completed"] * 4, "final_test_accuracy": [0.95, 0.96, 0.97, 0.97],
+                          "baseline_accuracy": [0.96, 0.96, None, None], "overhead_s": [0.5, 0.7, None, None],
+                          "overhead_pct": [5.0, 7.0, None, None]})
+    fig = plots.strategy_tradeoff(frame)
+    assert [t.name for t in fig.data] == ["rollback (2 runs)"]
+    assert fig.layout.annotations[0].text == "not trade-off points: no failure-free reference: shrink: 2"
 
 
 def test_bit_sensitivity_heatmap_and_scaling():

@@ -2,6 +2,7 @@
 
 The mechanics use ``tests/notebooks/tiny_sweep.ipynb`` (fails when ``a < 0``; with ``train`` a real 2-rank run)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -179,6 +180,21 @@ def test_report_picks_the_figures_that_fit(tmp_path):
     assert "Recovery timeline: shrink" in page and page.count("<tr class=\"failed\">") == len(ids) - 1
     both = report(tmp_path / "s", one, out=tmp_path / "both.html").read_text()  # one section per sweep
     assert both.count("<h2>") == 2 and both.count("<h3>Points</h3>") == 2 and both.count("/**\n* plotly.js") == 1
+
+
+def test_the_trade_off_lists_points_whose_notebook_failed(tmp_path):
+    """A strategy whose every point failed (its notebook's last cell said so, no result saved) does not vanish
+    from the trade-off figure: it is listed apart as failed, by its sweep parameter."""
+    ids = fake_sweep(tmp_path / "s")
+    for pid in ids:
+        if "strategy=shrink" in pid:
+            (tmp_path / "s" / pid / "result.h5").unlink()
+            state = json.loads((tmp_path / "s" / pid / "point.json").read_text())
+            state.update(status="failed", error="AssertionError: no rank survived (cell [9])")
+            (tmp_path / "s" / pid / "point.json").write_text(json.dumps(state))
+    page = report(tmp_path / "s", out=tmp_path / "r.html").read_text()
+    assert "not trade-off points: runs that failed: shrink: 4" in page
+    assert '"name":"rollback (4 runs)"' in page and '"name":"shrink (' not in page
 
 
 def test_complete_with_several_runs_below_out(tmp_path):

@@ -153,10 +153,15 @@ def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhea
     data = frame.copy()
     failed = data[data[outcome] != "completed"] if outcome in data else data.iloc[:0]
     data = data[data[outcome] == "completed"] if outcome in data else data
+    # a completed run without its failure-free reference has no overhead and no loss: listed apart, never drawn
+    # at (0, 0), where it would pass for the ideal strategy
+    unreferenced = data[data[[baseline, overhead]].isna().any(axis=1)]
+    data = data.drop(unreferenced.index)
     data["accuracy_loss"] = 100 * (data[baseline] - data[accuracy])
     stats = data.groupby(strategy).agg(loss=("accuracy_loss", "mean"), loss_sd=("accuracy_loss", "std"),
                                        overhead=(overhead, "mean"), overhead_sd=(overhead, "std"),
-                                       runs=(accuracy, "size")).fillna(0.0).reset_index()
+                                       runs=(accuracy, "size")).reset_index()
+    stats[["loss_sd", "overhead_sd"]] = stats[["loss_sd", "overhead_sd"]].fillna(0.0)  # one run: no spread
     fig = go.Figure()
     symbols = ["circle", "diamond", "square", "triangle-up", "cross", "x", "star", "hexagon"]
     for k, (_, row) in enumerate(stats.iterrows()):
@@ -165,14 +170,21 @@ def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhea
             marker={"size": 13, "symbol": symbols[k % len(symbols)]},
             error_x={"type": "data", "array": [row.overhead_sd]}, error_y={"type": "data", "array": [row.loss_sd]}))
     unit = "% of the failure-free run" if overhead == "overhead_pct" else "s"
-    if len(failed):
-        listed = "; ".join(f"{name}: {len(rows)} failed" for name, rows in failed.groupby(strategy))
-        fig.add_annotation(text=f"not trade-off points (runs that failed): {listed}", xref="paper", yref="paper",
+    apart = [(f"runs that failed: {_tally(failed, strategy)}", failed),
+             (f"no failure-free reference: {_tally(unreferenced, strategy)}", unreferenced)]
+    listed = " — ".join(text for text, rows in apart if len(rows))
+    if listed:
+        fig.add_annotation(text=f"not trade-off points: {listed}", xref="paper", yref="paper",
                            x=0, y=-0.22, showarrow=False, xanchor="left", font={"color": "crimson"})
     fig.update_layout(title="accuracy loss vs runtime overhead (completed runs; mean ± sd)",
                       xaxis_title=f"runtime overhead ({unit})", yaxis_title="test accuracy lost (points)",
                       template="plotly_white", margin={"b": 110})
     return fig
+
+
+def _tally(rows: Any, by: str) -> str:
+    """``shrink: 2, none: 1``: how many rows each value of ``by`` has."""
+    return ", ".join(f"{name}: {len(part)}" for name, part in rows.groupby(by))
 
 
 def scaling(frame: Any, x: str = "world_size", y: str = "resume_s", group: str = "strategy",

@@ -44,6 +44,17 @@ def strategy_label(row: Any) -> str:
     return f"{row['config.strategy']}+regrow" if regrow is True or regrow == 1 else str(row["config.strategy"])
 
 
+def _failed_label(row: pd.Series) -> str:
+    """A failed point's strategy: its result's when it saved one, else the sweep's ``strategy`` (and ``regrow``)
+    parameters, else the point's name."""
+    if isinstance(row.get("config.strategy"), str):
+        return strategy_label(row)
+    if not isinstance(row.get("strategy"), str):
+        return str(row.get("point"))
+    regrow = row.get("regrow")
+    return f"{row['strategy']}+regrow" if regrow is True or regrow == 1 else row["strategy"]
+
+
 def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
     """(title, figure) for each figure that fits the sweep's table (see the module docstring)."""
     import pandas as pd
@@ -54,10 +65,13 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
     found: list[tuple[str, Any]] = []
     if {"config.strategy", "overhead_s", "baseline_accuracy", "final_test_accuracy"} <= set(done.columns):
         done["strategy_label"] = [strategy_label(r) for _, r in done.iterrows()]
-        failed = done[done.outcome != "completed"]
-        usable = pd.concat([done[done.outcome == "completed"].dropna(
-            subset=["overhead_s", "baseline_accuracy", "final_test_accuracy"]), failed])
-        if usable[usable.outcome == "completed"].strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum():
+        # a point whose notebook failed (its run failed and the last cell said so) is a failed run of its strategy:
+        # listed apart with the others, never left out of the figure
+        errored = frame[frame.status != "completed"].copy()
+        errored["strategy_label"] = [_failed_label(r) for _, r in errored.iterrows()]
+        usable = pd.concat([done, errored.assign(outcome="failed")])
+        drawn = done[(done.outcome == "completed") & done.baseline_accuracy.notna()]
+        if drawn.strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum():
             found.append(("Strategy trade-off: accuracy lost vs runtime overhead (mean ± sd over points; failed runs "
                           "listed apart)", plots.strategy_tradeoff(usable, strategy="strategy_label")))
     if "config.strategy" in done.columns and "n_failures" in done.columns:
