@@ -48,3 +48,5 @@ def test_site_builds_strictly(tmp_path):
     site = tmp_path / "site"
     for page in ("index.html", "reference/workbench.session/index.html", "notebooks/quickstart/index.html"):
         assert (site / page).is_file(), page
+    # the notebooks' own runs (under notebooks/, seen through docs/notebooks) are results, not documentation
+    assert not [p for p in site.rglob("*") if p.name in ("runs", ".ipynb_checkpoints")]
