@@ -126,6 +126,26 @@ def test_reinit_returns_everyone_to_the_last_snapshot(golden, tmp_path):
     assert max_diff(final_weights(result), final_weights(golden)) < 1e-5
 
 
+def test_reinit_before_the_first_snapshot_returns_to_the_initial_state(golden, tmp_path):
+    """A kill before the first snapshot step: the initial state is the snapshot (survivors must not keep the step
+    they were in, half applied, and redo it on top)."""
+    result = faulty("reinit", tmp_path, "kill:rank=1,step=5", checkpoint_every=50)
+    (failure,) = result.failures
+    assert failure["steps_redone"] == 5
+    assert [row["step"] for row in result.metrics] == list(range(5)) + list(range(STEPS))
+    assert max_diff(final_weights(result), final_weights(golden)) < 1e-5
+
+
+@pytest.mark.parametrize("kill", [0, 5])
+def test_gossip_reinit_before_the_first_snapshot_starts_again_from_step_0(kill, tmp_path):
+    result = workbench.run(world_size=4, steps=20, parallelism="gossip", strategy="reinit", checkpoint_every=10,
+                           faults=[f"kill:rank=1,step={kill}"], out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    (failure,) = result.failures
+    assert failure["steps_redone"] == kill
+    assert [row["step"] for row in result.metrics] == list(range(kill)) + list(range(20))
+
+
 def test_regrow_any_rank_twice_including_rank_0(tmp_path):
     result = faulty("shrink", tmp_path, "kill:rank=0,step=40", "kill:rank=0,step=120", regrow=True,
                     warm_spares=2)

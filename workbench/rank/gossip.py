@@ -206,6 +206,8 @@ class GossipTrainer(BaseTrainer):
             report.update(recovery=recovery, resume_step=self.step, retried=recovery == "shrink")
         self.channel.send(report)
         self.trained = True
+        if self.config.strategy == "reinit" and self.memory_snapshot is None:
+            self.memory_snapshot = self._take_memory_snapshot()  # the first state to return to (see replicated)
 
     def _load_resumed(self, path: str) -> None:
         from workbench import checkpoint as ckpt

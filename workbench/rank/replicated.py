@@ -163,6 +163,10 @@ class Trainer(BaseTrainer):
             self._commit(self.step, stats, started=time.perf_counter())
         self.inflight = None
         self.trained = True
+        if self.config.strategy == "reinit" and self.memory_snapshot is None:
+            # the state every member holds now is the first to return to: the initial (or resumed) state, or, for
+            # reinit's replacement, the snapshot the others have just restored
+            self.memory_snapshot = self._take_memory_snapshot()
         if self.detectors.active:
             self.detectors.forget_due_checks()
             self.verified, self.tentative = self._snapshot(), None  # replicas are identical right after a sync
