@@ -30,7 +30,7 @@ import workbench
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
-from workbench.template import RANK_ENV_DEFAULTS
+from workbench.processes import RANK_ENV_DEFAULTS
 
 WARMUP = 50
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import rank_processes
@@ -78,6 +79,20 @@ def test_user_model_and_dataset_by_import_path():
     result = workbench.run(world_size=2, steps=60, model="user_code:tiny_model", dataset="user_code:blobs",
                            batch_size=32, lr=0.1, eval_interval=30)
     assert result.completed and result.summary["final_test_accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("spawn", ["template", "fresh"])
+def test_a_module_of_the_working_directory_and_relative_paths_after_a_chdir(spawn, tmp_path, monkeypatch):
+    """As in a notebook next to its own model file (``''`` on sys.path), after a ``%cd`` (this process changed
+    its working directory after the template started): ranks import the module and write where ``out`` says."""
+    workbench.run(world_size=1, steps=1)  # the template starts (if it had not) in the old working directory
+    (tmp_path / "model_next_door.py").write_text("from user_code import tiny_model as make\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend("")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # user_code, as any package the notebook imports
+    result = workbench.run(world_size=2, steps=5, model="model_next_door:make", spawn=spawn, out="relative")
+    assert result.completed, result.summary["reason"]
+    assert (tmp_path / "relative" / "result.h5").is_file() and list((tmp_path / "relative" / "logs").iterdir())
 
 
 def test_error_inside_a_rank_ends_the_run_with_its_message():

@@ -1,10 +1,32 @@
-"""Process lifetime helpers shared by the supervisor, the rank template and the ranks: nothing outlives its run."""
+"""Process helpers shared by the supervisor, the rank template and the ranks: nothing outlives its run, and every
+process that runs rank code gets the same environment and import path, forked or fresh."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import sys
+from collections.abc import Mapping
+
+# one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# big tensors on 2 MiB pages (torch reads this at a process's first allocation): a killed rank's sockets close only
+# once the kernel has freed its memory, 16x sooner in huge pages at 500 MiB (benchmarks/bench_death.py); =0: off
+RANK_ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1"}
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """For a process that runs rank code: this environment over the ranks' defaults, ``extra`` over both, and
+    PYTHONPATH carrying this process's import path (a notebook's directory, the user's package)."""
+    path = os.pathsep.join([*import_path(), os.environ.get("PYTHONPATH", "")])
+    return {**RANK_ENV_DEFAULTS, **os.environ, **(extra or {}), "PYTHONPATH": path}
+
+
+def import_path() -> list[str]:
+    """This process's ``sys.path`` made absolute: ``''`` (the working directory, where a notebook's own modules
+    are) and relative entries resolve here and now, whatever directory a rank later starts in."""
+    return [os.path.abspath(p) for p in sys.path]
 
 
 def die_with_parent() -> None:

@@ -35,27 +35,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from workbench.processes import die_with_parent, kill_session
+from workbench.processes import RANK_ENV_DEFAULTS, THREAD_ENV, child_env, die_with_parent, import_path, kill_session
 from workbench.protocol import LineDecoder, encode
 
 # not torch._dynamo (~1.6 s, more than torch itself): ranks step with workbench.rank.optim, which never imports it
 PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "numpy", "h5py",
            "workbench.rank.main", "workbench.rank.gossip", "workbench.rank.pipeline")
-# one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# big tensors on 2 MiB pages (torch reads this at a process's first allocation): a killed rank's sockets close only
-# once the kernel has freed its memory, 16x sooner in huge pages at 500 MiB (benchmarks/bench_death.py); =0: off
-RANK_ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1"}
-
-
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """For a process that runs rank code: this environment over the ranks' defaults, ``extra`` over both, and
-    PYTHONPATH carrying this process's import path (a notebook's directory, the user's package)."""
-    path = os.pathsep.join([p for p in sys.path if p] + [os.environ.get("PYTHONPATH", "")])
-    return {**RANK_ENV_DEFAULTS, **os.environ, **(extra or {}), "PYTHONPATH": path}
 
 
 # -- the template process ------------------------------------------------------------------------------------------
@@ -151,6 +139,7 @@ class _Server:
             signal.signal(sig, signal.SIG_DFL)
         for fd in (self.inp, self.out, self.wake_r, self.wake_w):
             os.close(fd)
+        os.chdir(request["cwd"])  # first: a relative log path is the owner's
         log = request.get("log")
         target = os.open(log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, 1)
@@ -158,7 +147,6 @@ class _Server:
         os.close(target)
         os.environ.clear()
         os.environ.update(request["env"])
-        os.chdir(request["cwd"])
         sys.path[:] = request["path"]
         sys.argv = ["workbench.rank", *request["argv"]]
         _set_title(request.get("title") or "workbench.rank")
@@ -332,7 +320,7 @@ class Template:
             token = self._token
         self.request({"type": "fork", "token": token, "argv": argv, "log": log, "title": title,
                       "env": {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV, **(env or {})}, "cwd": os.getcwd(),
-                      "path": [p for p in sys.path if p]})
+                      "path": import_path()})
         with self._lock:
             while token not in self._waiting:
                 if not self.alive:

@@ -28,9 +28,9 @@ from typing import Any
 
 from workbench.errors import RunStartError
 from workbench.hosts import Host
-from workbench.processes import kill_session
+from workbench.processes import child_env, kill_session
 from workbench.protocol import LineDecoder
-from workbench.template import ForkedProcess, Template, TemplateError, child_env, local_template
+from workbench.template import ForkedProcess, Template, TemplateError, local_template
 
 TITLE = "workbench.rank"  # forked ranks' command line starts with this: `ps` and the leak checks find them
 
@@ -64,7 +64,7 @@ class Launcher:
                  this_host: Host | None, ready_timeout: float) -> None:
         self.spawn = spawn if rank_module == "workbench.rank" else "fresh"  # the peers start as their users' do
         self.rank_module = rank_module
-        self.log_dir = log_dir
+        self.log_dir = log_dir.absolute() if log_dir else None  # the same directory if this process changes its own
         self.placement = placement  # rank number -> host; empty: every rank on this machine
         self.this_host = this_host
         self.ready_timeout = ready_timeout
