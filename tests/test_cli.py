@@ -58,3 +58,31 @@ def test_config_file_with_flag_override(tmp_path):
     config.write_text('world_size: 2\nsteps: 5\nfaults: ["kill:rank=1,step=3"]\n')
     proc = cli("run", "--config", str(config), "--fault", "kill:rank=5,step=1", "--out", str(tmp_path))
     assert proc.returncode == 2 and "targets rank 5 but world_size=2" in proc.stderr
+
+
+def test_a_second_signal_during_the_clean_up_still_exits_130_with_the_result_intact(tmp_path):
+    """``timeout`` or a process manager sends SIGTERM to the CLI and its group, an impatient user presses Ctrl-C
+    twice: the second signal must not cut the clean-up short (it left the result file open and h5py's exit
+    handler crashed the interpreter: exit 139, SIGSEGV)."""
+    import select
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", "--world-size", "4", "--steps", "1000000",
+                             "--strategy", "shrink", "--regrow", "--out", str(tmp_path)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # bounded: a stuck start fails the test, it does not hang it
+            if select.select([proc.stderr], [], [], 1.0)[0] and proc.stderr.readline().startswith("step"):
+                break
+        else:
+            raise AssertionError("the run never reported a step")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted; all ranks stopped" in rest, (proc.returncode, rest[-2000:])
+    assert workbench.load_results(tmp_path).outcome.item() == "stopped"
