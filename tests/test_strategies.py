@@ -116,6 +116,16 @@ def test_checkpoint_restart_redoes_exactly_the_steps_since_the_checkpoint(tmp_pa
     assert checkpoint.verify(tmp_path / "checkpoints" / "step_000090.h5") == []
 
 
+@pytest.mark.parametrize("spawn", ["template", "fresh"])
+def test_a_planned_kill_of_the_writer_lets_the_checkpoint_of_its_step_finish(spawn, tmp_path):
+    """Rank 0 writes the checkpoint of step 10 and is killed in step 10: the restart starts from it, whatever
+    the disk's speed (it was 0 or 5 steps redone from one run to the next)."""
+    result = workbench.run(world_size=2, steps=20, strategy="checkpoint_restart", checkpoint_every=5, spawn=spawn,
+                           faults=["kill:rank=0,step=10"], out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    assert [f["steps_redone"] for f in result.failures] == [0]
+
+
 def test_reinit_returns_everyone_to_the_last_snapshot(golden, tmp_path):
     result = faulty("reinit", tmp_path, checkpoint_every=30)
     (failure,) = result.failures

@@ -99,6 +99,10 @@ class BaseTrainer:
         if fault is None:
             return
         self._before_fault()
+        if self._writer is not None:
+            # a checkpoint write under way finishes first: a planned experiment's restart point must not depend
+            # on how fast the disk was (live kills land wherever they land, inside writes included)
+            self._writer.join()
         self.channel.send({"type": "fault", "kind": fault.kind, "step": self.inflight.step, "t": time.time(),
                            "random": self.inflight.step in self.random_steps})
         os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
