@@ -271,7 +271,9 @@ class Template:
                     self._on_message(message)
         finally:
             kill_session(self.proc.pid)  # a template that stopped talking is of no use: make sure it is gone
-            self._fail(f"the rank template exited with code {self.proc.wait()}")
+            code = self.proc.wait()
+            self._fail(f"the rank template was killed ({signal.Signals(-code).name})" if code < 0
+                       else f"the rank template exited with code {code}")
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["type"]

@@ -202,7 +202,7 @@ class Supervisor:
             self.control.drop(w.conn)
         if not self.membership.started and w.proc is not None:
             cause += self._log_hint(f"spawn{w.spawn_id}.log")
-        step = (w.fault or {}).get("step", w.steps_done)
+        step = (w.fault or {}).get("step", self.launcher.death_step(w))
         self._apply(self.membership.died(w.spawn_id, cause, step=step))
 
     def _apply(self, decisions: list[Decision]) -> None:

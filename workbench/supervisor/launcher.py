@@ -184,8 +184,15 @@ class Launcher:
                 return f"died ({launcher}: its connection closed)"
             return f"on {worker.host} lost its connection" if worker.remote else "lost its connection"
         if code < 0:
+            template = getattr(worker.proc, "template", None)
+            if template is not None and not template.alive:  # it took its ranks along (their parent-death signal)
+                return f"died ({signal.Signals(-code).name}) with the rank template: {template.reason}"
             return f"died ({signal.Signals(-code).name})"
         return f"exited with code {code}"
+
+    def death_step(self, worker: Worker) -> int:
+        """The step a rank died at: its own, or the run's for a spare that had not joined a generation yet."""
+        return worker.steps_done or max((w.steps_done for w in self.workers.values()), default=0)
 
     def close(self, send: Any = None) -> None:
         """Kill every process of the run and this run's templates on other hosts; reap each (bounded)."""
