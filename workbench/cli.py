@@ -6,15 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.processes import interrupted_once
 
 # flag -> RunConfig field; every flag defaults to "not given" so a --config file fills the rest
 _RUN_FLAGS: list[tuple[str, str, type, str]] = [
@@ -375,34 +374,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return tracked_command(args, _cmd_sweep)  # --track: the sweep logged to MLflow once its points ran
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    """The first SIGINT or SIGTERM: KeyboardInterrupt, on which run.wait() (or the sweep) stops the run and kills
-    every rank on the way out. Further ones are ignored from here on: a second signal raised inside that clean-up
-    left the result file open, and h5py's exit handler then crashed the interpreter (SIGSEGV, exit 139)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        handlers = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify, "sweep": cmd_sweep,
-                "report": cmd_report, "rank": cmd_rank}[args.command](args)
+        with interrupted_once():  # SIGTERM too: run.wait() stops the run and kills every rank on the way out
+            return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify,
+                    "sweep": cmd_sweep, "report": cmd_report, "rank": cmd_rank}[args.command](args)
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("workbench: interrupted; all ranks stopped", file=sys.stderr)
         return 130
-    finally:
-        for sig, handler in handlers.items():
-            if signal.getsignal(sig) is _interrupted:  # not interrupted: a caller's own handlers come back
-                signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

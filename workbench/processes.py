@@ -3,11 +3,13 @@ process that runs rank code gets the same environment and import path, forked or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 
 # one thread per rank: torch's and the BLAS libraries' pools are sized at import, in the template
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -44,3 +46,25 @@ def kill_session(pid: int) -> None:
             kill()
         except (ProcessLookupError, PermissionError):
             pass
+
+
+@contextlib.contextmanager
+def interrupted_once() -> Iterator[None]:
+    """In the main thread: the first SIGINT or SIGTERM raises KeyboardInterrupt (the caller stops its run and kills
+    every rank on the way out); further ones are ignored from then on, since a second signal raised inside that
+    clean-up left the result file open and h5py's exit handler crashed the interpreter (SIGSEGV, exit 139). Without
+    an interruption the previous handlers come back on exit."""
+    def interrupted(signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if signal.getsignal(sig) is interrupted:
+                signal.signal(sig, handler)
