@@ -62,8 +62,8 @@ reproduce: setup
 	$(PY) -m workbench.reproduce.report $(REPRO)
 
 test: setup
-	$(VENV)/bin/pytest -q -rs tests
-	$(VENV)/bin/pytest -q --nbval-lax notebooks
+	$(VENV)/bin/pytest -q -rs --durations=10 tests  # the slowest tests, to keep the suite within its budget
+	$(VENV)/bin/pytest -q --durations=5 --nbval-lax notebooks
 
 # ruff, then tools/check_structure.py: no import cycles in workbench/, no module over 400 lines, no function over
 # 80 (unless its docstring says why in "One piece: ...")
