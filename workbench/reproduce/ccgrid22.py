@@ -17,7 +17,7 @@ world size (checkpoint-restart restarts the whole world).
 
 Which time the runtime checks compare depends on the scale. At paper scale it is the paper's: the whole training
 time beyond the failure-free run. The small scale's runs last 1-3 s on a virtual machine whose CPU steal moves a
-run's wall time by up to +-40 % (the same run, measured back to back, with the host's steal ticks beside it), far
+run's wall time by up to 1.5-3x (the same run, measured back to back, in step with the host's steal ticks), far
 more than a recovery costs; there the checks compare the *time lost to failures* (``lost_s``): each failure's time
 to resume plus the steps it made the run redo at the run's own median step time, the windows where the
 strategies differ, which a slow stretch elsewhere in the run does not touch. Both are in every row.
@@ -44,6 +44,10 @@ SCALES: dict[str, dict[str, Any]] = {
     "paper": {"worlds": [4, 8], "seeds": [0, 1, 2, 3, 4], "steps": 300, "mtbf_steps": 90, "max_failures": 3,
               "intervals": [25, 50, 100], "elastic": ["rollback", "forward", "shrink"], "timing": "overhead_pct"},
 }
+
+
+# the column a scale's runtime checks compare -> how its details name it: words, unit, decimals
+TIMINGS = {"overhead_pct": ("overhead", " pt", 1), "lost_s": ("time lost to failures", " s", 2)}
 
 
 def strategies(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -124,6 +128,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
     reference must complete (a failed run is not dropped from the pairs silently)."""
     v = Verdict(KEY, TITLE, PAPER, scale)
     timing = SCALES.get(scale, SCALES["paper"])["timing"]  # which time the runtime checks compare (module docstring)
+    what, unit, digits = TIMINGS[timing]
     hit = under_failures(frame)
     v.statistics = {"runs": len(frame), "completed": int((frame.outcome == "completed").sum()),
                     "seeds": sorted(frame.seed.unique().tolist()), "worlds": sorted(frame.world_size.unique().tolist()),
@@ -153,16 +158,15 @@ def verdict(frame: Any, scale: str) -> Verdict:
         v.check(f"forward drops the dead ranks' share (world {world})", fwd.samples_lost > 0,
                 f"{int(fwd.samples_lost)} samples lost, accuracy loss {fwd_loss}")
         at = hit[hit.world_size == world]
-        what, unit = ("overhead", " pt") if timing == "overhead_pct" else ("time lost to failures", " s")
         diff = one_sided(paired(at, "forward", "rollback", timing))
         v.check(f"forward adds no more runtime than rollback (world {world})", diff[1] <= 0,
-                f"forward - rollback {what}, paired by seed: {fmt(diff, unit, 1 if unit == ' pt' else 2)} "
+                f"forward - rollback {what}, paired by seed: {fmt(diff, unit, digits)} "
                 "(one-sided 95 % lower bound <= 0)")
         restarts = by[by.index.str.startswith("checkpoint_restart")]
         for label in restarts.index:
             diff = one_sided(paired(at, label, "rollback", timing))
             v.check(f"{label} adds more runtime than rollback (world {world})", diff[1] > 0,
-                    f"{label} - rollback {what}, paired by seed: {fmt(diff, unit, 1 if unit == ' pt' else 2)} "
+                    f"{label} - rollback {what}, paired by seed: {fmt(diff, unit, digits)} "
                     "(one-sided 95 % lower bound > 0)")
         if len(restarts) > 1:
             redone = restarts.steps_redone.tolist()
