@@ -207,14 +207,28 @@ def test_group_lasso_kills_weak_units_spares_strong_ones_deterministically():
     assert change[torch.arange(128) != 3].max().item() < 0.1
     every = apo.PRESSURE_EVERY
     rule = apo.ApoptosisConfig(lasso=0.01, start=0.1, until=0.5)
-    assert rule.pressure_due(0, 100) == 0.0 or every == 1
-    assert rule.pressure_due(39 - 39 % every + every - 1, 100) == pytest.approx(every * 0.01)
+    steps = apo.LASSO_STEPS
+    assert rule.pressure_due(0, steps) == 0.0 or every == 1
+    assert rule.pressure_due(159 - 159 % every + every - 1, steps) == pytest.approx(every * 0.01)
+
+
+@pytest.mark.parametrize("steps", [37, 100, 400, 800, 1600])
+def test_the_pressures_total_does_not_depend_on_the_run_length(steps):
+    # `lasso` is stated for a LASSO_STEPS-step run: a longer run is pressed less per step, by the same total
+    rule = apo.ApoptosisConfig(lasso=0.006, start=0.15, until=0.5)
+    total = 0.006 * apo.LASSO_STEPS * (0.5 - 0.15)  # what a LASSO_STEPS-step run gets
+    one_step = 0.006 * apo.LASSO_STEPS / steps  # the rounding of [start, until) to whole steps
+    assert abs(sum(rule.pressure(s, steps) for s in range(steps)) - total) <= one_step + 1e-12
+    # the lazy proximal steps apply the same total (the pressed span ends well before the last step)
+    assert sum(rule.pressure_due(s, steps) for s in range(steps)) == pytest.approx(
+        sum(rule.pressure(s, steps) for s in range(steps)))
 
 
 def test_three_phases_learn_then_press_and_decide_then_fine_tune_on_every_sample():
     rule = apo.ApoptosisConfig(lasso=0.01, start=0.1, until=0.5, window=2)
     # no pressure while the network first learns, a constant one from start to until, none in the fine-tune
-    assert [rule.pressure(s, 100) for s in (0, 9, 10, 49, 50, 99)] == [0.0, 0.0, 0.01, 0.01, 0.0, 0.0]
+    per_step = 0.01 * apo.LASSO_STEPS / 100
+    assert [rule.pressure(s, 100) for s in (0, 9, 10, 49, 50, 99)] == [0.0, 0.0, per_step, per_step, 0.0, 0.0]
     # decisions go on for `window` evaluations (of 10 steps) after the pressure ends, never at the last one
     assert [rule.deciding(s, 100, 10) for s in (10, 50, 70, 71, 100)] == [True, True, True, False, False]
     assert [rule.folded(s, 100, 10) for s in (69, 70, 99)] == [False, True, True]
