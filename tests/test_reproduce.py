@@ -307,3 +307,18 @@ def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match=r"cannot shrink this model \(--model resnet20\)"):
         apoptosis.campaign("small", out=tmp_path, model="resnet20")  # before the runs without apoptosis
     assert not any(tmp_path.iterdir())
+
+
+def test_apoptosis_paper_scale_asserts_the_accuracy_the_small_scale_excuses():
+    """Two seeds are no statistic, so the small scale reports the accuracy check without asserting it; the paper
+    scale's ten seeds assert it: an apoptosis that costs accuracy fails the campaign there."""
+    assert set(apoptosis.KNOWN_MISSES) == set(apoptosis.SCALES)
+    costly = apoptosis_frame()
+    costly.loc[costly.arm == "on", "accuracy_change_pt"] = -0.9
+    for scale in apoptosis.SCALES:
+        verdict = apoptosis.verdict(costly, scale)
+        assert [c.name for c in verdict.checks if not c.ok] == ["accuracy stays: median >= -0.5 pt, worst >= -1.5 pt "
+                                                                 "(world 2)"]
+    apoptosis.verdict(costly, "small").require(apoptosis.KNOWN_MISSES["small"])
+    with pytest.raises(AssertionError, match="accuracy stays"):
+        apoptosis.verdict(costly, "paper").require(apoptosis.KNOWN_MISSES["paper"])

@@ -27,8 +27,8 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
   strength), so weak units die (exactly zero) while strong ones are hardly touched. ``lasso`` is the strength of
   a ``LASSO_STEPS``-step run and the pressure's *total* does not depend on the run's length: a run twice as long
   is pressed half as hard per step, and ends with the same reduction (measured on seeds 10-29: ÷3.68 median at
-  400, 800 and 1600 steps; a per-step strength had given ÷3.68 at 400 steps and ÷5.44 at 800). The threshold rule is what removes units; the
-  pressure is what makes them stop contributing.
+  400, 800 and 1600 steps; a per-step strength had given ÷3.68 at 400 steps and ÷5.44 at 800). The threshold
+  rule is what removes units; the pressure is what makes them stop contributing.
   Ranks of an apoptosis run flush subnormal floats to zero (``torch.set_flush_denormal``): fading units leave
   subnormals behind, which made every CPU operation that touched them several times slower.
 * Three phases (measured on seeds 10-29, docs/apoptosis.md "Design"): the network trains without pressure for
@@ -75,8 +75,9 @@ from workbench.apoptosis_surgery import (
 )
 from workbench.errors import ConfigError
 
-__all__ = ["LASSO_STEPS", "PRESSURE_EVERY", "Apoptosis", "ApoptosisConfig", "Pair", "apply_plan", "find_pairs", "group_lasso_",
-           "hidden_units", "parameter_count", "require_pairs", "resize_to", "shrink", "slice_plan", "unit_norms"]
+__all__ = ["LASSO_STEPS", "PRESSURE_EVERY", "Apoptosis", "ApoptosisConfig", "Pair", "apply_plan", "find_pairs",
+           "group_lasso_", "hidden_units", "parameter_count", "require_pairs", "resize_to", "shrink", "slice_plan",
+           "unit_norms"]
 
 # the group-lasso step runs every few steps with their summed strength: on a 0.5 ms toy step its ~40 small tensor
 # operations cost as much as the step itself; batched, the overhead drops to a quarter at the same total pressure
