@@ -48,7 +48,7 @@ demo: setup
 	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
 	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
 
-# The seed papers' findings at paper scale (notebooks/reproduce/, one sweep point each; about 40 min on 2 cores),
+# The seed papers' findings at paper scale (notebooks/reproduce/, one sweep point each; 33-40 min on 2 cores),
 # then runs/reproduce/report.html with a verdict per finding. Resumable: every run of a campaign is cached, and
 # a second invocation re-runs only unfinished notebooks. A finding that does not hold fails its notebook's last
 # cell, not the target: the report shows it.
