@@ -23,11 +23,15 @@ setup-browser: setup
 # slurm.conf for this machine's cores and memory as `slurmd -C` reads them, written to /etc/slurm/slurm.conf (never
 # over one workbench did not write). Needs root and apt. cluster-up / cluster-down start and stop munged, slurmctld
 # and slurmd (state, logs and pid files under /var/lib/workbench-slurm); tests/cluster starts a cluster of its own.
-.PHONY: setup-cluster cluster-up cluster-down
+.PHONY: setup-cluster setup-netns cluster-up cluster-down
 setup-cluster:
 	command -v slurmctld >/dev/null && command -v munged >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge)
 	python3 tools/slurm_cluster.py configure
+
+# iproute2's ip for tests/test_multihost.py's two hosts (network namespaces joined by a veth pair; root).
+setup-netns:
+	command -v ip >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2)
 
 cluster-up:
 	python3 tools/slurm_cluster.py up

@@ -5,6 +5,7 @@ import torch
 
 from workbench import checkpoint
 from workbench.checkpoint import Checkpoint, CheckpointCorrupt
+from workbench.h5files import FileKindError
 
 
 def sample(step=7):
@@ -42,5 +43,5 @@ def test_verify_names_every_altered_dataset(tmp_path):
 def test_not_a_checkpoint(tmp_path):
     bogus = tmp_path / "x.h5"
     bogus.write_bytes(b"not hdf5")
-    with pytest.raises(CheckpointCorrupt):
+    with pytest.raises(FileKindError, match="is not an HDF5 file"):
         checkpoint.verify(bogus)

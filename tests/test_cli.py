@@ -63,26 +63,44 @@ def test_config_file_with_flag_override(tmp_path):
 def test_a_second_signal_during_the_clean_up_still_exits_130_with_the_result_intact(tmp_path):
     """``timeout`` or a process manager sends SIGTERM to the CLI and its group, an impatient user presses Ctrl-C
     twice: the second signal must not cut the clean-up short (it left the result file open and h5py's exit
-    handler crashed the interpreter: exit 139, SIGSEGV)."""
+    handler crashed the interpreter: exit 139, SIGSEGV). The CLI runs under a wrapper whose ``Run.stop`` (the
+    clean-up's first act) says "cleaning up" and waits for a line on stdin, so the second and third signals land
+    inside the clean-up by construction, not by timing."""
     import select
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "workbench", "run", "--world-size", "4", "--steps", "1000000",
+    wrapper = (
+        "import sys, workbench.session as session\n"
+        "real_stop = session.Run.stop\n"
+        "def stop(self, reason='stopped by the user'):\n"
+        "    if reason == 'interrupted':  # the clean-up of an interrupted wait()\n"
+        "        print('cleaning up', file=sys.stderr, flush=True)\n"
+        "        sys.stdin.readline()  # until the test has sent its signals\n"
+        "    real_stop(self, reason)\n"
+        "session.Run.stop = stop\n"
+        "from workbench.cli import main\n"
+        "raise SystemExit(main(sys.argv[1:]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", wrapper, "run", "--world-size", "4", "--steps", "1000000",
                              "--strategy", "shrink", "--regrow", "--out", str(tmp_path)],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+    def wait_for_line(prefix: str) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # bounded: a stuck start fails the test, it does not hang it
-            if select.select([proc.stderr], [], [], 1.0)[0] and proc.stderr.readline().startswith("step"):
-                break
-        else:
-            raise AssertionError("the run never reported a step")
+            if select.select([proc.stderr], [], [], 1.0)[0] and proc.stderr.readline().startswith(prefix):
+                return
+        raise AssertionError(f"the CLI never printed {prefix!r}")
+
+    try:
+        wait_for_line("step")
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.02)
+        wait_for_line("cleaning up")  # now inside the clean-up, held there
         proc.send_signal(signal.SIGTERM)
-        rest = proc.communicate(timeout=60)[1]
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate("go\n", timeout=60)[1]
     finally:
         proc.kill()
     assert proc.returncode == 130 and "interrupted; all ranks stopped" in rest, (proc.returncode, rest[-2000:])
+    assert "Traceback" not in rest
     assert workbench.load_results(tmp_path).outcome.item() == "stopped"

@@ -22,3 +22,19 @@ def test_outcome_shares_with_wilson_intervals():
     low, high = shares.loc[(30, "nonfinite"), ["low", "high"]]
     assert 0 < low < 0.5 < high < 1
     assert shares.groupby("bit").share.sum().tolist() == [1.0, 1.0]
+
+
+def test_possible_outcomes_follow_the_size_of_the_flip():
+    import numpy as np
+
+    from workbench.faults import possible_outcomes
+
+    def flipped(value: float, bit: int) -> float:
+        return float((np.float32(value).view(np.uint32) ^ np.uint32(1 << bit)).view(np.float32))
+
+    assert possible_outcomes(0.3, flipped(0.3, 0)) == ("masked",)
+    assert possible_outcomes(-0.3, flipped(-0.3, 10)) == ("masked",)  # 2**-13 of the value at most
+    assert "degraded" in possible_outcomes(0.3, flipped(0.3, 11))
+    assert possible_outcomes(1.5, flipped(1.5, 30)) == ("nonfinite",)  # exponent all ones: inf
+    assert possible_outcomes(0.3, float("nan")) == ("nonfinite",)
+    assert "crash" not in possible_outcomes(0.3, flipped(0.3, 30))  # 0.3 * 2**128 is finite in float64

@@ -18,16 +18,15 @@ LONG = {**TINY, "steps": 5000, "eval_interval": 2500}
 
 def test_torchft_detects_by_heartbeat_restarts_the_replica_and_heals_it(tmp_path):
     pytest.importorskip("torchft", reason="the peers extra is not installed (pip install -e .[peers])")
-    result = workbench.run({**LONG, "strategy": "torchft", "heartbeat_timeout": 1.0,
+    # 2 s, not 1: a fresh replacement building torchft's Manager on loaded cores missed 1 s of heartbeats in 2 of
+    # 17 runs (a second failure, "froze") where the lighthouse needs the same timeout to drop the dead replica
+    result = workbench.run({**LONG, "strategy": "torchft", "heartbeat_timeout": 2.0,
                             "faults": ["kill:rank=1,step=40"]}, out=tmp_path / "ft")
     summary = result.summary
-    if summary["outcome"] == "failed":  # torchft 0.2's DDP hook may assert on a survivor: the peer's outcome
-        assert "rank 0 raised an error" in summary["reason"], summary["reason"]
-        return
-    assert summary["outcome"] == "completed", summary["reason"]
+    assert summary["outcome"] == "completed", summary["reason"]  # no escape: the heal is what is tested
     (failure,) = summary["failures"]
     # the lighthouse drops the dead replica only when its heartbeats have been missing for the timeout
-    assert failure["detection_s"] >= 0.9 and failure["resume_s"] >= failure["detection_s"]
+    assert failure["detection_s"] >= 1.9 and failure["resume_s"] >= failure["detection_s"]
     assert failure["regrow_s"] is not None and failure["regrow_s"] > failure["resume_s"]
     assert failure["world_size_after"] == 1
     assert summary["replicas_identical"] is True  # the replacement healed from its peer, bit for bit

@@ -15,6 +15,11 @@ configured model, and whoever loads the checkpoint shapes its model after them (
 ``data_cursor`` is the step: the batch sequence depends only on (seed, step), so a restart from this file
 resumes the exact data order. Every dataset carries ``sha256`` of its bytes; :func:`verify` lists those whose
 bytes no longer match (a flipped bit at rest). Files are written to ``.<name>.tmp`` and renamed.
+
+Every reader here (:func:`load`, :func:`verify`, :func:`datasets`) first checks with
+:func:`workbench.h5files.require` that the path is a workbench checkpoint of a layout this code reads:
+a missing, empty, text, truncated or other-kind file (a ``result.h5``, a sweep table) is a
+:class:`~workbench.h5files.FileKindError`, one line.
 """
 
 from __future__ import annotations
@@ -30,12 +35,15 @@ import numpy as np
 import torch
 
 from workbench.errors import WorkbenchError
+from workbench.h5files import CHECKPOINT, FORMATS, FileKindError, reason, require
+from workbench.h5write import write_hdf5
 
-FORMAT = 1
+FORMAT = FORMATS[CHECKPOINT]
 
 
 class CheckpointCorrupt(WorkbenchError):
-    """A checkpoint's datasets do not match their checksums, or it is not a workbench checkpoint."""
+    """A checkpoint's datasets do not match their checksums (a file that is no checkpoint at all is a
+    :class:`~workbench.h5files.FileKindError`)."""
 
     def __init__(self, path: str | os.PathLike, datasets: list[str]) -> None:
         self.path = str(path)
@@ -64,13 +72,10 @@ def checkpoint_name(step: int) -> str:
 
 
 def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
-    """Write ``ckpt`` atomically (temporary name, then rename)."""
-    import h5py
+    """Write ``ckpt`` atomically (built in memory, written to a temporary name, renamed: :mod:`workbench.h5write`);
+    a full disk or a read-only place raises :class:`~workbench.h5files.OutputError` and leaves nothing behind."""
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with h5py.File(tmp, "w") as f:
+    def fill(f: Any) -> None:
         f.attrs.update(format=FORMAT, step=ckpt.step, data_cursor=ckpt.step, seed=ckpt.seed,
                        config=json.dumps(ckpt.config), provenance=json.dumps(ckpt.provenance))
         for name, tensor in ckpt.model.items():
@@ -83,8 +88,8 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         if ckpt.apoptosis:
             f.attrs["apoptosis"] = json.dumps({k: [str(v.dtype).removeprefix("torch."), v.tolist()]
                                                for k, v in ckpt.apoptosis.items()})
-    os.replace(tmp, path)
-    return path
+
+    return write_hdf5(path, fill)
 
 
 def _write(f: Any, name: str, value: Any) -> None:
@@ -94,19 +99,17 @@ def _write(f: Any, name: str, value: Any) -> None:
 
 
 def datasets(path: str | os.PathLike) -> list[str]:
-    """Paths of every dataset in the file, e.g. ``model/fc1.weight``."""
-    import h5py
-
-    names: list[str] = []
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-    return names
+    """Paths of every dataset in the checkpoint, e.g. ``model/fc1.weight``."""
+    return list(require(path, CHECKPOINT).datasets)
 
 
 def verify(path: str | os.PathLike) -> list[str]:
-    """Datasets whose bytes do not match their ``sha256`` attribute (empty list: the checkpoint is intact)."""
+    """Datasets whose bytes do not match their ``sha256`` attribute (empty list: the checkpoint is intact).
+    A file that is no checkpoint (a result, a sweep table, text, a truncated file) raises
+    :class:`~workbench.h5files.FileKindError`: only checkpoints carry checksums."""
     import h5py
 
+    require(path, CHECKPOINT, purpose="verify checks the checksums of checkpoints")
     bad: list[str] = []
     try:
         with h5py.File(path, "r") as f:
@@ -115,19 +118,22 @@ def verify(path: str | os.PathLike) -> list[str]:
                     bad.append(name)
 
             f.visititems(check)
-    except OSError as exc:
-        raise CheckpointCorrupt(path, [f"<file: {exc}>"]) from None
+    except (OSError, RuntimeError) as exc:
+        raise FileKindError(path, f"is a damaged HDF5 file ({reason(exc)})") from None
     return bad
 
 
 def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
-    """Read a checkpoint; with ``check`` a checksum mismatch raises :class:`CheckpointCorrupt`."""
+    """Read a checkpoint; with ``check`` a checksum mismatch raises :class:`CheckpointCorrupt`; a file that is no
+    checkpoint raises :class:`~workbench.h5files.FileKindError`."""
     import h5py
 
     if check:
         bad = verify(path)
         if bad:
             raise CheckpointCorrupt(path, bad)
+    else:
+        require(path, CHECKPOINT)
     try:
         with h5py.File(path, "r") as f:
             model = {name: torch.from_numpy(np.array(d[()])) for name, d in f["model"].items()}
@@ -141,5 +147,5 @@ def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
             return Checkpoint(int(f.attrs["step"]), model, optimizer, rng, int(f.attrs.get("seed", 0)),
                               json.loads(f.attrs.get("config", "{}")), apoptosis,
                               json.loads(f.attrs.get("provenance", "{}")))
-    except (OSError, KeyError) as exc:
-        raise CheckpointCorrupt(path, [f"<layout: {exc}>"]) from None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise FileKindError(path, f"is a damaged workbench checkpoint ({reason(exc)})") from None

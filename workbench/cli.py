@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.cli_files import add_file_parsers, cmd_compare, cmd_flip, cmd_verify, file_errors
 from workbench.config import RunConfig
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.processes import interrupted_once
@@ -90,97 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
                      "ranks (default one per task) on its nodes, this node's forked here, the others' started "
                      "through srun (docs/sweeps-and-clusters.md)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
-    run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>)")
+    run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>); one holding an earlier "
+                     "run is refused (exit 2) unless --overwrite")
+    run.add_argument("--overwrite", action="store_true", help="replace the run in --out (its result.h5, checkpoints "
+                     "and logs are removed first; nothing else there)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
     run.add_argument("--track", metavar="URI", help="log the run to MLflow (http://HOST:PORT, ./mlruns) once it ended")
-    flip = sub.add_parser("flip", help="flip bits in an HDF5 checkpoint (checkpoint alteration)",
-                          description="Flip IEEE-754 bits (LSB-0: fp32 bit 31 = sign, 30..23 exponent) in HDF5.")
-    flip.add_argument("checkpoint", type=Path)
-    flip.add_argument("--dataset", action="append", help="dataset path, e.g. model/fc1.weight (repeatable)")
-    flip.add_argument("--index", type=int, help="flat element index (exact flip)")
-    flip.add_argument("--bit", type=int, help="bit to flip, LSB-0 (exact flip)")
-    flip.add_argument("--count", type=int, help="random flips: this many elements")
-    flip.add_argument("--probability", type=float, help="random flips: each element with this probability")
-    flip.add_argument("--bits", help="random flips: bit range 23-30 or list 0,5,31")
-    flip.add_argument("--field", choices=["sign", "exponent", "mantissa"], help="random flips: bits of a field")
-    flip.add_argument("--burst", type=int, default=1, help="flip this many adjacent bits upwards")
-    flip.add_argument("--seed", type=int)
-    flip.add_argument("--out", type=Path, help="write the altered copy here (default: alter in place)")
-    flip.add_argument("--log", type=Path, help="write the flip log (JSON lines) here, for replay")
-    compare = sub.add_parser("compare", help="compare two HDF5 checkpoints dataset by dataset")
-    compare.add_argument("a", type=Path)
-    compare.add_argument("b", type=Path)
-    compare.add_argument("--json", action="store_true")
-    verify = sub.add_parser("verify", help="check datasets against their checksums (exit 1 if any fails)")
-    verify.add_argument("checkpoint", type=Path)
+    add_file_parsers(sub)
     rank = sub.add_parser("rank", help="join a run started elsewhere as one of its ranks",
                           description="Start one rank process that joins the run whose store listens at --store "
                           "(workbench run --bind ADDRESS --store-port PORT, or a hosts file). It takes rank "
                           "--rank-hint (default $RANK, as set by torchrun), or any free slot of a host whose ranks "
                           "join by themselves; it ends with the run.")
     rank.add_argument("--store", required=True, metavar="HOST:PORT", help="the run's store")
-    rank.add_argument("--rank-hint", type=int, help="the rank number to take (default: $RANK if set)")
-    rank.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the run's store")
+    rank.add_argument("--rank-hint", help="the rank number to take (default: $RANK if set)")
+    rank.add_argument("--connect-timeout", default="60", help="seconds (> 0) to wait for the run to answer: "
+                      "exit 2 in one line if none does, 130 on Ctrl-C or SIGTERM")
     _add_sweep_parsers(sub)
     return parser
-
-
-def cmd_flip(args: argparse.Namespace) -> int:
-    from workbench.faults.bitflip import parse_bits
-    from workbench.faults.hdf5 import alter_checkpoint
-
-    exact = args.index is not None or args.bit is not None
-    if exact and (args.count is not None or args.probability is not None):
-        raise FlipUsage("give either --index/--bit (exact) or --count/--probability (random), not both")
-    if not exact and args.count is None and args.probability is None:
-        raise FlipUsage("nothing to flip: give --index and --bit, or --count or --probability")
-    flips = alter_checkpoint(args.checkpoint, datasets=args.dataset, index=args.index, bit=args.bit,
-                             count=args.count, probability=args.probability,
-                             bits=parse_bits(args.bits) if args.bits else None, field=args.field, burst=args.burst,
-                             seed=args.seed, out=args.out)
-    lines = [json.dumps(f.to_dict()) for f in flips]
-    if args.log:
-        args.log.write_text("".join(line + "\n" for line in lines))
-    for f in flips[:20]:
-        print(f"{f.target}[{f.index}] bits {','.join(map(str, f.bits))}: {f.old!r} -> {f.new!r}")
-    if len(flips) > 20:
-        print(f"... {len(flips) - 20} more")
-    print(f"{len(flips)} flips in {args.out or args.checkpoint}")
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from workbench.faults.hdf5 import compare_checkpoints
-
-    rows = compare_checkpoints(args.a, args.b)
-    if args.json:
-        print(json.dumps(rows))
-        return 0
-    for row in rows:
-        if row["changed"] is None:
-            print(f"{row['dataset']}: {row['note']}")
-        else:
-            print(f"{row['dataset']}: {row['changed']} changed, max |diff| {row['max_abs_diff']:.6g}, "
-                  f"L2 {row['l2']:.6g}")
-    print(f"total: {sum(r['changed'] or 0 for r in rows)} values changed")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from workbench import checkpoint
-
-    if not args.checkpoint.is_file():
-        raise FlipUsage(f"{args.checkpoint} does not exist")
-    bad = checkpoint.verify(args.checkpoint)
-    for name in bad:
-        print(f"checksum mismatch: {name}")
-    print(f"{args.checkpoint}: {'CORRUPT' if bad else 'ok'} ({len(bad)} of "
-          f"{len(checkpoint.datasets(args.checkpoint))} datasets fail)")
-    return 1 if bad else 0
-
-
-class FlipUsage(WorkbenchError):
-    pass
 
 
 def _config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -226,10 +154,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         from workbench.template import prewarm
 
         prewarm()  # the template imports torch while this process does: the two imports overlap
+    from workbench.outdir import fresh
     from workbench.session import start
 
-    out = args.out or Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
-    handle = start(config, out=out, on_event=None if args.json else _progress, track=track)
+    out = args.out or fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
+    handle = start(config, out=out, on_event=None if args.json else _progress, track=track, overwrite=args.overwrite)
     result = handle.wait()
     summary = result.summary
     if args.json:
@@ -246,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   + (f", world regrown in {f['regrow_s']:.3f} s" if f.get("regrow_s") is not None else "")
                   + f"; steps redone {f['steps_redone']}, samples lost {f['samples_lost']}, "
                     f"world size after {f['world_size_after']}")
-        print(f"result: {summary['result_path']}")
+        print(f"result: {summary['result_path'] or 'not written'}")
     return 0 if result.completed else 1
 
 
@@ -358,13 +287,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
+    from workbench.rank.join import join_run
+
+    hint = args.rank_hint if args.rank_hint is not None else os.environ.get("RANK")
+    try:
+        joined = join_run(args.store, args.connect_timeout, hint)  # checked and found before torch is imported
+    except KeyboardInterrupt:
+        print(f"workbench: interrupted while waiting for the run at {args.store}", file=sys.stderr)
+        return 130
     from workbench.rank.main import main as rank_main
 
-    argv = ["--store", args.store, "--connect-timeout", str(args.connect_timeout)]
-    hint = args.rank_hint if args.rank_hint is not None else os.environ.get("RANK")
-    if hint is not None:
-        argv += ["--rank-hint", str(hint)]
-    rank_main(argv)  # ends the process (os._exit) when the run ends
+    rank_main(["--store", args.store], joined=joined)  # ends the process (os._exit) when the run ends
     return 0
 
 
@@ -379,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         with interrupted_once():  # SIGTERM too: run.wait() stops the run and kills every rank on the way out
-            return {"run": cmd_run, "flip": cmd_flip, "compare": cmd_compare, "verify": cmd_verify,
-                    "sweep": cmd_sweep, "report": cmd_report, "rank": cmd_rank}[args.command](args)
+            return {"run": cmd_run, "flip": file_errors(cmd_flip), "compare": file_errors(cmd_compare),
+                    "verify": file_errors(cmd_verify), "sweep": file_errors(cmd_sweep),
+                    "report": file_errors(cmd_report), "rank": cmd_rank}[args.command](args)
     except WorkbenchError as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.callables import IMPORT_PATH, resolve_callable
+from workbench.config_types import as_floats, coerce_types
 from workbench.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 from workbench.errors import ConfigError
 from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
@@ -98,6 +99,7 @@ class RunConfig:
     store_port: int = 0  # 0: any free port (ranks started elsewhere need a known one: workbench rank --store)
 
     def __post_init__(self) -> None:
+        coerce_types(self)  # a wrong type is named as a type ("must be an integer, got str '4'"), before any value
         self.faults = [parse_fault(f) for f in (self.faults or [])]
         _int_in("world_size", self.world_size, 1, MAX_WORLD_SIZE)
         _int_in("steps", self.steps, 1, 10_000_000)
@@ -324,10 +326,7 @@ class RunConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ConfigError(unknown[0], f"is not a run setting; allowed: {', '.join(sorted(names))}")
-        for f in dataclasses.fields(cls):
-            if f.name in values and f.type in ("float", float) and isinstance(values[f.name], int):
-                values[f.name] = float(values[f.name])
-        return cls(**values)
+        return cls(**as_floats(cls, values))
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RunConfig:

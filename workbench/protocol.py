@@ -14,7 +14,9 @@ Rank -> supervisor
     ``detected {step, detector, detail, action, to_step}``  a soft-error detector fired (generation rank 0)
     ``checkpoint {step, path, stall_s, write_s}``           an HDF5 checkpoint is complete on disk
     ``done {step, fingerprint}``   the rank finished all steps
-    ``error {message}``            the rank failed on its own (an exception, not a fault); it exits next
+    ``error {message, reason}``    the rank failed on its own (an exception, not a fault); it exits next.
+                                   ``reason`` (else None): the run's reason to fail, e.g. "checkpoint not
+                                   written: cannot write PATH: No space left on device" (no rank fault)
 Supervisor -> rank
     ``start {config, store, checkpoint_dir, provenance}``  once, in answer to ``hello`` (``provenance``: the
                                                    run's, workbench.provenance; its checkpoints keep it)

@@ -12,13 +12,14 @@ Which figures (each only when its data is there; the page says when none fits):
 - **gossip vs allreduce** (``plots.gossip_vs_allreduce``): when the runs saved under the completed points (a point
   may save several, as ``gossip_vs_allreduce.ipynb`` does) have ``config.parallelism`` ``gossip`` and another mode;
   per-step metrics of the largest world size, averaged per mode.
-plotly.js is inlined once (no network needed to view the page); the page is written atomically.
+plotly.js is inlined once (no network needed to view the page); the page is written atomically. Every file read
+is checked first (:mod:`workbench.h5files`): a directory that is no sweep, a malformed ``sweep.json``, a damaged
+table or result, or an output place that cannot take the page is one line (``workbench report`` exits 2).
 """
 
 from __future__ import annotations
 
 import html
-import json
 import os
 import sys
 import time
@@ -27,8 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.faults.sensitivity import SENSITIVITY_FILE, load_trials
+from workbench.h5files import check_output_place, write_text
 from workbench.provenance import describe
 from workbench.results import RESULT_FILE, RunResult
+from workbench.sweep_plan import read_sweep_spec
 from workbench.sweep_table import load_sweep
 
 if TYPE_CHECKING:
@@ -193,10 +196,13 @@ def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os
     notebooks."""
     directories = [Path(d) for d in (directory, *more)]
     out = Path(out) if out is not None else directories[0] / "report.html"
+    for d in directories:
+        read_sweep_spec(d)  # every directory checked before any work: one line for the first that is no sweep
+    check_output_place(out)
     sections, k = [], 0
     for d in directories:
         frame = load_sweep(d)
-        spec = json.loads((d / "sweep.json").read_text())
+        spec = read_sweep_spec(d)
         parameters = sorted({key for p in spec["points"] for key in p["parameters"]})
         counts = frame.status.value_counts().to_dict()
         parts = [f"<h2>{html.escape(Path(spec['notebook']).stem)}: <code>{html.escape(str(d))}</code></h2>",
@@ -216,10 +222,7 @@ def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os
     name = ", ".join(d.resolve().name for d in directories)
     page = PAGE.format(title=html.escape(f"Sweep report: {name}"), generated=time.strftime("%Y-%m-%d %H:%M:%S"),
                        sections="\n".join(sections))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
+    write_text(out, page)  # OutputError, one line, for a read-only or full place; no temporary file left
     return out
 
 

@@ -6,7 +6,9 @@ with one 1-D dataset per column (step, time, loss, train_acc, samples — how ma
 entered the update —, test_acc, test_loss, world_size, generation, step_time, ..., parameters and hidden_units
 of the model that trained the step; NaN where a step had no evaluation or a mode does not report a column);
 ``events`` and ``failures``, one JSON string per row.
-Files are written to a temporary name and renamed, so a result is never half-written.
+Files are written to a temporary name and renamed, so a result is never half-written. Every loader here checks
+first what the file is (:func:`workbench.h5files.require`): a missing, empty, text, truncated or other-kind file
+raises :class:`~workbench.h5files.FileKindError` (a :class:`~workbench.errors.ResultsError`), one line.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import ResultsError
+from workbench.h5files import FORMATS, RESULT, SWEEP_TABLE, TABLE, reason, require
+from workbench.h5write import write_hdf5
 from workbench.provenance import columns as provenance_columns
 
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMAT = 1
+FORMAT = FORMATS[RESULT]
 RESULT_FILE = "result.h5"
 METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "val_acc", "world_size",
                   "generation", "step_time", "messages", "bytes_sent", "consensus_distance", "parameters",
@@ -59,17 +63,18 @@ class RunResult:
         self.summary["baseline_accuracy"] = baseline.summary["final_test_accuracy"]
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """Write ``directory/result.h5`` atomically and return its path."""
+        """Write ``directory/result.h5`` atomically and return its path. A full disk or a read-only place raises
+        :class:`~workbench.h5files.OutputError` (one line naming the path), nothing left behind, the summary's
+        ``result_path`` as it was."""
         import h5py
         import numpy as np
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / RESULT_FILE
+        path = Path(directory) / RESULT_FILE
+        before = self.summary.get("result_path")
         self.summary["result_path"] = str(path.resolve())
-        tmp = directory / f".{RESULT_FILE}.{os.getpid()}.tmp"
         text = h5py.string_dtype()
-        with h5py.File(tmp, "w") as f:
+
+        def fill(f: Any) -> None:
             f.attrs["format"] = FORMAT
             f.attrs["config"] = json.dumps(self.config)
             f.attrs["summary"] = json.dumps(self.summary)
@@ -80,7 +85,12 @@ class RunResult:
                 group.create_dataset(column, data=np.array(values, dtype=np.float64))
             f.create_dataset("events", data=[json.dumps(e) for e in self.events], dtype=text)
             f.create_dataset("failures", data=[json.dumps(e) for e in self.failures], dtype=text)
-        os.replace(tmp, path)
+
+        try:
+            write_hdf5(path, fill)
+        except BaseException:
+            self.summary["result_path"] = before
+            raise
         self.path = path
         return path
 
@@ -91,6 +101,7 @@ class RunResult:
         path = Path(path)
         if path.is_dir():
             path = path / RESULT_FILE
+        require(path, RESULT)
         try:
             with h5py.File(path, "r") as f:
                 n = len(f["metrics"]["step"])
@@ -102,8 +113,8 @@ class RunResult:
                            [json.loads(e) for e in f["events"].asstr()[()]],
                            [json.loads(e) for e in f["failures"].asstr()[()]],
                            json.loads(f.attrs["summary"]), path, json.loads(f.attrs.get("provenance", "{}")))
-        except (OSError, KeyError) as exc:
-            raise ResultsError(f"{path} is not a workbench result file: {exc}") from None
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise ResultsError(f"{path} is a damaged workbench result file ({reason(exc)})") from None
 
     def to_dataframe(self) -> pd.DataFrame:
         """Per-step metrics, one row per committed step (a redone step appears again)."""
@@ -190,14 +201,12 @@ def save_table(frame: pd.DataFrame, path: str | os.PathLike, **attrs: Any) -> Pa
 
     A column of numbers (None allowed: stored as NaN) is stored as float64 or int64, a column of booleans as
     bool, anything else as UTF-8 JSON strings (attribute ``json`` set on the dataset); ``attrs`` (JSON) become
-    root attributes. :func:`load_table` reads it back."""
+    root attributes. :func:`load_table` reads it back. Written through :func:`workbench.h5write.write_hdf5`: a
+    full disk or a read-only place is an :class:`~workbench.h5files.OutputError`, nothing left behind."""
     import h5py
     import numpy as np
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with h5py.File(tmp, "w") as f:
+    def fill(f: Any) -> None:
         f.attrs["format"] = FORMAT
         f.attrs["columns"] = json.dumps([str(c) for c in frame.columns])
         for key, value in attrs.items():
@@ -217,15 +226,17 @@ def save_table(frame: pd.DataFrame, path: str | os.PathLike, **attrs: Any) -> Pa
             else:
                 group.create_dataset(name, data=[json.dumps(v) for v in values], dtype=h5py.string_dtype())
                 group[name].attrs["json"] = True
-    os.replace(tmp, path)
-    return path
+
+    return write_hdf5(path, fill)
 
 
 def load_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Read a table written by :func:`save_table`: the DataFrame and the root attributes."""
+    """Read a table written by :func:`save_table`: the DataFrame and the root attributes (a file that is no
+    table raises :class:`~workbench.h5files.FileKindError`)."""
     import h5py
     import pandas as pd
 
+    require(path, TABLE, SWEEP_TABLE)
     try:
         with h5py.File(path, "r") as f:
             columns = json.loads(f.attrs["columns"])
@@ -235,8 +246,8 @@ def load_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
                 data[column] = ([json.loads(v) for v in dataset.asstr()[()]] if dataset.attrs.get("json")
                                 else dataset[()])
             attrs = {k: json.loads(v) for k, v in f.attrs.items() if k not in ("format", "columns")}
-    except (OSError, KeyError, ValueError) as exc:
-        raise ResultsError(f"{path} is not a workbench table: {exc}") from None
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        raise ResultsError(f"{path} is a damaged workbench table ({reason(exc)})") from None
     return pd.DataFrame(data, columns=columns), attrs
 
 

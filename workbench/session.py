@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import RunConfig
+from workbench.h5files import OutputError
 from workbench.results import RunResult
 from workbench.supervisor import Supervisor
 
@@ -56,6 +57,7 @@ class Run:
         self._listeners: list[Listener] = [on_event] if on_event else []
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
         self._result: RunResult | None = None
+        self._error: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"workbench-run-{uuid.uuid4().hex[:6]}", daemon=True)
         _live_runs.add(self)
@@ -84,20 +86,29 @@ class Run:
 
     # -- control -----------------------------------------------------------------------------------------------
     def kill(self, rank: int) -> None:
-        """SIGKILL ``rank`` now (a permanent fault)."""
-        self._supervisor.command("kill", int(rank))
+        """SIGKILL ``rank`` now (a permanent fault). ConfigError for a wrong type, a rank the run does not have,
+        a dead rank or an ended run (:mod:`workbench.live_ranks`)."""
+        from workbench.live_ranks import live_rank
+
+        self._supervisor.command("kill", live_rank(rank, "kill", self.status, self.events, self.config.world_size,
+                                                   self.done))
 
     def hang(self, rank: int) -> None:
-        """SIGSTOP ``rank`` now (it freezes; heartbeats find it)."""
-        self._supervisor.command("hang", int(rank))
+        """SIGSTOP ``rank`` now (it freezes; heartbeats find it). ConfigError as for :meth:`kill`."""
+        from workbench.live_ranks import live_rank
+
+        self._supervisor.command("hang", live_rank(rank, "hang", self.status, self.events, self.config.world_size,
+                                                   self.done))
 
     def flip(self, rank: int, target: str, tensor: str, index: int | None = None, bit: int | None = None,
              seed: int | None = None) -> None:
         """Flip a bit on ``rank`` at its next step (index/bit drawn from ``seed`` when left out)."""
         from workbench.config import FaultSpec
         from workbench.faults.targets import check_flip_targets
+        from workbench.live_ranks import live_rank
 
-        fault = FaultSpec("flip", int(rank), step=-1, target=target, tensor=tensor, index=index, bit=bit, seed=seed)
+        rank = live_rank(rank, "flip a bit on", self.status, self.events, self.config.world_size, self.done)
+        fault = FaultSpec("flip", rank, step=-1, target=target, tensor=tensor, index=index, bit=bit, seed=seed)
         check_flip_targets(self.config.replace(faults=[]), [fault])
         self._supervisor.command("flip", fault)
 
@@ -115,7 +126,8 @@ class Run:
             self.stop("interrupted")
             self._done.wait(30)
             raise
-        assert self._result is not None
+        if self._result is None:  # the monitor thread raised (a supervisor's bug: it ends every run in a result)
+            raise self._error or RuntimeError("the run ended without a result")
         return self._result
 
     @property
@@ -134,12 +146,17 @@ class Run:
         try:
             result = self._supervisor.run()
             if self.out is not None:
-                result.save(self.out)
+                try:
+                    result.save(self.out)
+                except OutputError as exc:  # a full disk, a read-only place: the result is still returned
+                    _not_saved(result, exc)
             if self.track is not None:  # after the ranks are gone; never raises (workbench.tracking)
                 from workbench.tracking import track_result
 
                 track_result(self.track, result, self.out)
             self._result = result
+        except BaseException as exc:  # noqa: BLE001 - wait() raises it in the caller's thread
+            self._error = exc
         finally:
             self._done.set()
 
@@ -148,9 +165,14 @@ class Run:
 
 
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
-          on_event: Listener | None = None, track: str | os.PathLike | None = None, **overrides: Any) -> Run:
+          on_event: Listener | None = None, track: str | os.PathLike | None = None, overwrite: bool = False,
+          **overrides: Any) -> Run:
     """Validate the configuration (errors before any process starts) and start the run in the background.
     Pipeline and hybrid runs get their ``stage_cuts`` here (measured once, the same for every rank).
+
+    ``out``: the run's directory (``result.h5``, ``checkpoints/``, ``logs/``). One that holds an earlier run's
+    files is refused (ConfigError) unless ``overwrite``, which removes those files first (only the run's:
+    :mod:`workbench.outdir`); one that cannot be written is refused too.
 
     ``track``: an MLflow tracking URI or directory (``./mlruns``): the run is logged there once it ended
     (:mod:`workbench.tracking`; a logging failure is a warning, recorded in ``result.summary["tracking"]``).
@@ -159,14 +181,23 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
         from workbench.tracking import require
 
         track = require(track)
-    return Run(prepare(config, **overrides), out=out, on_event=on_event, track=track)
+    config = prepare(config, **overrides)
+    if out is not None:
+        from workbench.outdir import claim
+
+        out = claim(out, overwrite)
+    return Run(config, out=out, on_event=on_event, track=track)
 
 
 def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
     """The run's validated configuration, or a ConfigError saying what is wrong, without starting anything: what
     :func:`start` checks first (a campaign checks all its runs this way before it runs the first). Pipeline and
-    hybrid configurations come back with their ``stage_cuts``."""
+    hybrid configurations come back with their ``stage_cuts``. What needs more than the values (the dataset's
+    size, a resumed checkpoint, a user's model) is checked by :mod:`workbench.preflight`."""
+    from workbench.preflight import check
+
     config = _as_config(config, overrides)
+    check(config)
     flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
         # these checks build the model (torch); a run that needs none leaves this process without torch
@@ -178,10 +209,21 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
 
 
 def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
-        on_event: Listener | None = None, track: str | os.PathLike | None = None, **overrides: Any) -> RunResult:
-    """Run to the end and return the result (saved to ``out/result.h5`` when ``out`` is given; logged to MLflow
-    when ``track`` is given, see :func:`start`)."""
-    return start(config, out=out, on_event=on_event, track=track, **overrides).wait()
+        on_event: Listener | None = None, track: str | os.PathLike | None = None, overwrite: bool = False,
+        **overrides: Any) -> RunResult:
+    """Run to the end and return the result (saved to ``out/result.h5`` when ``out`` is given, which must not hold
+    an earlier run unless ``overwrite``; logged to MLflow when ``track`` is given; see :func:`start`). A result
+    that cannot be written is still returned, failed, with ``summary["result_error"]`` saying why."""
+    return start(config, out=out, on_event=on_event, track=track, overwrite=overwrite, **overrides).wait()
+
+
+def _not_saved(result: RunResult, error: OutputError) -> None:
+    """The run's result could not be written: it fails with that as its reason (what the run itself did kept)."""
+    summary = result.summary
+    summary["result_error"] = str(error)
+    summary["reason"] = f"result not written: {error} (the run {summary['outcome']}: {summary['reason']})"
+    summary["outcome"] = "failed"
+    summary["result_path"] = None
 
 
 @atexit.register

@@ -15,9 +15,29 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import SweepError
+from workbench.h5files import FileKindError, make_directory, read_json, remove_directories
 from workbench.sweep_point import write_json
 
 SWEEP_FILE = "sweep.json"
+
+
+def read_sweep_spec(directory: str | os.PathLike) -> dict[str, Any]:
+    """``DIR/sweep.json``, checked: a mapping with ``notebook`` and ``points`` (each an ``id`` and its
+    ``parameters``); :class:`~workbench.h5files.FileKindError`, one line, when it is missing or malformed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileKindError(directory, f"is not a sweep directory ({'a file' if directory.exists() else 'missing'})")
+    path = directory / SWEEP_FILE
+    if not path.exists():
+        raise FileKindError(directory, f"is not a sweep directory (no {SWEEP_FILE})")
+    spec = read_json(path, "sweep record")
+    points = spec.get("points") if isinstance(spec, dict) else None
+    if not isinstance(points, list) or not isinstance(spec.get("notebook"), str) or not all(
+            isinstance(p, dict) and isinstance(p.get("id"), str) and isinstance(p.get("parameters"), dict)
+            for p in points) or not isinstance(spec.get("declared", {}), dict):
+        raise FileKindError(path, "is not a valid sweep record: it needs 'notebook' and 'points' (each an 'id' and "
+                            "its 'parameters')")
+    return spec
 
 
 def parse_value(text: str) -> Any:
@@ -163,14 +183,18 @@ def prepare(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]]
         raise SweepError(f"jobs must be at least 1, not {jobs}")
     directory = Path(out).resolve()
     sweep_file = directory / SWEEP_FILE
-    previous = json.loads(sweep_file.read_text()) if sweep_file.is_file() else None
+    previous = read_sweep_spec(directory) if sweep_file.exists() else None
     if previous and Path(previous["notebook"]).resolve() != notebook.resolve():
         raise SweepError(f"{directory} holds a sweep of {previous['notebook']}, not {notebook}; choose another out")
     known = {p["id"]: p["parameters"] for p in (previous or {}).get("points", [])}
     known.update({point_id(p): p for p in points})
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(sweep_file, {"notebook": str(notebook.resolve()), "declared": declared,
-                            "points": [{"id": k, "parameters": v} for k, v in known.items()]})
+    created = make_directory(directory)  # OutputError, one line, for a read-only place or a path under a file
+    try:
+        write_json(sweep_file, {"notebook": str(notebook.resolve()), "declared": declared,
+                                "points": [{"id": k, "parameters": v} for k, v in known.items()]})
+    except BaseException:
+        remove_directories(created)
+        raise
     return notebook, directory, declared, points
 
 

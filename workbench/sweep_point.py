@@ -12,7 +12,8 @@ worker, not once per point); it gets SIGTERM when the sweep's process dies. Prot
   ``provenance``: :mod:`workbench.provenance` of the point, its ``notebook`` the sweep's notebook), the
   executed notebook (executed under a hidden temporary name, renamed when papermill
   returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
-  of papermill). Files of an earlier attempt are removed first.
+  of papermill). Files of an earlier attempt are removed first (with the checkpoints and logs of a run it made
+  into the point directory itself: :mod:`workbench.outdir`; runs it saved further below are the notebook's).
 - a point is ``completed`` when the notebook ran to its end and, if the notebook declares ``out``, wrote
   ``result.h5`` there (or, for a notebook saving several runs, below it); otherwise ``failed`` with a one-line
   error. The worker then goes on with the next point.
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import provenance
+from workbench.h5files import write_text
+from workbench.outdir import clear as clear_run
 from workbench.results import RESULT_FILE
 
 POINT_FILE = "point.json"
@@ -40,10 +43,9 @@ ENGINE = "workbench_sweep"
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    """Write JSON atomically (temporary file, then rename; none left behind on failure, which is an
+    :class:`~workbench.h5files.OutputError` naming ``path``)."""
+    write_text(path, json.dumps(data, indent=1, default=str))
 
 
 def descendants(pid: int) -> list[tuple[int, int]]:
@@ -132,6 +134,7 @@ class Worker:
         tmp = directory / f".running-{executed.name}"
         for stale in (directory / RESULT_FILE, executed, tmp, *directory.glob(".*.tmp")):
             stale.unlink(missing_ok=True)
+        clear_run(directory)  # an earlier attempt's checkpoints and logs: its run into out=DIR is not refused
         os.environ[provenance.NOTEBOOK_VAR] = task["notebook"]  # the kernel inherits it: its runs record it
         seed = task["parameters"].get("seed")
         status = {"id": task["id"], "parameters": task["parameters"], "notebook": str(executed),

@@ -4,7 +4,6 @@ the task's side: run point ``i`` of the array (``workbench sweep --point i``).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
@@ -13,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import SweepError
+from workbench.h5files import FileKindError, atomic_output, read_json
 from workbench.sweep_executor import Scheduler
-from workbench.sweep_plan import SWEEP_FILE, point_id, point_task, prepare, slug
+from workbench.sweep_plan import SWEEP_FILE, point_id, point_task, prepare, read_sweep_spec, slug
 from workbench.sweep_point import write_json
 from workbench.sweep_table import is_complete
 
@@ -63,10 +63,9 @@ def emit_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[An
         "",
     ])
     path = directory / SLURM_FILE
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(script)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    with atomic_output(path) as tmp:
+        tmp.write_text(script)
+        tmp.chmod(0o755)
     return path
 
 
@@ -74,18 +73,23 @@ def run_array_task(out: str | os.PathLike, index: int, *, kernel_name: str | Non
                    timeout: float | None = None) -> dict[str, Any]:
     """Run point ``index`` of ``DIR/array.json`` (one task of :func:`emit_slurm`'s job array); its status."""
     directory = Path(out).resolve()
-    try:
-        ids = json.loads((directory / ARRAY_FILE).read_text())["points"]
-        spec = json.loads((directory / SWEEP_FILE).read_text())
-    except (OSError, ValueError, KeyError):
-        raise SweepError(f"{directory} holds no job array ({ARRAY_FILE}): write one with --emit slurm") from None
+    if not (directory / ARRAY_FILE).exists():
+        raise SweepError(f"{directory} holds no job array ({ARRAY_FILE}): write one with --emit slurm")
+    array = read_json(directory / ARRAY_FILE, "job array record")  # FileKindError, one line, when malformed
+    ids = array.get("points") if isinstance(array, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise FileKindError(directory / ARRAY_FILE, "is not a valid job array record: it needs 'points' (ids)")
+    spec = read_sweep_spec(directory)
+    known = {p["id"] for p in spec["points"]}
+    if not set(ids) <= known:
+        raise FileKindError(directory / ARRAY_FILE, f"names points that {directory / SWEEP_FILE} does not hold")
     if not 0 <= index < len(ids):
         raise SweepError(f"point {index} is out of range: the array has points 0..{len(ids) - 1}")
     pid = ids[index]
     point = next(p["parameters"] for p in spec["points"] if p["id"] == pid)
     if is_complete(directory / pid):
         return {"id": pid, "status": "completed", "skipped": True}
-    task = point_task(directory, Path(spec["notebook"]), spec["declared"], point, kernel_name, timeout)
+    task = point_task(directory, Path(spec["notebook"]), spec.get("declared", {}), point, kernel_name, timeout)
     done: dict[str, dict[str, Any]] = {}
     Scheduler([task], 1, progress=False).run(done)
     return {"id": pid, **done.get(pid, {"status": "failed", "error": "the point did not report"}), "skipped": False}

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import ResultsError
+from workbench.h5files import FileKindError, read_json
 from workbench.provenance import columns as provenance_columns
 from workbench.results import RESULT_FILE, RunResult, load_table, save_table
-from workbench.sweep_plan import SWEEP_FILE
+from workbench.sweep_plan import SWEEP_FILE, read_sweep_spec
 from workbench.sweep_point import POINT_FILE, has_result
 
 if TYPE_CHECKING:
@@ -70,16 +71,16 @@ def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
     import pandas as pd
 
     directory = Path(directory)
-    sweep_file = directory / SWEEP_FILE
-    if not sweep_file.is_file():
-        raise ResultsError(f"{directory} is not a sweep directory (no {SWEEP_FILE})")
-    spec = json.loads(sweep_file.read_text())
+    spec = read_sweep_spec(directory)  # FileKindError (a ResultsError), one line: no sweep.json, or malformed
     rows = [_row(directory, p["id"], p["parameters"]) for p in spec["points"]]
     frame = pd.DataFrame(rows)
     tracking = directory / TRACKING_FILE
+    try:
+        extra = {"tracking": read_json(tracking, "tracking record")} if tracking.is_file() else {}
+    except FileKindError:
+        extra = {}  # a damaged record of the last MLflow logging does not stop the table
     save_table(frame, directory / TABLE_FILE, notebook=spec["notebook"], signature=_signature(directory),
-               parameters=sorted({k for p in spec["points"] for k in p["parameters"]}),
-               **({"tracking": json.loads(tracking.read_text())} if tracking.is_file() else {}))
+               parameters=sorted({k for p in spec["points"] for k in p["parameters"]}), **extra)
     return frame
 
 
@@ -109,8 +110,7 @@ def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
     """
     directory = Path(directory)
     table = directory / TABLE_FILE
-    if not (directory / SWEEP_FILE).is_file():
-        raise ResultsError(f"{directory} is not a sweep directory (no {SWEEP_FILE})")
+    read_sweep_spec(directory)  # FileKindError (a ResultsError), one line: no sweep.json, or malformed
     if table.is_file():
         try:
             frame, attrs = load_table(table)

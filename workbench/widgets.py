@@ -21,7 +21,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
-from workbench.errors import WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
 from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
 from workbench.session import Run, start
@@ -34,11 +34,25 @@ MARKED = ("kill", "hang", "flip", "failure", "detected", "recovered", "generatio
 MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
 
 
+# what the panel's number boxes can show: a default outside is refused, not clamped to the box
+SHOWN = {"world_size": (1, 16), "checkpoint_every": (1, 100_000), "steps": (1, 10_000_000), "seed": (0, 2**31 - 1)}
+
+
+def _check_shown(config: RunConfig) -> None:
+    for name, (low, high) in SHOWN.items():
+        value = getattr(config, name)
+        if value is not None and not low <= value <= high:
+            more = " (a larger run: workbench.start or workbench run)" if name == "world_size" else ""
+            raise ConfigError(name, f"{value} is beyond what the lab panel shows: allowed {low}..{high}{more}")
+
+
 class Lab:
-    """Build with any :class:`RunConfig` field as a default: ``Lab(world_size=4, strategy="shrink")``."""
+    """Build with any :class:`RunConfig` field as a default: ``Lab(world_size=4, strategy="shrink")``. A bad
+    default, or one the panel cannot show (``SHOWN``: world_size up to 16), is a one-line ConfigError."""
 
     def __init__(self, **defaults: Any) -> None:
         base = RunConfig.from_dict(defaults) if defaults else RunConfig()
+        _check_shown(base)
         if base.spawn == "template":
             from workbench.template import prewarm
 
@@ -57,13 +71,15 @@ class Lab:
         self.dataset = w.Combobox(options=list(DATASET_CHOICES), value=base.dataset, ensure_option=False,
                                   placeholder="digits, synthetic_image, cifar10:DIR, ...", description="dataset",
                                   style=style)
-        self.world_size = w.BoundedIntText(value=base.world_size, min=1, max=16, description="world size", style=style)
+        self.world_size = w.BoundedIntText(value=base.world_size, min=1, max=SHOWN["world_size"][1],
+                                           description="world size", style=style)
         self.parallelism = w.Dropdown(options=list(PARALLELISMS), value=base.parallelism, description="parallelism",
                                       style=style)
         self.strategy = w.Dropdown(options=list(STRATEGIES), value=base.strategy, description="strategy", style=style)
         self.regrow = w.Checkbox(value=base.regrow, description="regrow (warm spare)")
-        self.checkpoint_every = w.BoundedIntText(value=base.checkpoint_every or 25, min=1, max=100_000,
-                                                 description="checkpoint every", style=style)
+        self.checkpoint_every = w.BoundedIntText(value=base.checkpoint_every or 25, min=1,
+                                                 max=SHOWN["checkpoint_every"][1], description="checkpoint every",
+                                                 style=style)
         self.detect = w.SelectMultiple(options=["guard", "spike", "fingerprint"], value=tuple(base.detect),
                                        description="detectors", rows=3, style=style)
         self.steps = w.BoundedIntText(value=base.steps, min=1, max=10_000_000, description="steps", style=style)
@@ -111,10 +127,10 @@ class Lab:
             **self._given, "model": self.model.value, "dataset": self.dataset.value.strip(),
             "world_size": self.world_size.value, "parallelism": self.parallelism.value,
             "strategy": self.strategy.value, "regrow": self.regrow.value,
-            "checkpoint_every": self.checkpoint_every.value
-            if self.strategy.value in ("checkpoint_restart", "reinit", "torchrun") else None,
+            "checkpoint_every": self.checkpoint_every.value if self._given.get("checkpoint_every") is not None
+            or self.strategy.value in ("checkpoint_restart", "reinit", "torchrun") else None,
             "detect": list(self.detect.value), "steps": self.steps.value, "seed": self.seed.value,
-            "eval_interval": max(1, min(25, self.steps.value // 10))})
+            "eval_interval": self._given.get("eval_interval", max(1, min(25, self.steps.value // 10)))})
 
     def _offer_flip_tensors(self) -> None:
         """The tensor dropdown lists buffers (batch norm's running statistics) for target=buffer, else parameters."""
@@ -153,12 +169,18 @@ class Lab:
             self.run.stop("stopped from the lab")
 
     def kill(self, rank: int) -> None:
-        if self.run is not None:
-            self.run.kill(rank)
+        self._live_fault("kill", rank)
 
     def hang(self, rank: int) -> None:
-        if self.run is not None:
-            self.run.hang(rank)
+        self._live_fault("hang", rank)
+
+    def _live_fault(self, kind: str, rank: int) -> None:
+        """A button of a rank that died (or of an ended run) before the panel greyed it: said in the status line."""
+        try:
+            if self.run is not None:
+                getattr(self.run, kind)(rank)
+        except WorkbenchError as exc:
+            self.status.value = f"<b style='color:crimson'>{exc}</b>"
 
     def flip(self) -> None:
         if self.run is None or self.flip_rank.value is None:

@@ -46,13 +46,15 @@ def campaign(config: RunConfig | dict[str, Any], injections: Iterable[FaultSpec 
 
     config = RunConfig.from_dict(config) if isinstance(config, dict) else config
     injections = [FaultSpec.coerce(i) for i in injections]
-    golden = run(config, out=Path(out) / "golden" if out else None)
+    # a campaign run again (a notebook re-executed, a sweep point retried) replaces its own earlier runs
+    golden = run(config, out=Path(out) / "golden" if out else None, overwrite=True)
     if not golden.completed:
         raise RuntimeError(f"the golden run did not complete: {golden.summary['reason']}")
 
     def one(item: tuple[int, FaultSpec]) -> dict[str, Any]:
         i, injection = item
-        result = run(config.replace(faults=[*config.faults, injection]), out=Path(out) / f"{i:04d}" if out else None)
+        result = run(config.replace(faults=[*config.faults, injection]), out=Path(out) / f"{i:04d}" if out else None,
+                     overwrite=True)
         return {"injection": str(injection), **{k: getattr(injection, k) for k in ("target", "tensor", "index", "bit",
                                                                                      "rank", "step")},
                 **classify(result, golden, tolerance), "golden_accuracy": golden.summary["final_test_accuracy"]}

@@ -4,10 +4,18 @@ A contiguous, unfiltered, little-endian dataset is flipped through a memory map 
 no per-value read-modify-write, no decoding of the rest of the file. Other datasets (chunked, compressed) are
 read, flipped and written back whole. Checksum attributes are left as they were, so :func:`workbench.checkpoint
 .verify` finds the alteration — as it would find a real soft error at rest.
+
+Validate, then write: :func:`alter_checkpoint` and :func:`replay_checkpoint` first check everything — that the
+file is a workbench checkpoint (:func:`workbench.h5files.require`), the datasets, the index and bit ranges, the
+counts, the output places — and only then write. The flips go into a hidden temporary copy beside the target
+(``out``, or the file itself when altering in place); the log (``log``, JSON lines) is written next, and the copy
+is renamed onto the target last. A refused or failed alteration leaves the target as it was, no file at ``out``,
+no log and no temporary file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterable
@@ -16,20 +24,35 @@ from typing import Any
 
 import numpy as np
 
-from workbench.faults.bitflip import Flip, FlipError, FlipLog, apply_masks, draw
+from workbench.errors import WorkbenchError
+from workbench.faults.bitflip import Flip, FlipError, FlipLog, _check_bit, apply_masks, draw, dtype_name, width
+from workbench.h5files import CHECKPOINT, FileKindError, atomic_output, check_output_place, inspect, reason, require
 
 FLOAT_KINDS = ("f",)
+Plan = list[tuple[str, np.ndarray, np.ndarray]]  # (dataset, flat indices, XOR masks)
+
+
+class NotComparable(WorkbenchError):
+    """Two files that are not two states of one model: other kinds, or datasets only in either, or reshaped."""
 
 
 def float_datasets(path: str | os.PathLike) -> dict[str, tuple[int, str]]:
-    """Every float dataset: path -> (number of elements, dtype name)."""
-    import h5py
+    """Every float dataset of a checkpoint: path -> (number of elements, dtype name)."""
+    return {name: (count, dtype) for name, (count, dtype) in _numeric(path).items()
+            if np.dtype(dtype).kind in FLOAT_KINDS}
 
-    found: dict[str, tuple[int, str]] = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: found.__setitem__(name, (obj.size, obj.dtype.name))
-                     if isinstance(obj, h5py.Dataset) and obj.dtype.kind in FLOAT_KINDS else None)
-    return found
+
+def _numeric(path: str | os.PathLike) -> dict[str, tuple[int, str]]:
+    info = require(path, CHECKPOINT, purpose="flips alter checkpoints")
+    return {name: (int(np.prod(shape, dtype=np.int64)), dtype) for name, (shape, dtype) in info.datasets.items()
+            if _kind(dtype) in "fiu"}
+
+
+def _kind(dtype: str) -> str:
+    try:
+        return np.dtype(dtype).kind
+    except TypeError:
+        return "O"
 
 
 def _flip_dataset(path: Path, name: str, indices: np.ndarray, masks: Iterable[int]) -> FlipLog:
@@ -51,7 +74,8 @@ def _flip_dataset(path: Path, name: str, indices: np.ndarray, masks: Iterable[in
         return flips
     flat = np.ascontiguousarray(data).reshape(-1)
     flips = apply_masks(flat, indices, masks, name)
-    with h5py.File(path, "r+") as f:
+    # through a Python file object, a failed write (a full disk) is an OSError, not a crash in h5py's close
+    with open(path, "r+b") as handle, h5py.File(handle, "r+") as f:
         f[name][...] = flat.reshape(f[name].shape)
     return flips
 
@@ -59,20 +83,18 @@ def _flip_dataset(path: Path, name: str, indices: np.ndarray, masks: Iterable[in
 def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None = None, index: int | None = None,
                      bit: int | None = None, count: int | None = None, probability: float | None = None,
                      bits: Any = None, field: str | None = None, burst: int = 1, xor_mask: int | None = None,
-                     seed: int | None = None, out: str | os.PathLike | None = None) -> FlipLog:
-    """Flip bits in an HDF5 file, in place or in a copy ``out``; returns the log.
+                     seed: int | None = None, out: str | os.PathLike | None = None,
+                     log: str | os.PathLike | None = None) -> FlipLog:
+    """Flip bits in a checkpoint, in place or in a copy ``out``; returns the log, also written to ``log`` (JSON
+    lines, :func:`replay_checkpoint` reads them back) before the altered file takes its place.
 
     Either one exact flip (``index`` and ``bit`` in one dataset of ``datasets``), or random flips (``count`` or
     ``probability``, with ``bits``/``field``/``burst``/``xor_mask``/``seed`` as :func:`~.bitflip.inject`) spread
-    uniformly over all elements of ``datasets`` (default: every float dataset).
+    uniformly over all elements of ``datasets`` (default: every float dataset). Everything is checked before
+    anything is written (see the module docstring): a refused flip leaves no file at ``out`` and no log.
     """
-    source = Path(path)
-    if not source.is_file():
-        raise FlipError(f"{source} does not exist")
-    target = Path(out) if out is not None else source
-    if out is not None:
-        shutil.copyfile(source, target)
-    available = float_datasets(target)
+    source, target = Path(path), Path(out) if out is not None else Path(path)
+    available = float_datasets(source)
     names = list(datasets) if datasets is not None else list(available)
     for name in names:
         if name not in available:
@@ -82,51 +104,129 @@ def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None 
     if index is not None or bit is not None:
         if len(names) != 1 or index is None or bit is None:
             raise FlipError("an exact flip needs one dataset, an index and a bit")
-        from workbench.faults.bitflip import _check_bit, dtype_name
+        size, dtype = available[names[0]]
+        _check_bit(dtype_name(np.dtype(dtype)), bit)
+        if not 0 <= index < size:
+            raise FlipError(f"index {index} is out of range for {names[0]} with {size} elements (0..{size - 1})")
+        plan: Plan = [(names[0], np.array([index], dtype=np.int64), np.array([1 << bit], dtype=np.uint64))]
+    else:
+        plan = _random_plan(available, names, count=count, probability=probability, bits=bits, field=field,
+                            burst=burst, xor_mask=xor_mask, seed=seed)
+    return _write_altered(source, target, plan, log)
 
-        _check_bit(dtype_name(np.dtype(available[names[0]][1])), bit)
-        return _flip_dataset(target, names[0], np.array([index]), [1 << bit])
-    # draw over the concatenated elements of all datasets, then flip each dataset's share through its own view
+
+def _random_plan(available: dict[str, tuple[int, str]], names: list[str], **options: Any) -> Plan:
+    """Draw over the concatenated elements of all datasets; each dataset's share, in its own flat indices."""
     sizes = np.array([available[n][0] for n in names])
     dtypes = {available[n][1] for n in names}
     if len(dtypes) > 1:
         raise FlipError(f"the datasets mix {', '.join(sorted(dtypes))}: choose datasets of one dtype (datasets=...)")
-    indices, masks = draw(int(sizes.sum()), np.dtype(available[names[0]][1]), count=count,
-                          probability=probability, bits=bits, field=field, burst=burst, xor_mask=xor_mask, seed=seed)
+    indices, masks = draw(int(sizes.sum()), np.dtype(available[names[0]][1]), **options)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    logs = []
+    plan = []
     for i, name in enumerate(names):
         mine = (indices >= starts[i]) & (indices < starts[i + 1])
         if mine.any():
-            logs.append(_flip_dataset(target, name, indices[mine] - starts[i], masks[mine]))
-    return FlipLog.concat(logs)
+            plan.append((name, indices[mine] - starts[i], masks[mine]))
+    return plan
 
 
-def replay_checkpoint(path: str | os.PathLike, log: Iterable[Flip | dict[str, Any]]) -> FlipLog:
-    """Apply a flip log to an HDF5 file again (each entry: its mask at its index of its dataset)."""
-    entries = [e if isinstance(e, Flip) else Flip.from_dict(e) for e in log]
-    done = []
+def _write_altered(source: Path, target: Path, plan: Plan, log: str | os.PathLike | None) -> FlipLog:
+    """Copy ``source`` to a temporary file beside ``target``, flip it, write ``log``, rename the copy onto
+    ``target``; on any failure remove the copy and the log (the target stays as it was)."""
+    check_output_place(target)
+    if log is not None:
+        check_output_place(log)
+        if Path(log).resolve() in (source.resolve(), target.resolve()):
+            raise FlipError(f"the log {log} would overwrite the checkpoint")
+    wrote_log = False
+    try:
+        with atomic_output(target) as tmp:
+            shutil.copyfile(source, tmp)
+            shutil.copymode(source, tmp)
+            flips = FlipLog.concat([_flip_dataset(tmp, name, indices, masks) for name, indices, masks in plan])
+            if log is not None:
+                write_log(log, flips)
+                wrote_log = True
+    except BaseException:
+        if wrote_log:
+            Path(log).unlink(missing_ok=True)  # type: ignore[arg-type]
+        raise
+    return flips
+
+
+def write_log(path: str | os.PathLike, flips: Iterable[Flip]) -> Path:
+    """A flip log as JSON lines (one :meth:`~.bitflip.Flip.to_dict` each), written atomically."""
+    with atomic_output(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        for f in flips:
+            handle.write(json.dumps(f.to_dict()) + "\n")
+    return Path(path)
+
+
+def replay_checkpoint(path: str | os.PathLike, log: Iterable[Flip | dict[str, Any]],
+                      out: str | os.PathLike | None = None) -> FlipLog:
+    """Apply a flip log to a checkpoint again (each entry: its mask at its index of its dataset), in place or in
+    a copy ``out``; every entry is checked against the file before anything is written."""
+    try:
+        entries = [e if isinstance(e, Flip) else Flip.from_dict(e) for e in log]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise FlipError(f"the flip log has an entry that is not a flip: {reason(exc)}") from None
+    available = _numeric(path)
+    plan: Plan = []
     for name in dict.fromkeys(e.target for e in entries):
+        if name not in available:
+            raise FlipError(f"the log names dataset {name!r}, which {path} does not hold")
+        size, dtype = available[name]
         mine = [e for e in entries if e.target == name]
-        done.append(_flip_dataset(Path(path), name, np.array([e.index for e in mine]),
-                                  np.array([e.mask for e in mine], dtype=np.uint64)))
-    return FlipLog.concat(done)
+        bad = next((e for e in mine if not 0 <= e.index < size or not 0 < e.mask < 1 << width(dtype)), None)
+        if bad is not None:
+            raise FlipError(f"the log's flip of {name}[{bad.index}] (mask {bad.mask:#x}) does not fit its {size} "
+                            f"{dtype} elements")
+        plan.append((name, np.array([e.index for e in mine], dtype=np.int64),
+                     np.array([e.mask for e in mine], dtype=np.uint64)))
+    return _write_altered(Path(path), Path(out) if out is not None else Path(path), plan, None)
 
 
-def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike) -> list[dict[str, Any]]:
+def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, strict: bool = True) -> list[dict[str, Any]]:
     """Per numeric dataset present in both: values whose bits differ, max |a-b| and L2 distance (inf where a
-    difference is not finite)."""
+    difference is not finite).
+
+    Both files are checked first (:func:`workbench.h5files.inspect`) and must be workbench files of one kind.
+    With ``strict`` (default) files that are not two states of one model — a dataset only in either, or of
+    another shape or dtype — raise :class:`NotComparable`, naming them; otherwise each such dataset gets a row
+    with ``changed`` None and a ``note`` (``only in a``, ``only in b``, ``shape or dtype differs``)."""
+    ia, ib = inspect(a), inspect(b)
+    if ia.kind != ib.kind:
+        raise NotComparable(f"{a} is {ia.description} and {b} {ib.description}: they cannot be compared")
+    na = {n: s for n, s in ia.datasets.items() if _kind(s[1]) in "fiu"}
+    nb = {n: s for n, s in ib.datasets.items() if _kind(s[1]) in "fiu"}
+    notes = {**{n: "only in a" for n in na if n not in nb}, **{n: "only in b" for n in nb if n not in na},
+             **{n: "shape or dtype differs" for n in na if n in nb and na[n] != nb[n]}}
+    if strict and notes:
+        labels = {"only in a": f"only in {a}", "only in b": f"only in {b}", "shape or dtype differs":
+                  "of another shape or dtype"}
+        raise NotComparable(f"{a} and {b} are not two states of one model: datasets " + "; ".join(
+            f"{text}: {_names(found)}" for note, text in labels.items()
+            if (found := [n for n, kind in notes.items() if kind == note])) + " (--partial / strict=False compares "
+            "the datasets they share)")
+    try:
+        rows = _compare_rows(a, b, [n for n in na if n not in notes])
+    except (OSError, RuntimeError) as exc:
+        raise FileKindError(f"{a} or {b}", f"is a damaged HDF5 file ({reason(exc)})") from None
+    return rows + [{"dataset": n, "changed": None, "max_abs_diff": None, "l2": None, "note": note}
+                   for n, note in notes.items()]
+
+
+def _names(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _compare_rows(a: str | os.PathLike, b: str | os.PathLike, names: list[str]) -> list[dict[str, Any]]:
     import h5py
 
     rows = []
     with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
-        names: list[str] = []
-        fa.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) and o.dtype.kind in "fiu" else None)
         for name in names:
-            if name not in fb or fb[name].shape != fa[name].shape:
-                rows.append({"dataset": name, "changed": None, "max_abs_diff": None, "l2": None,
-                             "note": "missing or reshaped in b"})
-                continue
             x, y = np.ascontiguousarray(fa[name][()]).reshape(-1), np.ascontiguousarray(fb[name][()]).reshape(-1)
             changed = int(np.count_nonzero(x.view(f"u{x.itemsize}") != y.view(f"u{y.itemsize}")))
             with np.errstate(invalid="ignore", over="ignore"):

@@ -18,6 +18,22 @@ def classify_values(accuracy: float | None, golden_accuracy: float, losses: list
     return "degraded" if accuracy < golden_accuracy - tolerance else "masked"
 
 
+# a flip that moves a value by at most this share of itself (fp32 mantissa bits 0-9) is masked: the JPDC'24 finding
+MASKED_RELATIVE_CHANGE = 2.0**-13
+
+
+def possible_outcomes(old: float, new: float) -> tuple[str, ...]:
+    """The outcome classes a flip of one weight from ``old`` to ``new`` may have, as the notebooks assert them: a
+    non-finite weight makes every sum it enters non-finite (NaN x 0 is NaN), so only ``nonfinite``; a change of
+    at most ``MASKED_RELATIVE_CHANGE`` of the value (or of 1e-30 for zeros) is ``masked``; anything else may be
+    any class but a crash (a flipped value never stops a run by itself)."""
+    if not math.isfinite(new):
+        return ("nonfinite",)
+    if abs(new - old) <= MASKED_RELATIVE_CHANGE * max(abs(old), 1e-30):
+        return ("masked",)
+    return ("masked", "degraded", "nonfinite")
+
+
 def classify(result: Any, golden: Any, tolerance: float = 0.01) -> dict[str, Any]:
     """``outcome`` (masked / degraded / nonfinite / crash), ``detected``, ``recovered``, accuracy delta."""
     kinds = [e["kind"] for e in result.events]

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from workbench import checkpoint as ckpt
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset
+from workbench.h5files import OutputError
 from workbench.models import build_model
 from workbench.rank import state as st
 from workbench.rank.channel import Channel
@@ -202,7 +203,9 @@ class BaseTrainer:
 
     def _write_checkpoint(self, name: str | None = None,
                           state: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
-        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor."""
+        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor. A
+        write that fails (:class:`~workbench.h5files.OutputError`) ends the run: an ``error`` with its ``reason``,
+        then this process exits (a rank fault it is not; the other ranks are stopped with the run)."""
         started = time.perf_counter()
         if self._writer is not None:
             self._writer.join()  # one write at a time; the previous one is normally long done
@@ -214,7 +217,11 @@ class BaseTrainer:
 
         def write() -> None:
             began = time.perf_counter()
-            ckpt.save(path, snapshot)
+            try:
+                ckpt.save(path, snapshot)
+            except OutputError as exc:  # a full disk, a read-only place: the run fails as such, not as a fault
+                self.channel.send({"type": "error", "message": str(exc), "reason": f"checkpoint not written: {exc}"})
+                os._exit(1)
             self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
                                "write_s": time.perf_counter() - began})
 

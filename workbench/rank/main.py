@@ -22,10 +22,11 @@ import torch
 import torch.distributed as dist
 
 from workbench.config import RunConfig
+from workbench.h5files import OutputError
 from workbench.processes import die_with_parent
-from workbench.protocol import CONTROL_KEY
 from workbench.rank.base import BaseTrainer, evaluate, fingerprint  # noqa: F401 - the peers' ranks use them
 from workbench.rank.channel import Channel
+from workbench.rank.join import Joined, join_or_exit
 
 
 def start_rank_process() -> None:
@@ -40,14 +41,19 @@ def start_rank_process() -> None:
 
 def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
     """Run ``body(start message)`` and end the process with ``os._exit``; an exception is reported in one line
-    as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it)."""
+    as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it). An output
+    that cannot be written (a checkpoint on a full disk: :class:`~workbench.h5files.OutputError`) always fails the
+    run, with that as its ``reason``: no peer recovers a full disk."""
     code = 0
     try:
         body(channel.recv(timeout=120.0))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported in one line, then the process ends
         code = 1
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        channel.send({"type": error_kind, "message": detail, "traceback": traceback.format_exc(limit=8)})
+        output = isinstance(exc, OutputError)
+        channel.send({"type": "error" if output else error_kind, "message": detail,
+                      "reason": str(exc) if output else None,
+                      "traceback": traceback.format_exc(limit=8)})
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -68,50 +74,50 @@ def trainer_class(config: RunConfig) -> type[BaseTrainer]:
     return Trainer
 
 
-def _join_from_store(address: str, rank_hint: int | None, timeout: float) -> tuple[Channel, dist.TCPStore]:
+def _join_from_store(address: str, rank_hint: int | None, timeout: float,
+                     joined: Joined | None = None) -> tuple[Channel, None]:
     """A rank started outside the supervisor (another host, torchrun, by hand): the store at ``address`` names
-    the control server (key ``workbench/control``); the supervisor gives this process a free rank slot."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise SystemExit(f"workbench rank: --store {address!r} is not HOST:PORT")
+    the control server (key ``workbench/control``, :mod:`.join`); the supervisor gives this process a free rank
+    slot. Errors are one line and exit 2. The rank's torch store is opened from the start message (``train``)."""
+    joined = joined or join_or_exit(address, timeout, rank_hint)
     try:
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
-        control = store.get(CONTROL_KEY).decode()
-    except (RuntimeError, OSError) as exc:  # torch's DistStoreError is a RuntimeError
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SystemExit(f"workbench rank: no run's store answered at {address} within {timeout:g} s ({reason})"
-                         ) from None
-    control_host, _, control_port = control.rpartition(":")
-    return Channel(control_host, int(control_port), None, rank_hint=rank_hint), store
+        channel = Channel(joined.control_host, joined.control_port, None, connect_timeout=joined.timeout,
+                          rank_hint=joined.rank_hint)
+    except OSError as exc:
+        print(f"workbench: error: the run at {address} named its control server {joined.control_host}:"
+              f"{joined.control_port}, which did not answer ({exc.strerror or type(exc).__name__})",
+              file=sys.stderr, flush=True)
+        os._exit(2)
+    return channel, None
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
+    """``joined``: the run already found by the caller (``workbench rank`` waits for it before importing torch)."""
     parser = argparse.ArgumentParser(prog="python -m workbench.rank")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--control", help="HOST:PORT of the supervisor's control channel (spawned ranks)")
     where.add_argument("--store", help="HOST:PORT of a run's store: join a run started elsewhere")
     parser.add_argument("--id", type=int, help="spawn id given by the supervisor (with --control)")
-    parser.add_argument("--rank-hint", type=int, help="with --store: the rank number to take")
-    parser.add_argument("--connect-timeout", type=float, default=60.0, help="with --store: seconds to wait for it")
+    parser.add_argument("--rank-hint", help="with --store: the rank number to take")
+    parser.add_argument("--connect-timeout", default="60", help="with --store: seconds to wait for it (> 0)")
     args = parser.parse_args(argv)
     if args.control and args.id is None:
         parser.error("--control needs --id")
+    if args.store and joined is None:  # before the signal handlers of a rank: Ctrl-C ends the wait in one line
+        joined = join_or_exit(args.store, args.connect_timeout, args.rank_hint)
     start_rank_process()
-    store = None
     if args.store:
-        channel, store = _join_from_store(args.store, args.rank_hint, args.connect_timeout)
+        channel, _ = _join_from_store(args.store, None, 0.0, joined)
     else:
         host, _, port = args.control.rpartition(":")
         channel = Channel(host, int(port), args.id)
 
     def train(start: dict[str, Any]) -> None:
         config = RunConfig.from_dict(start["config"])
-        joined_store = store
-        if joined_store is None or start["store"] != args.store:
-            store_host, _, store_port = start["store"].rpartition(":")
-            joined_store = dist.TCPStore(store_host, int(store_port), is_master=False,
-                                         timeout=timedelta(seconds=config.startup_timeout))
-        trainer = trainer_class(config)(config, channel, joined_store, Path(start["checkpoint_dir"]))
+        store_host, _, store_port = start["store"].rpartition(":")
+        store = dist.TCPStore(store_host, int(store_port), is_master=False,
+                              timeout=timedelta(seconds=config.startup_timeout))
+        trainer = trainer_class(config)(config, channel, store, Path(start["checkpoint_dir"]))
         trainer.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
         trainer.run()
 

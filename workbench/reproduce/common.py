@@ -161,7 +161,7 @@ def cached_run(directory: str | os.PathLike, **settings: Any) -> Any:
             return cached
     directory.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)  # a run cut off below leaves no stamp: the next invocation runs it again
-    result = workbench.run(**settings)
+    result = workbench.run(**settings, overwrite=True)  # an ``out`` in the settings: the run this one replaces
     result.save(directory)
     _write(stamp, wanted)
     return result

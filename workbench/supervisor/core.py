@@ -180,7 +180,7 @@ class Supervisor:
             if w.proc is not None and w.proc.poll() is not None:
                 for message in self.control.drain(w):  # its last messages ("done") may still be in the socket
                     self._handle(w, message)
-                if not w.done and w.alive:
+                if not w.done and w.alive and not self._outcome:  # its error ended the run: not a fault
                     self._on_death(w, self.launcher.exit_cause(w))
             elif w.conn is not None and now - w.last_heard > self.config.heartbeat_timeout:
                 self.launcher.kill(w, self.control.send)
@@ -289,7 +289,7 @@ class Supervisor:
                 if who.alive:
                     who.last_heard = time.monotonic()
                     self._handle(who, payload)
-            elif what == "closed" and who.alive and not who.done:
+            elif what == "closed" and who.alive and not who.done and not self._outcome:  # ended: no fault
                 if who.proc is not None:
                     try:
                         who.proc.wait(timeout=1.0)
@@ -368,8 +368,7 @@ class Supervisor:
             w.done = True
             w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
         elif kind == "error":
-            self.recorder.event("error", w.steps_done, m["message"], rank=w.label if w.label is not None else -1)
-            self._outcome = ("failed", f"rank {w.label} raised an error at step {w.steps_done}: {m['message']}")
+            self._outcome = ("failed", self.recorder.rank_error(w.label, w.steps_done, m))
 
     # -- plumbing ----------------------------------------------------------------------------------------------------
     def _log_hint(self, name: str) -> str:

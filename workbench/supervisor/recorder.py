@@ -223,6 +223,12 @@ class Recorder:
                            f"tau {m['tau']:.4g}; model now {m['hidden_units']} hidden units, "
                            f"{m['parameters']} parameters")
 
+    def rank_error(self, label: int | None, step: int, m: dict[str, Any]) -> str:
+        """A rank's ``error``: an event, and the reason the run fails. An error with a ``reason`` of its own (a
+        checkpoint that could not be written) is that reason: the run failed on its outputs, not on a rank."""
+        self.event("error", step, m["message"], rank=label if label is not None else -1)
+        return m.get("reason") or f"rank {label} raised an error at step {step}: {m['message']}"
+
     # -- the result -------------------------------------------------------------------------------------------
     def result(self, outcome: str, reason: str, world_size_final: int, replicas_identical: bool | None,
                keep_checkpoint: bool) -> RunResult:

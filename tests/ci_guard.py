@@ -1,0 +1,89 @@
+"""A pytest plugin for both halves of ``make test`` (``tests/`` and the notebooks through nbval), loaded by
+``pyproject.toml`` (``-p ci_guard``):
+
+- **Under ``CI=true`` a skip is a failure.** A test that cannot run there (a browser or a Slurm that did not
+  install, a missing extra, a kernel feature that is off) fails with the reason it would have been skipped for,
+  so a green CI means every test ran. ``xfail`` is left alone. Outside CI a skip stays a skip (``-rs`` lists it).
+- **The notebooks get the leak check ``tests/`` has** (``conftest.py`` there): once nbval has shut a notebook's
+  kernel down, every project process the notebook started (ranks, templates, papermill workers, kernels) must be
+  gone within ``LEAK_WAIT_S``; what is left is killed and reported as an error of the notebook's last cell.
+"""
+
+from __future__ import annotations
+
+import os
+
+import leaks
+import pytest
+
+LEAK_WAIT_S = 3.0  # a process of a test may take this long to go (a kernel shutting down, ranks reaped)
+
+
+def in_ci() -> bool:
+    """``CI`` set to anything but empty, 0 or false (GitHub Actions, GitLab and ``.ci/run`` set ``CI=true``)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _fail_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = (f"skipped under CI=true, which counts as a failure (a test that cannot run in CI must "
+                           f"be made to run there): {_skip_reason(report)}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report = yield
+    _fail_skip(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
+    report = yield  # a module-level importorskip or skip(allow_module_level=True) skips the whole file
+    _fail_skip(report)
+    return report
+
+
+# -- the notebooks' leak check --------------------------------------------------------------------------------
+
+_before: dict[str, set[tuple[int, int]]] = {}  # notebook path -> project processes before its first cell
+
+
+def _is_notebook_cell(item: pytest.Item) -> bool:
+    return str(getattr(item, "path", "")).endswith(".ipynb")
+
+
+def _notebook(item: pytest.Item) -> str:
+    return str(item.path)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _is_notebook_cell(item) and _notebook(item) not in _before:  # before nbval starts the notebook's kernel
+        _before[_notebook(item)] = {p.key for p in leaks.project_processes(os.environ.get(leaks.TAG_VAR))}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    result = yield  # after the last cell, nbval's teardown of the notebook has shut its kernel down
+    if _is_notebook_cell(item) and (nextitem is None or _notebook(nextitem) != _notebook(item)):
+        before = _before.pop(_notebook(item), set())
+        left = leaks.wait_gone(before, os.environ.get(leaks.TAG_VAR), timeout=LEAK_WAIT_S)
+        if left:
+            leaks.kill(left)
+            pytest.fail(f"{os.path.basename(_notebook(item))} left {len(left)} process(es) running "
+                        f"{LEAK_WAIT_S:g} s after its kernel was shut down (now killed):\n"
+                        + "\n".join(f"  {p}" for p in left), pytrace=False)
+    return result
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(leaks.TAG_VAR) is None:  # tests/conftest.py tags too; the notebook run has only this
+        leaks.tag_this_process()

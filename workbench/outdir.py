@@ -1,0 +1,89 @@
+"""A run's output directory (``out``): what a run writes there, and the rule that one directory holds one run.
+
+A run writes ``out/result.h5``, its checkpoints ``out/checkpoints/step_NNNNNN.h5`` and ``final.h5``, and the
+logs of its processes, ``out/logs/*.log`` (ranks, rank templates, the peers' launchers). :func:`claim` refuses
+an ``out`` that already holds any of them, with a :class:`~workbench.errors.ConfigError` before any process
+starts: a second run would replace the first one's result and leave its checkpoints beside its own, ready to be
+resumed by mistake. With ``overwrite`` it removes them first: only those files (and the hidden temporary files
+of an interrupted write), nothing else of the directory (a sweep point's notebook and ``point.json``, a
+campaign's ``settings.json`` stay). It also makes the directory and checks that it can be written: a read-only
+place is a ConfigError naming it, not a run that fails at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from workbench.errors import ConfigError
+from workbench.h5files import reason
+from workbench.results import RESULT_FILE
+
+RUN_FILES = (RESULT_FILE, f".{RESULT_FILE}.*.tmp", "checkpoints/step_*.h5", "checkpoints/final.h5",
+             "checkpoints/.*.tmp", "logs/*.log")
+RUN_DIRECTORIES = ("checkpoints", "logs")
+
+
+def run_files(out: str | os.PathLike) -> list[Path]:
+    """The files of a run in ``out`` (:data:`RUN_FILES`), sorted; none when ``out`` is no directory."""
+    out = Path(out)
+    if not out.is_dir():
+        return []
+    return sorted({p for pattern in RUN_FILES for p in out.glob(pattern) if p.is_file() or p.is_symlink()})
+
+
+def describe(files: list[Path], out: Path) -> str:
+    """``result.h5, 3 checkpoints, 2 logs``: what :func:`run_files` found."""
+    names = [p.relative_to(out).as_posix() for p in files]
+    parts = [RESULT_FILE] if RESULT_FILE in names else []
+    for folder, what in (("checkpoints/", "checkpoint"), ("logs/", "log")):
+        n = sum(name.startswith(folder) for name in names)
+        if n:
+            parts.append(f"{n} {what}{'s' if n > 1 else ''}")
+    return ", ".join(parts) or "temporary files"
+
+
+def claim(out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Make ``out`` ready for a new run: refuse it (ConfigError) when it holds a run's files and not
+    ``overwrite``, else remove those; make it, and check it can be written (ConfigError naming it if not)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"{out} is a file, not a directory")
+    found = run_files(out)
+    if found and not overwrite:
+        raise ConfigError("out", f"{out} already holds a run ({describe(found, out)}): give another directory, or "
+                          "overwrite it (--overwrite, overwrite=True) to replace that run")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".workbench-", suffix=".tmp", dir=out)
+        os.close(handle)
+        os.unlink(probe)
+        clear(out, found)
+    except OSError as exc:
+        raise ConfigError("out", f"{out} cannot be written: {reason(exc)}") from None
+    return out
+
+
+def clear(out: str | os.PathLike, files: list[Path] | None = None) -> None:
+    """Remove a run's files from ``out`` (those :func:`run_files` finds, or ``files``), and its ``checkpoints``
+    and ``logs`` folders where that leaves them empty."""
+    out = Path(out)
+    for path in run_files(out) if files is None else files:
+        path.unlink(missing_ok=True)
+    for folder in RUN_DIRECTORIES:
+        try:
+            (out / folder).rmdir()
+        except OSError:
+            pass  # absent, or holding files that are not the run's
+
+
+def fresh(base: str | os.PathLike) -> Path:
+    """``base``, or ``base-2``, ``base-3``, ... : the first that does not exist (the default ``runs/run-<time>`` of
+    two runs started in the same second)."""
+    base = Path(base)
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
