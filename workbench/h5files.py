@@ -34,7 +34,6 @@ CHECKPOINT, RESULT, SWEEP_TABLE, TABLE = "checkpoint", "result", "sweep table", 
 FORMATS = {CHECKPOINT: 1, RESULT: 1, SWEEP_TABLE: 1, TABLE: 1}
 DESCRIPTIONS = {CHECKPOINT: "a workbench checkpoint", RESULT: "a run result (result.h5)",
                 SWEEP_TABLE: "a sweep table (results.h5)", TABLE: "a workbench table (e.g. sensitivity.h5)"}
-_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 class FileKindError(ResultsError):
@@ -86,11 +85,11 @@ def inspect(path: str | os.PathLike) -> H5Info:
     import h5py
 
     path = Path(path)
-    _check_plain_file(path)
     try:
+        _check_plain_file(path)
         with path.open("rb") as handle:
             head = handle.read(8)
-    except OSError as exc:
+    except OSError as exc:  # FileKindError is none
         raise FileKindError(path, f"cannot be read: {reason(exc)}") from None
     if not h5py.is_hdf5(str(path)):
         text = head and all(32 <= b < 127 or b in b"\t\r\n" for b in head)
@@ -101,6 +100,8 @@ def inspect(path: str | os.PathLike) -> H5Info:
     except FileKindError:
         raise
     except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        if "unable to lock file" in str(exc):
+            raise FileKindError(path, "is locked: another process is writing it") from None
         truncated = "truncated" in str(exc)
         raise FileKindError(path, f"is a damaged HDF5 file ({'truncated' if truncated else reason(exc)})") from None
 

@@ -93,7 +93,8 @@ def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None 
     uniformly over all elements of ``datasets`` (default: every float dataset). Everything is checked before
     anything is written (see the module docstring): a refused flip leaves no file at ``out`` and no log.
     """
-    source, target = Path(path), Path(out) if out is not None else Path(path)
+    source = Path(path)
+    target = Path(out) if out is not None else source.resolve()  # in place: the file a link points to
     available = float_datasets(source)
     names = list(datasets) if datasets is not None else list(available)
     for name in names:
@@ -106,6 +107,8 @@ def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None 
             raise FlipError("an exact flip needs one dataset, an index and a bit")
         size, dtype = available[names[0]]
         _check_bit(dtype_name(np.dtype(dtype)), bit)
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise FlipError(f"index {index!r} must be an integer (a flat element index)")
         if not 0 <= index < size:
             raise FlipError(f"index {index} is out of range for {names[0]} with {size} elements (0..{size - 1})")
         plan: Plan = [(names[0], np.array([index], dtype=np.int64), np.array([1 << bit], dtype=np.uint64))]
@@ -184,7 +187,7 @@ def replay_checkpoint(path: str | os.PathLike, log: Iterable[Flip | dict[str, An
                             f"{dtype} elements")
         plan.append((name, np.array([e.index for e in mine], dtype=np.int64),
                      np.array([e.mask for e in mine], dtype=np.uint64)))
-    return _write_altered(Path(path), Path(out) if out is not None else Path(path), plan, None)
+    return _write_altered(Path(path), Path(out) if out is not None else Path(path).resolve(), plan, None)
 
 
 def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, strict: bool = True) -> list[dict[str, Any]]:
