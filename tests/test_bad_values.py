@@ -252,3 +252,30 @@ def test_lab_keeps_the_defaults_it_has_no_box_for():
         assert (config.world_size, config.eval_interval, config.checkpoint_every) == (16, 5, 7)
     finally:
         lab.close()
+
+
+# -- values of run and sweep that the probe of the CLI found answered late or not at all ------------------------------
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--config", "."], "config: cannot read '.': Is a directory"),
+    (["run", "--track", "bad://where"], "--track: 'bad://where' is no tracking URI MLflow reads"),
+    (["sweep", "notebooks/quickstart.ipynb", "-p", "seed", "0", "--out", "OUT", "--timeout", "-1"],
+     "argument --timeout: '-1' is not allowed: a finite number of seconds > 0"),
+    (["sweep", "notebooks/quickstart.ipynb", "-p", "seed", "0", "--out", "OUT", "--timeout", "inf"],
+     "argument --timeout: 'inf' is not allowed"),
+])
+def test_bad_run_and_sweep_values_exit_2_before_anything_starts(argv, expected, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [str(tmp_path / "s") if a == "OUT" else a for a in argv]
+    done = subprocess.run([sys.executable, "-m", "workbench", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=root)
+    assert expected in one_line(done, 2)
+    assert not (tmp_path / "s").exists()  # nothing written
+
+
+def test_sweep_refuses_a_timeout_that_is_not_a_positive_number(tmp_path):
+    from workbench.errors import SweepError
+    from workbench.sweep import sweep
+
+    with pytest.raises(SweepError, match="timeout must be a finite number of seconds > 0"):
+        sweep("notebooks/quickstart.ipynb", {"seed": [0]}, out=tmp_path / "s", timeout=-1)
+    assert not (tmp_path / "s").exists()

@@ -179,6 +179,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.completed else 1
 
 
+def _seconds(text: str) -> float:
+    """A --timeout: a finite number of seconds > 0 (argparse answers anything else in one line, exit 2)."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number of seconds > 0")
+    return value
+
+
 def _add_sweep_parsers(sub: Any) -> None:
     sweep = sub.add_parser("sweep", help="run a notebook over a grid of parameters (papermill), resumable",
                            description="Run NOTEBOOK at every point of the grid that is not complete under --out: "
@@ -204,7 +212,7 @@ def _add_sweep_parsers(sub: Any) -> None:
     sweep.add_argument("--jobs", type=int, help="points at a time (default: min(cores, 2 x cores / the points' "
                        "world_size), at least 1)")
     sweep.add_argument("--skip-failed", action="store_true", help="do not retry points that failed before")
-    sweep.add_argument("--timeout", type=float, help="seconds a cell may run before its point fails")
+    sweep.add_argument("--timeout", type=_seconds, help="seconds a cell may run before its point fails")
     sweep.add_argument("--kernel", help="Jupyter kernel name (default: the notebook's)")
     sweep.add_argument("--dry-run", action="store_true", help="print the points and which would run, run nothing")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -337,6 +337,8 @@ class RunConfig:
             values = yaml.safe_load(path.read_text())
         except FileNotFoundError:
             raise ConfigError("config", f"file {str(path)!r} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
+            raise ConfigError("config", f"cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError("config", f"{str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
         if values is None:

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from workbench import provenance
+from workbench.errors import SweepError
 from workbench.sweep_executor import STOP_WAIT_S, Scheduler, progress_enabled
 from workbench.sweep_plan import (
     SWEEP_FILE,
@@ -83,6 +84,8 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     with a child per point (:mod:`workbench.tracking_sweep`; ``TrackingUnavailable`` before anything runs when
     MLflow is not installed; a logging failure is a warning, in ``attrs["tracking"]`` and ``DIR/tracking.json``).
     """
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise SweepError(f"timeout must be a finite number of seconds > 0, not {timeout!r}")
     if track is not None:
         from workbench.tracking import require
 

@@ -66,6 +66,10 @@ class TrackingWarning(UserWarning):
     """Logging to MLflow failed; the run itself is unaffected (its summary's ``tracking`` says what failed)."""
 
 
+# the URI schemes MLflow's tracking store registry reads (file and the SQLAlchemy databases; REST; Databricks)
+_SCHEMES = ("file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc", "uc")
+
+
 def require(uri: str | os.PathLike) -> str:
     """The tracking URI to use (a plain path made an absolute ``file://`` URI), after checking — without importing
     it — that MLflow can be imported. Raises :class:`TrackingUnavailable` (one line, with the install command)."""
@@ -79,6 +83,10 @@ def require(uri: str | os.PathLike) -> str:
     if not found:
         raise TrackingUnavailable(f"--track needs MLflow, which is not installed: {INSTALL}")
     if "://" in text or text.startswith(("file:", "databricks")) or ":" in text.split("/", 1)[0]:
+        scheme = text.split(":", 1)[0].lower()
+        if scheme.split("+", 1)[0] not in _SCHEMES:  # "postgresql+psycopg2" is postgresql's
+            raise TrackingUnavailable(f"--track: {text!r} is no tracking URI MLflow reads: allowed a directory "
+                                      f"(./mlruns) or a URI of {', '.join(s + ':' for s in _SCHEMES)}")
         return text  # a URI MLflow reads (file:, sqlite:, http(s):, databricks, ...) as it is
     return Path(text).expanduser().resolve().as_uri()
 
