@@ -197,3 +197,36 @@ def test_no_orphans_when_the_parent_goes(how, tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive()
+
+
+def test_a_service_of_the_run_goes_with_its_killed_supervisor(tmp_path):
+    """torchft's lighthouse (a Rust binary) and torchrun's agent run no code of ours: the launcher arms their
+    parent-death signal before exec, so a supervisor SIGKILLed (no clean-up) still takes them along."""
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from workbench.supervisor.launcher import Launcher
+        launcher = Launcher("fresh", "workbench.rank", None, {}, None, 10.0)
+        proc = launcher.launch([sys.executable, "-c", "import time; time.sleep(120)", "workbench.peers-service"],
+                               "service.log", what="a service")
+        print(proc.pid, flush=True)
+        time.sleep(120)
+    """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([owner.stdout], [], [], 60)
+        assert ready, "the owner never started its service"
+        service = int(owner.stdout.readline())
+        owner.kill()
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{service}") and time.monotonic() < deadline:
+            try:
+                os.waitpid(service, os.WNOHANG)  # not our child: only a zombie of init's would linger
+            except ChildProcessError:
+                pass
+            time.sleep(0.05)
+        with open(f"/proc/{service}/stat") if os.path.exists(f"/proc/{service}") else open(os.devnull) as stat:
+            assert stat.read().split(") ")[-1][:1] in ("", "Z"), "the service outlived its supervisor"
+    finally:
+        owner.kill()

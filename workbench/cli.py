@@ -150,15 +150,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.tracking import for_command_line
 
     track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
+    from workbench.outdir import claim, fresh
+    from workbench.session import prepare, start
+
+    config = prepare(config)  # every ConfigError (exit 2) before the first process, the rank template included
+    out = claim(args.out, args.overwrite) if args.out else fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
     if config.spawn == "template":
         from workbench.template import prewarm
 
         prewarm()  # the template imports torch while this process does: the two imports overlap
-    from workbench.outdir import fresh
-    from workbench.session import start
-
-    out = args.out or fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
-    handle = start(config, out=out, on_event=None if args.json else _progress, track=track, overwrite=args.overwrite)
+    handle = start(config, out=out, on_event=None if args.json else _progress, track=track)
     result = handle.wait()
     summary = result.summary
     if args.json:

@@ -31,12 +31,18 @@ def import_path() -> list[str]:
     return [os.path.abspath(p) for p in sys.path]
 
 
+try:  # loaded once, here: die_with_parent also runs between fork and exec, where no library may be loaded
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None  # not Linux: the end of the control channel (ranks) or of stdin (the template) still stops it
+
+
 def die_with_parent() -> None:
-    """Linux: SIGKILL this process when the thread that started it ends (``PR_SET_PDEATHSIG``)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the end of the control channel (ranks) or of stdin (the template) still stops it
+    """Linux: SIGKILL this process when the thread that started it ends (``PR_SET_PDEATHSIG``). Also the
+    ``preexec_fn`` of the run's other processes (torchft's lighthouse, torchrun's agent): the signal survives
+    their ``exec``, so they go with the supervisor even when it is killed and cannot clean up."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, int(signal.SIGKILL))
 
 
 def kill_session(pid: int) -> None:

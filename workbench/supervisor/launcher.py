@@ -10,8 +10,9 @@ starts (``workbench rank --store``). The peers' ranks start fresh, as their user
 
 No orphans: every rank runs in a session of its own; ``kill`` SIGKILLs the session and reaps it (bounded);
 ``close`` kills every process and template of the run, on every exit path of the supervisor. Fresh ranks are
-started from the supervisor's thread (their parent-death signal fires when it ends); forked ranks die with
-their template, and the template with this process; every rank also exits when its control channel closes.
+started from the supervisor's thread (their parent-death signal fires when it ends; armed before exec, so the
+peers' helpers, which run no code of ours, go too); forked ranks die with their template, and the template with
+this process; every rank also exits when its control channel closes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from workbench.errors import RunStartError
 from workbench.hosts import Host
-from workbench.processes import child_env, kill_session
+from workbench.processes import child_env, die_with_parent, kill_session
 from workbench.protocol import LineDecoder
 from workbench.template import ForkedProcess, Template, TemplateError, local_template
 
@@ -148,7 +149,7 @@ class Launcher:
         out = open(self.log_dir / log_name, "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent)  # a Rust lighthouse too
         except OSError as exc:
             raise RunStartError(f"cannot start {what} ({argv[0]}): {exc.strerror}") from None
         finally:
