@@ -48,12 +48,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 _skipped_files: list[str] = []  # under CI: files a module-level skip left out, failed at the session's end
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport:
-    report = yield  # a module-level importorskip or skip(allow_module_level=True) skips the whole file
-    if in_ci() and report.skipped:  # not failed here: a collection error would stop the other files from running
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """Where the report is logged (the controller under xdist): a module-level importorskip or
+    skip(allow_module_level=True) skips the whole file. Not failed here: a collection error would stop the other
+    files from running."""
+    if in_ci() and report.skipped:
         _skipped_files.append(f"{report.nodeid}: {_skip_reason(report)}")
-    return report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -99,5 +99,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(leaks.TAG_VAR) is None:  # tests/conftest.py tags too; the notebook run has only this
+    """Tag this process unless tests/conftest.py did (the notebook run has only this plugin). A tag of another
+    process was inherited — from an xdist controller, whose workers must each see only their own processes, or
+    from an outer pytest — and is replaced."""
+    if os.environ.get(leaks.TAG_VAR, "").split("-")[0] != str(os.getpid()):
         leaks.tag_this_process()

@@ -51,8 +51,9 @@ def test_cli_hosts_file_sets_world_size_and_reports_a_missing_file(tmp_path):
 
 def test_ranks_join_through_the_store_and_a_launched_rank_is_killed_remotely(tmp_path):
     """127.0.0.2 stands for another host: rank 1 is started through a launcher (``env``, as ``ssh HOST`` would
-    be) and killed live by a control message; rank 2 joins by itself; a join with a taken hint is refused."""
-    run = workbench.start(world_size=3, steps=400, eval_interval=50, strategy="shrink", store_port=0,
+    be) and killed live by a control message; rank 2 joins by itself; a join with a taken hint is refused. The run
+    trains until the test stops it, so the refusal and the kill cannot come after a run that already ended."""
+    run = workbench.start(world_size=3, steps=1_000_000, eval_interval=50, strategy="shrink", store_port=0,
                           hosts=["127.0.0.1 1", "127.0.0.2 1 env", "127.0.0.3 1"], startup_timeout=60,
                           out=tmp_path / "run")
     store = _store_address(run)
@@ -63,6 +64,11 @@ def test_ranks_join_through_the_store_and_a_launched_rank_is_killed_remotely(tmp
                                  timeout=60)
         assert refused.returncode == 2 and "rank 2 cannot be taken" in refused.stderr
         run.kill(1)
+        _wait_for(lambda: run.status["generation"] >= 1 and run.status["world_size"] == 2, 120,
+                  "the run did not shrink to 2 ranks")
+        resumed = run.status["step"]
+        _wait_for(lambda: run.status["step"] >= resumed + 10, 120, "the run did not go on after the shrink")
+        run.stop()
         result = run.wait(timeout=180)
         joined_exit = joining.wait(timeout=30)  # before the finally's kill: the joined rank ends with the run
     finally:
@@ -70,7 +76,7 @@ def test_ranks_join_through_the_store_and_a_launched_rank_is_killed_remotely(tmp
         if joining.poll() is None:
             joining.kill()
             joining.wait(timeout=10)
-    assert result.summary["outcome"] == "completed", result.summary["reason"]
+    assert result.summary["outcome"] == "stopped", result.summary["reason"]
     (failure,) = result.summary["failures"]
     assert failure["rank"] == 1 and failure["world_size_after"] == 2
     assert "on 127.0.0.2 lost its connection" in failure["cause"]

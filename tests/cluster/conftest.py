@@ -55,3 +55,12 @@ def slurm(tmp_path_factory):
     left = cluster.running()
     assert not left, f"the cluster's daemons outlived cluster.down(): {left}"
     assert not cluster.leftovers(), "processes of the cluster outlived cluster.down()"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n`` (xdist, ``--dist loadgroup``) every test of this directory runs in one worker: they share
+    the session's one-node cluster, and one machine can run only one slurmd of its node."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
