@@ -79,6 +79,14 @@ def _notebook(item: pytest.Item) -> str:
     return str(item.path)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (xdist, ``--dist loadgroup``) a notebook's cells run in order in one worker: nbval runs
+    them in one kernel."""
+    for item in items:
+        if _is_notebook_cell(item):
+            item.add_marker(pytest.mark.xdist_group(_notebook(item)))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if _is_notebook_cell(item) and _notebook(item) not in _before:  # before nbval starts the notebook's kernel
         _before[_notebook(item)] = {p.key for p in leaks.project_processes(os.environ.get(leaks.TAG_VAR))}

@@ -98,7 +98,7 @@ def test_the_guard_sees_a_flipped_buffer_and_rolls_back(tmp_path):
     flip = "flip:rank=1,step=20,target=buffer,tensor=bn1.running_var,index=0,bit=30"
     result = workbench.run(world_size=2, steps=30, eval_interval=30, model=MODEL, faults=[flip], detect=["guard"],
                            detect_every=5, out=tmp_path)
-    assert result.completed and result.summary["detections"] >= 1
+    assert result.completed and result.summary["detections"] == 1  # the next check after the flip, then restored
     assert final_state(result)["bn1.running_var"][0].item() < 100.0
 
 

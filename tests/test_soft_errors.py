@@ -27,7 +27,7 @@ def test_weight_flip_detected_and_recovered(tmp_path):
     kinds = [e["kind"] for e in result.events]
     assert "flip" in kinds and "detected" in kinds and "recovered" in kinds
     assert result.completed and result.summary["replicas_identical"]
-    assert result.summary["flips"] == 1 and result.summary["detections"] >= 1
+    assert result.summary["flips"] == 1 and result.summary["detections"] == 1  # one flip, caught once, rolled back
     assert abs(result.summary["final_test_accuracy"] - golden.summary["final_test_accuracy"]) <= 0.02
 
 
