@@ -79,6 +79,7 @@ def _notebook(item: pytest.Item) -> str:
     return str(item.path)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the mark into the node id's @group
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``) a notebook's cells run in order in one worker: nbval runs
     them in one kernel."""

@@ -57,6 +57,7 @@ def slurm(tmp_path_factory):
     assert not cluster.leftovers(), "processes of the cluster outlived cluster.down()"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the mark into the node id's @group
 def pytest_collection_modifyitems(config, items):
     """Under ``pytest -n`` (xdist, ``--dist loadgroup``) every test of this directory runs in one worker: they share
     the session's one-node cluster, and one machine can run only one slurmd of its node."""
