@@ -66,12 +66,12 @@ reproduce: setup
 	$(PY) -m workbench.reproduce.report $(REPRO)
 
 # The tests and every notebook (nbval) in one pytest session over two workers (pytest-xdist): their waits for
-# processes, kernels and timeouts overlap. --dist loadgroup keeps each notebook's cells in one worker (and kernel)
-# and tests/cluster's tests with their one Slurm cluster; tests/notebooks holds fixtures, not notebooks to check.
-# --durations: the slowest, to keep the suite within its budget. Under CI=true a skip fails (tests/ci_guard.py).
+# processes, kernels and timeouts overlap. tests/ci_guard.py schedules them: a notebook's cells in one worker (and
+# kernel), tests/cluster's tests with their one Slurm cluster, every other test on its own; under CI=true a skip
+# fails. The notebooks first: the longest scopes start early. tests/notebooks holds fixtures, not notebooks to
+# check. --durations: to keep the suite within its budget.
 test: setup
-	$(VENV)/bin/pytest -q -rs -n 2 --dist loadgroup --durations=15 --nbval-lax --ignore=tests/notebooks \
-		tests notebooks
+	$(VENV)/bin/pytest -q -rs -n 2 --durations=15 --nbval-lax --ignore=tests/notebooks notebooks tests
 
 # ruff, then tools/check_structure.py: no import cycles in workbench/, no module over 400 lines, no function over
 # 80 (unless its docstring says why in "One piece: ...")

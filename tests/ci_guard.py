@@ -79,13 +79,21 @@ def _notebook(item: pytest.Item) -> str:
     return str(item.path)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the mark into the node id's @group
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n`` (xdist, ``--dist loadgroup``) a notebook's cells run in order in one worker: nbval runs
-    them in one kernel."""
-    for item in items:
-        if _is_notebook_cell(item):
-            item.add_marker(pytest.mark.xdist_group(_notebook(item)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``pytest -n`` (xdist) the tests spread one by one over the workers, but a notebook's cells run in
+    order in one worker (nbval runs them in one kernel) and ``tests/cluster``'s tests in one worker (they share
+    the session's one-node Slurm cluster: one machine runs one slurmd of its node). nbval's cells ignore
+    ``xdist_group`` marks, hence a scheduler whose scopes are those."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path.endswith(".ipynb"):
+                return path
+            return "tests/cluster" if path.startswith("tests/cluster/") else nodeid
+
+    return Scopes(config, log)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -56,12 +56,3 @@ def slurm(tmp_path_factory):
     assert not left, f"the cluster's daemons outlived cluster.down(): {left}"
     assert not cluster.leftovers(), "processes of the cluster outlived cluster.down()"
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the mark into the node id's @group
-def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n`` (xdist, ``--dist loadgroup``) every test of this directory runs in one worker: they share
-    the session's one-node cluster, and one machine can run only one slurmd of its node."""
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in Path(str(item.path)).resolve().parents:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
