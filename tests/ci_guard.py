@@ -7,6 +7,8 @@
 - **The notebooks get the leak check ``tests/`` has** (``conftest.py`` there): once nbval has shut a notebook's
   kernel down, every project process the notebook started (ranks, templates, papermill workers, kernels) must be
   gone within ``LEAK_WAIT_S``; what is left is killed and reported as an error of the notebook's last cell.
+- **Under ``pytest -n`` (xdist) it schedules the workers**: a notebook's cells together, ``tests/cluster``
+  together, every other test on its own (``make test`` runs both halves over two workers).
 """
 
 from __future__ import annotations
