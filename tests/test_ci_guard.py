@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -20,16 +22,17 @@ def _pytest(directory: Path, *argv: str, ci: bool) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=240)
 
 
-def test_a_planted_skip_fails_under_ci_and_stays_a_skip_outside(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])  # make test: -n 2
+def test_a_planted_skip_fails_under_ci_and_stays_a_skip_outside(tmp_path, workers):
     (tmp_path / "test_planted.py").write_text(
         "import pytest\n\n"
         "def test_skipped():\n    pytest.skip('no browser here')\n\n"
         "@pytest.mark.skipif(True, reason='no cluster here')\ndef test_marked():\n    pass\n\n"
         "@pytest.mark.xfail(reason='known')\ndef test_xfail():\n    assert False\n")
     (tmp_path / "test_module_skip.py").write_text("import pytest\npytest.importorskip('no_such_module_here')\n")
-    outside = _pytest(tmp_path, ci=False)
+    outside = _pytest(tmp_path, *workers, ci=False)
     assert outside.returncode == 0 and "3 skipped" in outside.stdout and "1 xfailed" in outside.stdout, outside.stdout
-    inside = _pytest(tmp_path, ci=True)
+    inside = _pytest(tmp_path, *workers, ci=True)
     assert inside.returncode == 1, inside.stdout
     assert "no browser here" in inside.stdout and "no cluster here" in inside.stdout, inside.stdout
     assert "no_such_module_here" in inside.stdout and "1 xfailed" in inside.stdout, inside.stdout
