@@ -34,33 +34,23 @@ def test_paired_differences_match_seed_and_world():
     assert paired(frame, "a", "b", "x") == [4.0, 5.0]  # seed 2 has no pair
 
 
-def test_verdict_require_asserts_everything_but_known_misses(tmp_path):
+def test_verdict_require_asserts_every_check_and_excuses_none(tmp_path):
     v = Verdict("k", "T", "paper", "small")
     v.check("first", True, "1")
     v.check("second thing", False, "2")
     assert v.status == "does not hold" and v.failed() == ["second thing: 2"]
     with pytest.raises(AssertionError, match="second thing"):
         v.require()
-    v.require(["second"])  # a documented miss: reported, not asserted
+    assert v.require_measured() == "does not hold"  # measured: reported as it is
     v.save(tmp_path)
     back = Verdict.load(tmp_path / "verdict.json")
     assert back.checks == v.checks and back.status == "does not hold"
     empty = Verdict("k", "T", "p", "small", comparable=False, reason="nothing ran")
-    with pytest.raises(AssertionError, match="nothing ran"):
-        empty.require(["anything"])
-
-
-def test_a_known_miss_given_as_a_string_is_one_name_never_its_letters():
-    """papermill's ``-p known_misses "..."`` passes a string: its letters must not excuse checks they start."""
-    v = Verdict("k", "T", "paper", "small")
-    v.check("checkpoint_restart adds more runtime", False, "1")
-    v.check("rollback loses no accuracy", False, "2")
-    with pytest.raises(AssertionError, match="checkpoint_restart adds") as raised:
-        v.require("rollback loses no accuracy")
-    assert "rollback loses" not in str(raised.value)
-    for excuses_nothing in ("", " ", [""]):
-        with pytest.raises(AssertionError, match="rollback loses"):
-            v.require(excuses_nothing)
+    for call in (empty.require, empty.require_measured):
+        with pytest.raises(AssertionError, match="nothing ran"):
+            call()
+    with pytest.raises(AssertionError, match="no check measured"):
+        Verdict("k", "T", "p", "small").require_measured()
 
 
 def test_cached_runs_rerun_for_other_code_and_for_unplanned_failures(tmp_path, monkeypatch):
@@ -310,16 +300,14 @@ def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_apoptosis_paper_scale_asserts_the_accuracy_the_small_scale_excuses():
-    """Two seeds are no statistic, so the small scale reports the accuracy check without asserting it; the paper
-    scale's ten seeds assert it: an apoptosis that costs accuracy fails the campaign there."""
-    assert set(apoptosis.KNOWN_MISSES) == set(apoptosis.SCALES)
+def test_apoptosis_reports_an_accuracy_miss_at_every_scale():
+    """No scale excuses a check: an apoptosis that costs accuracy makes the verdict "does not hold" at both."""
     costly = apoptosis_frame()
     costly.loc[costly.arm == "on", "accuracy_change_pt"] = -0.9
     for scale in apoptosis.SCALES:
         verdict = apoptosis.verdict(costly, scale)
         assert [c.name for c in verdict.checks if not c.ok] == ["accuracy stays: median >= -0.5 pt, worst >= -1.5 pt "
                                                                  "(world 2)"]
-    apoptosis.verdict(costly, "small").require(apoptosis.KNOWN_MISSES["small"])
-    with pytest.raises(AssertionError, match="accuracy stays"):
-        apoptosis.verdict(costly, "paper").require(apoptosis.KNOWN_MISSES["paper"])
+        assert verdict.require_measured() == "does not hold"
+        with pytest.raises(AssertionError, match="accuracy stays"):
+            verdict.require()

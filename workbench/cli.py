@@ -151,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
     from workbench.outdir import claim, fresh
-    from workbench.session import prepare, start
+    from workbench.session import Run, prepare
 
     config = prepare(config)  # every ConfigError (exit 2) before the first process, the rank template included
     out = claim(args.out, args.overwrite) if args.out else fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from workbench.template import prewarm
 
         prewarm()  # the template imports torch while this process does: the two imports overlap
-    handle = start(config, out=out, on_event=None if args.json else _progress, track=track)
+    handle = Run(config, out=out, on_event=None if args.json else _progress, track=track)  # checked above: once
     result = handle.wait()
     summary = result.summary
     if args.json:

@@ -70,19 +70,22 @@ class Verdict:
         lines += [f"  {'ok ' if c.ok else 'NO '} {c.name}: {c.detail}" for c in self.checks]
         return "\n".join(lines)
 
-    def require(self, known_misses: Iterable[str] = ()) -> None:
-        """Raise AssertionError unless the finding holds, except for checks whose names start with one of
-        ``known_misses`` (a miss measured and documented at this scale: still reported, not asserted). A
-        campaign that is not comparable fails too: a notebook that measured nothing must not pass. A string is
-        one name (papermill's ``-p known_misses "..."`` passes one), never its letters; an empty name excuses
-        nothing."""
-        names = [known_misses] if isinstance(known_misses, str) else list(known_misses)
-        misses = tuple(str(m) for m in names if str(m).strip())
+    def require(self) -> None:
+        """Raise AssertionError unless the finding holds: every check passes. Nothing is excused; a campaign that
+        is not comparable, or measured nothing, fails too: a notebook that measured nothing must not pass."""
+        self.require_measured()
+        if self.failed():
+            raise AssertionError(f"{self.title} [{self.scale}] does not hold: " + "; ".join(self.failed()))
+
+    def require_measured(self) -> str:
+        """Raise AssertionError unless the campaign measured the finding (comparable, with checks); return its
+        status, *holds* or *does not hold*, for the notebook to print and the report to show. For a finding that
+        does not hold on this workload: reported as such, with every check that missed, none excused."""
         if not self.comparable:
             raise AssertionError(f"{self.title}: not comparable: {self.reason}")
-        unexpected = [f"{c.name}: {c.detail}" for c in self.checks if not c.ok and not c.name.startswith(misses)]
-        if unexpected or not self.checks:
-            raise AssertionError(f"{self.title} [{self.scale}] does not hold: " + "; ".join(unexpected or ["no check"]))
+        if not self.checks:
+            raise AssertionError(f"{self.title} [{self.scale}]: no check measured")
+        return self.status
 
     def save(self, out: str | os.PathLike, figures: Sequence[Any] = (), table: Any = None) -> Path:
         """``out/verdict.json`` (atomically), the figures as plotly JSON under ``out/figures/`` and the campaign's
