@@ -16,9 +16,17 @@ with ``mpi, no FT``: the same MPI ranks under mpirun without fault tolerance, no
 to the last holding the agreed state: the recovery protocol alone) are medians over the run's failures.
 ``--spawns template,fresh`` repeats every row with ranks forked by the rank template and started fresh.
 
+``--stall`` measures instead what a checkpoint costs the training loop: per model, one failure-free
+``checkpoint_restart`` run (world 2 unless ``--worlds``) with a checkpoint every 10 steps and ``--saves`` of them;
+``stall_ms`` is the time the loop waited for each save (the snapshot's references, a write still running, and any
+wait of an update for the background copy; the run's events give it to 0.1 ms), beside the median step time
+(``step_ms``), their ratio, the median step right after a save (``after_save_ms``: the writer's copy and HDF5
+write run beside it) and the HDF5 write time; one JSON line {"benchmark": "checkpoint_stall", "rows": [...]}.
+
 Prints one JSON line: {"benchmark": "recovery", "rows": [...]} with one row per (model, world, strategy).
 Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large,huge] [--kills 5] [--quick]
        [--peers] [--spawns template,fresh] [--strategies shrink,reinit,...]
+       python benchmarks/bench_recovery.py --stall [--models small,large] [--worlds 2] [--saves 10]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -113,9 +122,31 @@ def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str 
     return rows
 
 
+def measure_stall(model: str, world: int, saves: int, spawn: str = "template", every: int = 10) -> dict:
+    """One failure-free checkpoint_restart run with a checkpoint every ``every`` steps: the stall per save."""
+    spec = MODELS[model]
+    steps = every * saves + 1  # every save is followed by a step that overlaps its copy and write
+    result = workbench.run({"world_size": world, "steps": steps, "hidden": spec["hidden"], "eval_interval": steps,
+                            "bucket_cap_mb": spec["bucket_cap_mb"], "strategy": "checkpoint_restart",
+                            "checkpoint_every": every, "spawn": spawn})
+    saved = [e["detail"] for e in result.events if e["kind"] == "checkpoint"]
+    stall = [float(re.search(r"stall ([\d.]+) ms", d).group(1)) for d in saved]
+    write = [float(re.search(r"write ([\d.]+) ms", d).group(1)) for d in saved]
+    step = step_ms(result)
+    after = median([r["step_time"] * 1e3 for r in result.metrics if r["step"] % every == 0 and r["step"] > 0])
+    row = {"model": model, "params_m": spec["params_m"], "world_size": world, "spawn": spawn,
+           "outcome": result.outcome, "every": every, "saves": len(stall), "stall_ms": median(stall),
+           "stall_max_ms": max(stall, default=None), "step_ms": step,
+           "stall_vs_step": round(median(stall) / step, 4) if stall and step else None,
+           "stall_max_vs_step": round(max(stall) / step, 4) if stall and step else None,
+           "after_save_ms": after, "write_ms": median(write), "load_1min": round(os.getloadavg()[0], 2)}
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", default="2,4,8")
+    parser.add_argument("--worlds", default=None, help="default 2,4,8 (with --stall: 2)")
     parser.add_argument("--models", default="small,large")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small model, world 2 and 4, 2 kills (a smoke run)")
@@ -123,7 +154,14 @@ def main() -> None:
                         ".[peers,mpi])")
     parser.add_argument("--spawns", default="template", help="template, fresh, or both: template,fresh")
     parser.add_argument("--strategies", default="", help="only rows whose name starts with one of these")
+    parser.add_argument("--stall", action="store_true", help="the checkpoint stall per save instead (see above)")
+    parser.add_argument("--saves", type=int, default=10, help="with --stall: checkpoints per run")
     args = parser.parse_args()
+    if args.stall:
+        rows = [measure_stall(model, int(world), args.saves, spawn) for model in args.models.split(",")
+                for world in (args.worlds or "2").split(",") for spawn in args.spawns.split(",")]
+        print(json.dumps({"benchmark": "checkpoint_stall", "rows": rows}))
+        return
     if args.peers:
         from workbench.errors import ConfigError
         from workbench.peers import require_peer
@@ -133,7 +171,7 @@ def main() -> None:
             require_peer("ulfm")
         except ConfigError as exc:
             parser.exit(2, f"bench_recovery: --peers: {exc}\n")
-    worlds = [2, 4] if args.quick else [int(w) for w in args.worlds.split(",")]
+    worlds = [2, 4] if args.quick else [int(w) for w in (args.worlds or "2,4,8").split(",")]
     models = ["small"] if args.quick else args.models.split(",")
     kills = 2 if args.quick else args.kills
     only = [s for s in args.strategies.split(",") if s]

@@ -157,6 +157,8 @@ class DataParallel:
         self.before_last_launch: Callable[[], None] | None = None  # fault injection point
         self.on_launch: Callable[[Bucket], None] | None = None  # just before a bucket's allreduce (grad flips)
         self.on_reduced: Callable[[Bucket], None] | None = None  # after it, before the update (checks, grad_local)
+        # before a bucket's update changes its parameters and optimizer state in place (a checkpoint's copy)
+        self.before_update: Callable[[Bucket], None] | None = None
 
     # -- one step ---------------------------------------------------------------------------------------------
     def begin(self, stats: torch.Tensor) -> None:
@@ -273,6 +275,8 @@ class DataParallel:
         return self.buckets[0].buffer[-STATS_SLOTS:].clone()
 
     def _apply(self, bucket: Bucket, in_backward: bool = False) -> None:
+        if self.before_update is not None:
+            self.before_update(bucket)
         bucket.optimizer.step(undoable=self.snapshot_buckets)
         if bucket.index == 0:
             if in_backward:

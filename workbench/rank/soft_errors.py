@@ -118,6 +118,11 @@ class Injector:
         self.step_now = step
         return due
 
+    def flips_state(self, step: int) -> bool:
+        """A flip into the weights, buffers or optimizer state is due at the start of ``step`` (it writes them in
+        place: a checkpoint's copy under way must have passed them)."""
+        return any(f.target in ("weight", "buffer", "optimizer") and f.step in (step, -1) for f in self.pending)
+
     def at_step_start(self, step: int, optimizer_state: Callable[[str], dict[str, torch.Tensor]]) -> None:
         self.step_now = step
         for f in self.due("weight", step):
