@@ -33,7 +33,7 @@ def test_strategy_tradeoff_error_bars():
     fig = plots.strategy_tradeoff(frame)
     forward = next(t for t in fig.data if t.name.startswith("forward"))
     assert abs(forward.y[0] - 4.0) < 1e-9 and forward.error_y.array[0] > 0 and abs(forward.x[0] - 0.15) < 1e-9
-    assert fig.layout.xaxis.title.text == "runtime overhead (s)"  # a frame without overhead_pct
+    assert fig.layout.xaxis.title.text == "runtime overhead (s, wall clock)"  # no overhead_pct, no rank columns
 
 
 def test_strategy_tradeoff_in_percent_with_failed_runs_apart():

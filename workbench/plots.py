@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench import clock as clocks
+
 if TYPE_CHECKING:
     from workbench.results import RunResult
 
@@ -142,14 +144,18 @@ def recovery_timeline(result: RunResult) -> go.Figure:
 
 def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhead: str | None = None,
                       strategy: str = "config.strategy", baseline: str = "baseline_accuracy",
-                      outcome: str = "outcome") -> go.Figure:
+                      outcome: str = "outcome", clock: str | None = None) -> go.Figure:
     """Accuracy loss (points) vs runtime overhead per strategy (the ANL paper's trade-off view): mean and standard
     deviation over the completed runs of each strategy (seeds). Overhead is in % of the failure-free run
     (``overhead_pct``; ``overhead_s`` in seconds for results that predate it). A run that failed is not a point
     of the trade-off: failed runs are listed under the figure, per strategy. Strategies are told apart by colour
     and marker in the legend, not by labels on the plot (which overlap where strategies sit together).
-    ``frame``: :func:`workbench.load_results` rows whose summary was completed by ``RunResult.set_baseline``."""
-    overhead = overhead or ("overhead_pct" if "overhead_pct" in frame else "overhead_s")
+    ``frame``: :func:`workbench.load_results` rows whose summary was completed by ``RunResult.set_baseline``.
+    ``clock``: ``wall`` or ``rank`` (:mod:`workbench.clock`; default: rank-time where a run was oversubscribed or
+    the host stole CPU); the axis says which. A strategy whose runs changed the world size says so in its legend
+    entry and under the figure: fewer ranks finishing their steps sooner is not a saving of the recovery."""
+    clock, overhead = _clock_column(frame, clock, overhead or ("overhead_pct" if "overhead_pct" in frame
+                                                                else "overhead_s"))
     data = frame.copy()
     failed = data[data[outcome] != "completed"] if outcome in data else data.iloc[:0]
     data = data[data[outcome] == "completed"] if outcome in data else data
@@ -158,28 +164,48 @@ def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhea
     unreferenced = data[data[[baseline, overhead]].isna().any(axis=1)]
     data = data.drop(unreferenced.index)
     data["accuracy_loss"] = 100 * (data[baseline] - data[accuracy])
+    data["world_changed"] = data["world_changed"].fillna(False).astype(bool) if "world_changed" in data else False
     stats = data.groupby(strategy).agg(loss=("accuracy_loss", "mean"), loss_sd=("accuracy_loss", "std"),
                                        overhead=(overhead, "mean"), overhead_sd=(overhead, "std"),
-                                       runs=(accuracy, "size")).reset_index()
+                                       runs=(accuracy, "size"), world_changed=("world_changed", "any")).reset_index()
     stats[["loss_sd", "overhead_sd"]] = stats[["loss_sd", "overhead_sd"]].fillna(0.0)  # one run: no spread
     fig = go.Figure()
     symbols = ["circle", "diamond", "square", "triangle-up", "cross", "x", "star", "hexagon"]
     for k, (_, row) in enumerate(stats.iterrows()):
         fig.add_trace(go.Scatter(
-            x=[row.overhead], y=[row.loss], mode="markers", name=f"{row[strategy]} ({int(row.runs)} runs)",
-            marker={"size": 13, "symbol": symbols[k % len(symbols)]},
+            x=[row.overhead], y=[row.loss], mode="markers",
+            name=f"{row[strategy]} ({int(row.runs)} runs{'; world changed' if row.world_changed else ''})",
+            marker={"size": 13, "symbol": symbols[k % len(symbols)] + ("-open" if row.world_changed else "")},
             error_x={"type": "data", "array": [row.overhead_sd]}, error_y={"type": "data", "array": [row.loss_sd]}))
-    unit = "% of the failure-free run" if overhead == "overhead_pct" else "s"
+    unit = "% of the failure-free run" if overhead.endswith("overhead_pct") else "s"
+    changed = list(stats[stats.world_changed][strategy])
     apart = [(f"runs that failed: {_tally(failed, strategy)}", failed),
              (f"no failure-free reference: {_tally(unreferenced, strategy)}", unreferenced)]
     listed = " — ".join(text for text, rows in apart if len(rows))
     if listed:
         fig.add_annotation(text=f"not trade-off points: {listed}", xref="paper", yref="paper",
                            x=0, y=-0.22, showarrow=False, xanchor="left", font={"color": "crimson"})
+    if changed:
+        fig.add_annotation(text=f"open markers: the world size changed ({', '.join(map(str, changed))}): their "
+                           "steps ran on fewer ranks, which is not a cost or a saving of the recovery itself",
+                           xref="paper", yref="paper", x=0, y=-0.3, showarrow=False, xanchor="left")
     fig.update_layout(title="accuracy loss vs runtime overhead (completed runs; mean ± sd)",
-                      xaxis_title=f"runtime overhead ({unit})", yaxis_title="test accuracy lost (points)",
-                      template="plotly_white", margin={"b": 110})
+                      xaxis_title=clocks.label(f"runtime overhead ({unit})", clock),
+                      yaxis_title="test accuracy lost (points)", template="plotly_white", margin={"b": 130})
     return fig
+
+
+def _clock_column(frame: Any, clock: str | None, name: str) -> tuple[str, str]:
+    """(clock, column) of figure ``name`` in ``frame``: the clock asked for, else the frame's default
+    (:func:`workbench.clock.resolve`); tables written before rank-time existed have wall time only."""
+    chosen = clocks.resolve(clock, frame)
+    column = clocks.column(name.removeprefix(clocks.PREFIX), chosen)
+    if column in frame:
+        return chosen, column
+    if clock == "rank":
+        raise ValueError(f"this table has no {column} column (results written before the rank-time clock): "
+                         "use clock='wall'")
+    return "wall", name.removeprefix(clocks.PREFIX)
 
 
 def _tally(rows: Any, by: str) -> str:
@@ -188,8 +214,14 @@ def _tally(rows: Any, by: str) -> str:
 
 
 def scaling(frame: Any, x: str = "world_size", y: str = "resume_s", group: str = "strategy",
-            facet: str | None = "model") -> go.Figure:
-    """A figure such as recovery time vs world size per strategy, e.g. from ``bench_recovery.py`` rows."""
+            facet: str | None = "model", clock: str | None = None) -> go.Figure:
+    """A figure such as recovery time vs world size per strategy, e.g. from ``bench_recovery.py`` rows. A time
+    figure ``y`` (ending in ``_s``) is shown on ``clock`` (its ``rank_`` column on the rank clock, where the frame
+    has one), and the axis says which."""
+    title = y
+    if y.endswith("_s"):
+        clock, y = _clock_column(frame, clock, y)
+        title = clocks.label(f"{y.removeprefix(clocks.PREFIX)} (s)", clock)
     fig = go.Figure()
     facets = sorted(set(frame[facet])) if facet and facet in frame else [None]
     dashes = ["solid", "dash", "dot", "dashdot"]
@@ -199,17 +231,19 @@ def scaling(frame: Any, x: str = "world_size", y: str = "resume_s", group: str =
             rows = rows.sort_values(x)
             fig.add_trace(go.Scatter(x=rows[x], y=rows[y], mode="lines+markers", line={"dash": dashes[k % 4]},
                                      name=f"{name}" + (f" ({value})" if value is not None else "")))
-    fig.update_layout(title=f"{y} vs {x}", xaxis_title=x, yaxis_title=y, template="plotly_white")
+    fig.update_layout(title=f"{y} vs {x}", xaxis_title=x, yaxis_title=title, template="plotly_white")
     return fig
 
 
-def gossip_vs_allreduce(frame: Any, group: str = "parallelism") -> go.Figure:
-    """Test accuracy vs step and vs wall time, one line per ``group`` value (e.g. allreduce, gossip), and the
-    consensus distance vs step where the frame has it. ``frame``: per-step rows as from
-    ``load_results(..., metrics=True)`` with columns ``step``, ``time``, ``test_acc`` and the group column."""
+def gossip_vs_allreduce(frame: Any, group: str = "parallelism", clock: str | None = None) -> go.Figure:
+    """Test accuracy vs step and vs time (on ``clock``: ``wall`` or ``rank``, the frame's default where None),
+    one line per ``group`` value (e.g. allreduce, gossip), and the consensus distance vs step where the frame has
+    it. ``frame``: per-step rows as from ``load_results(..., metrics=True)`` with columns ``step``, ``time``
+    (``rank_time``), ``test_acc`` and the group column (and ``oversubscribed``, which picks the default clock)."""
     has_consensus = "consensus_distance" in frame and frame["consensus_distance"].notna().any()
     cols = 3 if has_consensus else 2
-    titles = ["accuracy vs step", "accuracy vs wall time", "consensus distance"][:cols]
+    clock, when = _clock_column(frame, clock, "time")
+    titles = ["accuracy vs step", f"accuracy vs time ({clocks.NAMES[clock]})", "consensus distance"][:cols]
     fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
     palette = ["royalblue", "crimson", "seagreen", "darkorange"]
     for k, (name, rows) in enumerate(frame.groupby(group)):
@@ -217,13 +251,14 @@ def gossip_vs_allreduce(frame: Any, group: str = "parallelism") -> go.Figure:
         evals = rows[rows.test_acc.notna()].sort_values("step")
         fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=str(name), legendgroup=str(name),
                                  line={"color": colour}), 1, 1)
-        fig.add_trace(go.Scatter(x=evals.time - rows.time.min(), y=evals.test_acc, name=str(name),
+        fig.add_trace(go.Scatter(x=evals[when] - (0 if when != "time" else rows.time.min()), y=evals.test_acc,
+                                 name=str(name),
                                  legendgroup=str(name), showlegend=False, line={"color": colour}), 1, 2)
         if has_consensus and rows["consensus_distance"].notna().any():
             fig.add_trace(go.Scatter(x=rows.step, y=rows.consensus_distance, name=str(name), legendgroup=str(name),
                                      showlegend=False, line={"color": colour}), 1, 3)
     fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_xaxes(title_text="seconds", row=1, col=2)
+    fig.update_xaxes(title_text=clocks.label("seconds", clock), row=1, col=2)
     fig.update_layout(template="plotly_white", title="gossip vs allreduce")
     return fig
 
@@ -266,11 +301,12 @@ def outcome_comparison(frame: Any, group: str = "parallelism", by: str = "target
     return fig
 
 
-def apoptosis(runs: Any, group: str = "run", smooth: int = 10) -> go.Figure:
+def apoptosis(runs: Any, group: str = "run", smooth: int = 10, clock: str | None = None) -> go.Figure:
     """Parameters, test accuracy and step time vs step, one line per run (e.g. with and without apoptosis);
     removals marked on the parameter panel. ``runs``: a mapping of label to :class:`RunResult`, or per-step rows
     (``load_results(..., metrics=True)``) with columns ``step``, ``parameters``, ``test_acc``, ``step_time`` and
-    the ``group`` column. Step time is a rolling median over ``smooth`` steps (single steps are noisy)."""
+    the ``group`` column. Step time is a rolling median over ``smooth`` steps (single steps are noisy), on
+    ``clock`` (``wall`` or ``rank``; rank-time where the frame has it and None is given)."""
     import pandas as pd
 
     removals: dict[str, list[dict[str, Any]]] = {}
@@ -279,13 +315,16 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10) -> go.Figure:
         for label, result in runs.items():
             frame = result.to_dataframe()
             frame[group] = label
+            frame["oversubscribed"] = bool(result.summary.get("oversubscribed"))  # which clock by default
             frames.append(frame)
             removals[label] = [e for e in result.events if e["kind"] == "apoptosis"]
         frame = pd.concat(frames, ignore_index=True)
     else:
         frame = runs
+    clock, step_time = _clock_column(frame, clock, "step_time")
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("parameters", "test accuracy", f"step time (median of {smooth} steps)"))
+                        subplot_titles=("parameters", "test accuracy",
+                                        clocks.label(f"step time (median of {smooth} steps)", clock)))
     palette = ["crimson", "grey", "royalblue", "seagreen", "darkorange"]
     for k, (name, rows) in enumerate(frame.groupby(group, sort=False)):
         style = {"color": palette[k % len(palette)]}
@@ -295,7 +334,7 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10) -> go.Figure:
                                  line={**style, "shape": "hv"}), 1, 1)
         fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=str(name), legendgroup=str(name),
                                  showlegend=False, mode="lines+markers", line=style), 2, 1)
-        fig.add_trace(go.Scatter(x=rows.step, y=rows.step_time.rolling(smooth, min_periods=1).median() * 1e3,
+        fig.add_trace(go.Scatter(x=rows.step, y=rows[step_time].rolling(smooth, min_periods=1).median() * 1e3,
                                  name=str(name), legendgroup=str(name), showlegend=False, line=style), 3, 1)
         marks = removals.get(name, [])
         if marks:
@@ -307,7 +346,7 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10) -> go.Figure:
                 1, 1)
     fig.update_yaxes(title_text="parameters", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="accuracy", row=2, col=1)
-    fig.update_yaxes(title_text="ms", rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(title_text=clocks.label("ms", clock), rangemode="tozero", row=3, col=1)
     fig.update_xaxes(title_text="step", row=3, col=1)
     fig.update_layout(template="plotly_white", height=750, title="adaptive neuron apoptosis")
     return fig

@@ -3,7 +3,8 @@ the model a user's import path builds. :func:`check` runs in :func:`workbench.se
 process starts, so each mistake is one :class:`~workbench.errors.ConfigError` (exit 2 on the command line)
 instead of a rank's error after the ranks started (exit 1), or a run that "completes" on nonsense:
 
-- every float setting is finite (``--lr inf`` trained to a NaN loss and completed);
+- every float setting is finite (``--lr inf`` trained to a NaN loss and completed), and so is each speed the
+  rank-time clock is told in the environment (``$WORKBENCH_NET_MIBS`` ...: :mod:`workbench.machine`);
 - ``batch_size`` fits the training set (gossip: each rank's share fits its partition). The size is read without
   torch and without loading the data: built-in sizes, the headers and lengths of IDX and CIFAR files, images
   counted in their folders; a dataset of the user's own import path is checked by the ranks;
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench import machine
 from workbench.callables import IMPORT_PATH
 from workbench.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
 from workbench.errors import ConfigError
@@ -46,6 +48,10 @@ class DatasetInfo:
 def check(config: Any) -> None:
     """Every check of the module docstring; ConfigError (one line) for the first that fails."""
     finite_floats(config)
+    try:
+        machine.check_given()
+    except ValueError as exc:
+        raise ConfigError("environment", str(exc)) from None
     info = dataset_info(config.dataset, config.synthetic_size)
     check_batch(config, info)
     if config.resume is not None:

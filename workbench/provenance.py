@@ -11,7 +11,10 @@ is stored with every result — ``result.h5`` (root attribute ``provenance``), `
   tracked files differ from that commit (one ``git describe --dirty`` per process, cached). ``"unknown"`` and
   ``None`` when the package is not in a git checkout (an installed wheel), git is missing or fails: never an error.
 - ``host``, ``cpu`` (model name from ``/proc/cpuinfo``, else ``platform.processor()``), ``cores``
-  (``os.cpu_count()``), ``memory_gib`` (physical memory), ``load_start`` / ``load_end`` (1-minute load average).
+  (``os.cpu_count()``), ``usable_cores`` (this process's CPU affinity: what its ranks could use), ``memory_gib``
+  (physical memory), ``load_start`` / ``load_end`` (1-minute load average), ``steal_pct`` (the share of the host's
+  CPU time its hypervisor stole during the run, from ``/proc/stat``: above 2 % a figure defaults to rank-time,
+  :mod:`workbench.clock`).
 - ``started_utc`` / ``ended_utc``: ISO 8601 in UTC, to the millisecond.
 - ``command``: the command line (``$WORKBENCH_COMMAND`` when a sweep passed its own down, else ``sys.argv``);
   ``notebook``: the notebook's path when it can be known (``$WORKBENCH_NOTEBOOK``, set by a sweep for each point's
@@ -37,6 +40,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench import machine
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -44,8 +49,10 @@ PREFIX = "prov."
 COMMAND_VAR = "WORKBENCH_COMMAND"
 NOTEBOOK_VAR = "WORKBENCH_NOTEBOOK"
 PACKAGES = ("workbench", "torch", "numpy", "h5py", "papermill")
-FIELDS = ("workbench", "commit", "dirty", "python", *PACKAGES[1:], "host", "cpu", "cores", "memory_gib",
-          "load_start", "load_end", "started_utc", "ended_utc", "command", "notebook", "seed")
+FIELDS = ("workbench", "commit", "dirty", "python", *PACKAGES[1:], "host", "cpu", "cores", "usable_cores",
+          "memory_gib", "load_start", "load_end", "steal_pct", "started_utc", "ended_utc", "command", "notebook",
+          "seed")
+_TICKS = "_cpu_ticks"  # the host's (steal, total) CPU ticks at the start: steal_pct at the end
 UNKNOWN = "unknown"
 _SOURCE = Path(__file__).resolve().parents[1]  # the directory holding the workbench package
 _LOCK = threading.RLock()
@@ -59,14 +66,18 @@ def utc_now() -> str:
 def collect(seed: int | None = None) -> dict[str, Any]:
     """Provenance at the start of a run: every key of :data:`FIELDS`, ``load_end`` and ``ended_utc`` still None."""
     commit, dirty = git_state()
-    return {**static(), "commit": commit, "dirty": dirty, "load_start": _load(),
-            "load_end": None, "started_utc": utc_now(), "ended_utc": None, "command": command(),
-            "notebook": notebook(), "seed": seed}
+    return {**static(), "commit": commit, "dirty": dirty, "usable_cores": machine.usable_cores(),
+            "load_start": _load(), "load_end": None, "steal_pct": None, "started_utc": utc_now(), "ended_utc": None,
+            "command": command(), "notebook": notebook(), "seed": seed, _TICKS: machine.cpu_ticks()}
 
 
 def finish(provenance: dict[str, Any]) -> dict[str, Any]:
-    """``provenance`` with ``ended_utc`` and ``load_end`` filled in (a new dict)."""
-    return {**provenance, "ended_utc": utc_now(), "load_end": _load()}
+    """``provenance`` with ``ended_utc``, ``load_end`` and ``steal_pct`` (the share of the host's CPU stolen by
+    its hypervisor since :func:`collect`) filled in (a new dict)."""
+    done = {k: v for k, v in provenance.items() if k != _TICKS}
+    start = provenance.get(_TICKS)
+    steal = machine.steal_pct(tuple(start), machine.cpu_ticks()) if start else provenance.get("steal_pct")
+    return {**done, "ended_utc": utc_now(), "load_end": _load(), "steal_pct": steal}
 
 
 def static() -> dict[str, Any]:

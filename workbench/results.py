@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 FORMAT = FORMATS[RESULT]
 RESULT_FILE = "result.h5"
 METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "val_acc", "world_size",
-                  "generation", "step_time", "messages", "bytes_sent", "consensus_distance", "parameters",
-                  "hidden_units")
+                  "generation", "step_time", "rank_step_time", "rank_time", "messages", "bytes_sent",
+                  "consensus_distance", "parameters", "hidden_units")
 
 
 @dataclass
@@ -56,11 +56,18 @@ class RunResult:
 
     def set_baseline(self, baseline: RunResult) -> None:
         """Record ``overhead_s``: training time beyond a no-fault run of the same configuration, and
-        ``overhead_pct``: the same in % of that run's training time."""
-        self.summary["overhead_s"] = round(self.summary["train_s"] - baseline.summary["train_s"], 3)
-        base = baseline.summary["train_s"]
-        self.summary["overhead_pct"] = round(100 * self.summary["overhead_s"] / base, 2) if base else None
+        ``overhead_pct``: the same in % of that run's training time, on each clock (``rank_overhead_s``,
+        ``rank_overhead_pct`` on the rank clock: :mod:`workbench.clock`); ``world_changed``: this run did not
+        train at the baseline's world size throughout (a smaller world's steps cost less wall time on shared
+        cores and more rank-time: say so beside its overhead)."""
+        for prefix in ("", "rank_"):
+            own, base = self.summary.get(f"{prefix}train_s"), baseline.summary.get(f"{prefix}train_s")
+            over = round(own - base, 3) if own is not None and base is not None else None
+            self.summary[f"{prefix}overhead_s"] = over
+            self.summary[f"{prefix}overhead_pct"] = round(100 * over / base, 2) if over is not None and base else None
         self.summary["baseline_accuracy"] = baseline.summary["final_test_accuracy"]
+        sizes = {r["world_size"] for r in self.metrics}
+        self.summary["world_changed"] = bool(sizes - {baseline.summary.get("world_size_initial")})
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``directory/result.h5`` atomically and return its path. A full disk or a read-only place raises
@@ -175,7 +182,8 @@ def load_results(where: str | os.PathLike, metrics: bool = False) -> pd.DataFram
 
     Default: one row per run (``config.*`` columns, the summary, ``n_failures``, ``prov.*`` — where the run came
     from, :mod:`workbench.provenance`; NaN for files written before provenance was kept —, ``path``). With
-    ``metrics=True``: one row per step of every run, with the run's ``path``, ``outcome`` and ``config.*``.
+    ``metrics=True``: one row per step of every run, with the run's ``path``, ``outcome``, ``config.*`` and what
+    picks the default clock of its figures (``oversubscribed``, ``prov.steal_pct``: :mod:`workbench.clock`).
     """
     import pandas as pd
 
@@ -188,8 +196,9 @@ def load_results(where: str | os.PathLike, metrics: bool = False) -> pd.DataFram
         row = result.summary_row() | {"path": str(result.path)}
         if metrics:
             frame = result.to_dataframe()
-            for key in ("path", "outcome", *[k for k in row if k.startswith("config.")]):
-                frame[key] = row[key]
+            for key in ("path", "outcome", "oversubscribed", "prov.steal_pct",
+                        *[k for k in row if k.startswith("config.")]):
+                frame[key] = row.get(key)
             frames.append(frame)
         else:
             frames.append(pd.DataFrame([row]))

@@ -6,8 +6,10 @@ imports — is imported only then, only when asked for):
 
 - parameters: every key of the configuration (lists and mappings as JSON);
 - metrics: the per-step columns of ``result.h5`` (``loss``, ``train_acc``, ``test_acc``, ``world_size``,
-  ``step_time`` ...; NaN cells skipped) at their step, sent with ``log_batch`` (1,000 values a request), and the
-  numbers of the summary (``final_test_accuracy``, ``wall_s``, ``overhead_s`` ...) at the last step;
+  ``step_time``, ``rank_step_time`` ...; NaN cells skipped) at their step, sent with ``log_batch`` (1,000 values a
+  request), and the numbers of the summary (``final_test_accuracy``, ``wall_s``, ``train_s`` and
+  ``rank_train_s``, ``overhead_s`` and ``rank_overhead_s`` ...: both clocks, :mod:`workbench.clock`) at the last
+  step; each failure's ``failure.detection_s`` ... and ``failure.rank_resume_s`` ... at the step it struck;
 - tags: ``outcome``, ``reason``, one ``failure.<i>`` per failure, and the provenance (``prov.*``, also as MLflow's
   ``mlflow.source.git.commit`` and ``mlflow.source.name``); the run ends ``FINISHED`` if the run completed, else
   ``FAILED``;
@@ -44,6 +46,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from workbench import clock
 from workbench.errors import WorkbenchError
 from workbench.results import METRIC_COLUMNS, RunResult
 
@@ -53,8 +56,10 @@ BATCH = 1000  # MLflow's LogBatch limits: 1,000 metrics, 100 params, 100 tags, 1
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                   "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 _COMMAND_LINE = False  # set by for_command_line: say on stderr where a run was logged
+FAILURE_METRICS = (*clock.TIME_FIGURES, *(clock.PREFIX + name for name in clock.TIME_FIGURES))
 _SUMMARY_METRICS = ("final_test_accuracy", "baseline_accuracy", "wall_s", "train_s", "overhead_s", "overhead_pct",
-                    "steps_completed", "steps_redone_total", "samples_lost_total", "generations", "world_size_final",
+                    "rank_train_s", "rank_overhead_s", "rank_overhead_pct", "steps_completed", "steps_redone_total",
+                    "samples_lost_total", "generations", "world_size_final",
                     "checkpoints", "flips", "detections")
 
 
@@ -182,7 +187,8 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
             **({"mlflow.parentRunId": parent} if parent else {})}
     for i, f in enumerate(result.failures):
         tags[f"failure.{i}"] = (f"rank {f.get('rank')} at step {f.get('step')}: {f.get('cause')}; detection "
-                                f"{f.get('detection_s')} s, resume {f.get('resume_s')} s, steps redone "
+                                f"{f.get('detection_s')} s, resume {f.get('resume_s')} s (rank-time "
+                                f"{f.get('rank_resume_s')} s), steps redone "
                                 f"{f.get('steps_redone')}, samples lost {f.get('samples_lost')}")[:5000]
     run = mlflow_client.create_run(experiment, start_time=_ms(prov.get("started_utc")), tags=tags, run_name=name)
     run_id = run.info.run_id
@@ -227,6 +233,9 @@ def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:
     found += [(key, float(result.summary[key]), end, last) for key in _SUMMARY_METRICS
               if _finite(result.summary.get(key))]
     found.append(("n_failures", float(len(result.failures)), end, last))
+    for f in result.failures:  # each failure's time figures on both clocks, at the step it struck
+        found += [(f"failure.{key}", float(f[key]), end, int(f.get("step") or 0)) for key in FAILURE_METRICS
+                  if _finite(f.get(key))]
     return found
 
 

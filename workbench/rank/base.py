@@ -24,6 +24,7 @@ from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset
 from workbench.h5files import OutputError
 from workbench.models import build_model
+from workbench.rank import staging
 from workbench.rank import state as st
 from workbench.rank.channel import Channel
 from workbench.rank.comm import Comm, GenerationChanged
@@ -84,7 +85,9 @@ class BaseTrainer:
         self.step_faults: dict[int, FaultSpec] = {}
         self.random_steps: set[int] = set()
         self.memory_snapshot: Any = None  # reinit: the last global snapshot
-        self._writer: threading.Thread | None = None
+        self._writer: staging.Writer | None = None  # the checkpoint writer thread, from the first checkpoint on
+        self._staged: staging.Staged | None = None  # a checkpoint's copy under way (see _write_checkpoint)
+        self._staging_cache: dict[str, torch.Tensor] = {}  # the writer's copy buffers, kept between checkpoints
         self.traffic = (0, 0)  # messages and bytes this rank sent in the last step (counted, see README)
 
     def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
@@ -125,6 +128,8 @@ class BaseTrainer:
         """Mark the step in flight and fire the flips due at its start; returns (step, start time)."""
         self.inflight = InFlight(self.step, self.comm.rank, self.comm.size)
         self._take_live_faults()
+        if self.injector.flips_state(self.step):
+            self._checkpoint_copied()  # a flip writes the weights or the optimizer state in place
         self.injector.at_step_start(self.step, self.optimizer_state_of)
         return self.step, time.perf_counter()
 
@@ -179,7 +184,8 @@ class BaseTrainer:
     def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,
                      evaluation: dict[str, float] | None = None) -> None:
         """Rank 0 of the generation reports the step's global figures (stats: loss sum, correct, samples)."""
-        report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen}
+        report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen, "sent": self.traffic[1],
+                                  "msgs": self.traffic[0]}
         if self.comm.rank == 0:
             samples = max(stats[2].item(), 1.0)
             report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
@@ -201,32 +207,69 @@ class BaseTrainer:
         model is spread over ranks (every member calls it)."""
         raise NotImplementedError
 
+    def checkpoint_refs(self) -> tuple[dict[str, torch.Tensor], dict, staging.Staged] | None:
+        """The whole model's checkpoint state as live tensors for the writer thread to copy (:mod:`.staging`);
+        None where this mode clones it on the training thread instead (``checkpoint_state``)."""
+        return None
+
     def _write_checkpoint(self, name: str | None = None,
                           state: tuple[dict[str, torch.Tensor], dict] | None = None) -> None:
-        """Snapshot in memory (the only stall), write HDF5 on a background thread, then tell the supervisor. A
-        write that fails (:class:`~workbench.h5files.OutputError`) ends the run: an ``error`` with its ``reason``,
-        then this process exits (a rank fault it is not; the other ranks are stopped with the run)."""
+        """Snapshot the state, write HDF5 on a background thread, then tell the supervisor. Where the mode hands
+        over live tensors (``checkpoint_refs``) the writer copies them while the next step runs, and the first
+        in-place change of each part waits for its copy (``_checkpoint_copied``); otherwise (or given ``state``)
+        the snapshot is cloned here. ``stall_s`` is every wait of the training loop for it: the previous write if
+        still running, taking the references (or the clone), and the waits for the copy. A write that fails
+        (:class:`~workbench.h5files.OutputError`) ends the run: an ``error`` with its ``reason``, then this process
+        exits (a rank fault it is not; the other ranks are stopped with the run)."""
         started = time.perf_counter()
         if self._writer is not None:
             self._writer.join()  # one write at a time; the previous one is normally long done
-        model_state, optimizer_state = state if state is not None else self.checkpoint_state()
+        staged = None
+        if state is not None:
+            model_state, optimizer_state = state
+        else:
+            refs = self.checkpoint_refs()
+            model_state, optimizer_state, staged = refs if refs is not None else (*self.checkpoint_state(), None)
+            if staged is not None and staged.nbytes <= staging.INLINE_BYTES:
+                staged.copy(self._staging_cache)  # a small state: copied here, cheaper than waiting for a thread
+                staged = None
         snapshot = ckpt.Checkpoint(self.step, model_state, optimizer_state, torch.get_rng_state(), self.config.seed,
-                                   self.config.to_dict(), self.extra_state(), self.provenance)
-        stall = time.perf_counter() - started
+                                   {}, self.extra_state(), self.provenance)  # the run's config: by the writer
         path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
+        cache, taken, handed_over = self._staging_cache, [0.0], threading.Event()
 
         def write() -> None:
+            # first let the training thread go on: this thread would otherwise hold the interpreter lock until its
+            # first blocking call or the switch interval (5 ms)
+            handed_over.wait(60)
+            if staged is not None:
+                staged.copy(cache)
+            snapshot.config = self.config.to_dict()  # fixed for the run
             began = time.perf_counter()
             try:
                 ckpt.save(path, snapshot)
             except OutputError as exc:  # a full disk, a read-only place: the run fails as such, not as a fault
                 self.channel.send({"type": "error", "message": str(exc), "reason": f"checkpoint not written: {exc}"})
                 os._exit(1)
+            stall = taken[0] + (staged.waited() if staged is not None else 0.0)
             self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
                                "write_s": time.perf_counter() - began})
 
-        self._writer = threading.Thread(target=write, name="wb-checkpoint", daemon=True)
-        self._writer.start()
+        self._writer = self._writer or staging.Writer()
+        if staged is not None:
+            staged.writer, self._staged = self._writer, staged
+        self._writer.submit(write)
+        taken[0] = time.perf_counter() - started
+        handed_over.set()
+
+    def _checkpoint_copied(self, part: int | None = None) -> None:
+        """Before the training state changes in place: wait until the copy of a checkpoint under way has passed
+        ``part`` (in the order of ``checkpoint_refs``; None: all of it). Free when no copy is under way."""
+        staged = self._staged
+        if staged is not None:
+            staged.wait(part)
+            if staged.done:
+                self._staged = None
 
     def extra_state(self) -> dict[str, torch.Tensor]:
         """Training state beyond model and optimizer that a checkpoint keeps (the apoptosis rule's)."""

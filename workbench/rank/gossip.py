@@ -45,6 +45,7 @@ from workbench.data import LocalPartition
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
+from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
@@ -175,7 +176,7 @@ class GossipTrainer(BaseTrainer):
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
-        started = time.monotonic()
+        started, started_cpu = time.monotonic(), cpu_time()
         recovery = a.get("recovery")
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
@@ -201,7 +202,8 @@ class GossipTrainer(BaseTrainer):
         self.partition = LocalPartition(len(self.data.y_train), self.comm.rank, self.comm.size, self.local_batch,
                                         self.config.seed, self.comm.gen)
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started, "bytes_in": self.bytes_in}
+                                  "sync_s": time.monotonic() - started,
+                                  "sync_cpu": cpu_time() - started_cpu, "bytes_in": self.bytes_in}
         if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=recovery == "shrink")
         self.channel.send(report)

@@ -48,6 +48,7 @@ from workbench.models import boundary_shapes, run_stages, stage_module
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
+from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
@@ -252,7 +253,7 @@ class PipelineTrainer(BaseTrainer):
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
-        started = time.monotonic()
+        started, started_cpu = time.monotonic(), cpu_time()
         recovery = a.get("recovery")
         self.bytes_in = 0
         self._take_stage(self.config.stage_of(a["members"][a["rank"]]))
@@ -281,7 +282,8 @@ class PipelineTrainer(BaseTrainer):
         if self.config.strategy == "reinit" and a["gen"] == 0:
             self._snapshot_in_memory()  # the initial state is the first snapshot to return to
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started, "bytes_in": self.bytes_in}
+                                  "sync_s": time.monotonic() - started,
+                                  "sync_cpu": cpu_time() - started_cpu, "bytes_in": self.bytes_in}
         if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=False)
         self.channel.send(report)

@@ -18,9 +18,9 @@ from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, shard
-from workbench.rank import transfer
+from workbench.rank import staging, transfer
 from workbench.rank.base import BaseTrainer
-from workbench.rank.channel import Channel
+from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.data_parallel import DataParallel, _clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors, Injector
 
@@ -58,6 +58,7 @@ class Trainer(BaseTrainer):
         self.dp.before_last_launch = self._fault_point
         self.dp.on_launch = self._on_launch
         self.dp.on_reduced = self._on_reduced
+        self.dp.before_update = lambda bucket: self._checkpoint_copied(bucket.index)
         self.size = {"parameters": apo.parameter_count(self.model),
                      "hidden_units": apo.hidden_units(self.model, self.pairs)}
 
@@ -128,7 +129,8 @@ class Trainer(BaseTrainer):
         """Settle generation ``a``: undo or keep the step in flight (:mod:`.recovery`), agree on a source and on
         who differs from it, move the state to those only (:mod:`.transfer`), finish the failed step if the
         strategy says so."""
-        started = time.monotonic()
+        started, started_cpu = time.monotonic(), cpu_time()
+        self._checkpoint_copied()  # a recovery may rewrite the state in place: a checkpoint's copy first
         recovery = a.get("recovery")
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
@@ -151,7 +153,8 @@ class Trainer(BaseTrainer):
         if header is not None and not source:
             self._adopt_received(header["meta"])
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started, "bytes_in": received}
+                                  "sync_s": time.monotonic() - started,
+                                  "sync_cpu": cpu_time() - started_cpu, "bytes_in": received}
         retry = recovery in ("shrink", "forward") and agreement.applied >= 0
         if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=retry)
@@ -233,6 +236,7 @@ class Trainer(BaseTrainer):
                 "optim": [_clone_state(b.optimizer) for b in self.dp.buckets], "apoptosis": self.extra_state()}
 
     def _restore(self, snapshot: dict[str, Any]) -> None:
+        self._checkpoint_copied()  # the state is about to be overwritten in place
         self.step = snapshot["step"]
         self._adopt_shapes({k: v.shape for k, v in snapshot["model"].items()})  # it may predate a removal
         self.model.load_state_dict(snapshot["model"])
@@ -373,6 +377,10 @@ class Trainer(BaseTrainer):
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}, self.dp.named_optimizer_state()
+
+    def checkpoint_refs(self) -> tuple[dict[str, torch.Tensor], dict, staging.Staged]:
+        # one part per bucket, in the order the buckets' updates are applied (each waits for its own part)
+        return staging.stage_replica(self.model, [(b.names, b.params, b.optimizer) for b in self.dp.buckets])
 
     def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
         return self.dp.optimizer_state_of(name)

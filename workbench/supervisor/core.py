@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import provenance
+from workbench import clock, provenance
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
 from workbench.hosts import Host, placement
@@ -58,6 +58,8 @@ class Supervisor:
         self.placement = placement(hosts)
         self.peer = config.strategy if config.strategy in PEER_STRATEGIES else None
         self.recorder = Recorder(config, on_event)
+        # what other threads see (the recorder's own list and dicts, appended and updated in place)
+        self.metrics, self.events, self.status = self.recorder.metrics, self.recorder.events, self.recorder.status
         self.membership = Membership(
             config.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
             resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None)
@@ -70,19 +72,6 @@ class Supervisor:
         self._outcome: tuple[str, str] | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None
         self.log_dir = (out_dir / "logs") if out_dir else None
-
-    # -- what other threads see ----------------------------------------------------------------------------------
-    @property
-    def metrics(self) -> list[dict[str, Any]]:
-        return self.recorder.metrics
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return self.recorder.events
-
-    @property
-    def status(self) -> dict[str, Any]:
-        return self.recorder.status
 
     def command(self, name: str, arg: Any = None) -> None:
         """Queue a command (stop, kill, hang, flip) from any thread."""
@@ -130,6 +119,7 @@ class Supervisor:
                                       keep_checkpoint=self.out_dir is not None)
         result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
         result.provenance = provenance.finish(self.provenance)
+        result.summary["clock"] = clock.default(result.summary, result.provenance)  # what its figures show
         return result
 
     def _start(self) -> None:
@@ -145,7 +135,8 @@ class Supervisor:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         rank_module = "workbench.peers.torchft_rank" if self.peer == "torchft" else "workbench.rank"
         self.launcher = Launcher(self.config.spawn, rank_module, self.log_dir, self.placement, self.this_host,
-                                 self.config.startup_timeout)
+                                 self.config.startup_timeout,
+                                 note=lambda detail: self.recorder.event("template", -1, detail))
         if self.peer == "torchft":
             self.lighthouse_address = peers.start_lighthouse(self.launcher, self.host, self.config.heartbeat_timeout)
         self._apply(self.membership.start())
@@ -329,6 +320,7 @@ class Supervisor:
         if kind == "hb":
             return
         if kind == "step":
+            self.recorder.rank_time.on_step(w.spawn_id, m)
             members = self.membership.members
             if self.peer == "torchft":
                 peers.torchft_step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
@@ -338,6 +330,7 @@ class Supervisor:
                     self.recorder.step(m)
         elif kind == "ready":
             w.ready = True
+            self.recorder.rank_time.on_ready(w.spawn_id, m)
             if w.remote and w.proc is None and w.pid is None:
                 self.recorder.event("host", -1, f"rank {w.label} joined from {w.host}", rank=w.label)
             self._apply(self.membership.ready(w.spawn_id))

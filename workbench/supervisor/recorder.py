@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench import clock, machine
 from workbench.config import RunConfig
 from workbench.results import RunResult, model_size
 from workbench.supervisor.membership import Generation, Lost
@@ -47,11 +48,17 @@ class Failure:
     settle_time: float | None = None  # the last member of the recovery generation settled its state
     entered_time: float | None = None  # the last member of the recovery generation entered it (began its join)
     regrow_time: float | None = None  # when that replacement joined: the world is back to its size
+    regrow_gen: int | None = None  # the generation it joined
     steps_redone: int = 0
     samples_lost: int = 0
     bytes_moved: int = 0  # state received by members in the recovery generation and by the replacement
     peer_seen: bool = False  # a peer's own detection (torchft quorum, torchrun restart) replaced detect_time
     discarded: set[int] = field(default_factory=set)  # torchft: steps the survivors did not commit
+
+    @property
+    def detection(self) -> float:
+        """Fault to detection, s (0 while undetected)."""
+        return self.detect_time - self.fault_time if self.detect_time is not None else 0.0
 
     def figures(self, strategy: str) -> dict[str, Any]:
         return {
@@ -88,6 +95,9 @@ class Recorder:
         self.last_checkpoint: dict[str, Any] | None = None
         self.final_checkpoint: str | None = None
         self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
+        stages = config.pipeline_stages if config.parallelism in ("pipeline", "hybrid") else None
+        self.rank_time = clock.RankTime(bubble=(config.micro_batches + stages - 1) / config.micro_batches
+                                        if stages else 1.0)
 
     def event(self, kind: str, step: int, detail: str, rank: int = -1) -> None:
         event = {"time": time.time() - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail}
@@ -125,6 +135,8 @@ class Recorder:
 
     def generation(self, decision: Generation) -> None:
         self.gen, self.world_size = decision.gen, len(decision.members)
+        if decision.resume and self.metrics:  # a restarted world reads its checkpoint: charged at the disk's speed
+            self.rank_time.reads_from(decision.gen, decision.resume)
         if decision.recovery:
             for failure in self.failures:
                 if failure.recovery_gen is None:
@@ -140,9 +152,15 @@ class Recorder:
                    + (f" ({decision.recovery})" if decision.recovery else ""))
 
     def joined(self, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
+        calling = [f for f in self.failures if f.recovery_gen == m["gen"]]
+        if self.metrics:  # a generation change while training: its rank-time (the first one precedes training)
+            self.rank_time.on_joined(spawn_id, m, max((f.detection for f in calling), default=0.0),
+                                     min((f.fault_time for f in calling), default=None))
+        else:
+            self.rank_time.last[spawn_id] = m.get("cpu", 0.0)
         for failure in self.failures:
             if failure.replacement == spawn_id and failure.regrow_time is None:
-                failure.regrow_time = time.time()
+                failure.regrow_time, failure.regrow_gen = time.time(), m["gen"]
                 failure.bytes_moved += m.get("bytes_in", 0)
             elif failure.recovery_gen == m["gen"]:
                 failure.bytes_moved += m.get("bytes_in", 0)
@@ -192,6 +210,7 @@ class Recorder:
         for key in ("test_acc", "test_loss", "val_acc", "messages", "bytes_sent", "consensus_distance", "parameters",
                     "hidden_units"):
             row[key] = m.get(key, float("nan"))
+        self.rank_time.on_row(m["gen"], row)
         self.metrics.append(row)
         self.status.update(step=m["step"] + 1)
         if self.on_event:
@@ -203,6 +222,7 @@ class Recorder:
             self.final_checkpoint = m["path"]
             return False
         self.last_checkpoint = m
+        self.rank_time.measure_disk(Path(m["path"]).parent)  # once per machine, in the background
         self.event("checkpoint", m["step"], f"{m['path']} (stall {m['stall_s'] * 1e3:.1f} ms, "
                    f"write {m['write_s'] * 1e3:.1f} ms)")
         return True
@@ -232,8 +252,12 @@ class Recorder:
     # -- the result -------------------------------------------------------------------------------------------
     def result(self, outcome: str, reason: str, world_size_final: int, replicas_identical: bool | None,
                keep_checkpoint: bool) -> RunResult:
-        failures = [f.figures(self.config.strategy) for f in self.failures]
         metrics = self.metrics
+        self.rank_time.finish()
+        rank_train_s = self.rank_time.timeline(metrics)
+        failures = [f.figures(self.config.strategy) for f in self.failures]
+        for failure, record in zip(failures, self.failures):
+            failure.update(self.rank_time.failure(failure, record, metrics))
         accuracies = [r["test_acc"] for r in metrics if not math.isnan(r["test_acc"])]
         summary = {
             "outcome": outcome,
@@ -250,6 +274,13 @@ class Recorder:
             "train_s": round(metrics[-1]["time"] - metrics[0]["time"] + metrics[0]["step_time"], 3)
             if metrics else 0.0,
             "overhead_s": None,
+            "rank_train_s": round(rank_train_s, 3),
+            "rank_overhead_s": None,
+            "cores": machine.usable_cores(),
+            "oversubscribed": self.config.world_size > machine.usable_cores(),
+            "disk_mibs": self.rank_time.disk[0] if self.rank_time.disk else None,
+            "net_mibs": self.rank_time.net[0] if self.rank_time.net else None,
+            "latency_us": self.rank_time.latency[0] if self.rank_time.latency else None,
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
             "checkpoints": sum(1 for e in self.events if e["kind"] == "checkpoint"),

@@ -1,0 +1,154 @@
+"""Is the rank-time clock right? The same runs at world 4 pinned to 1 and to 2 cores (and 4 where the machine has
+them), with a CPU hog beside them or not, per strategy (shrink, rollback, forward, reinit, checkpoint_restart; 3
+kills), wall and rank-time side by side; world 2 on 2 cores (a core per rank); 10 back-to-back copies of one
+failure-free run at world 4 with each clock's spread (max / min of train_s).
+
+Aims (issue #29): 1 vs 2 cores, rank-time step time and overhead per strategy within 15 % while wall differs by
+>= 1.5x; a hog moves rank-time <= 10 %; a core per rank: rank-time and wall step time within 15 %; 10 copies:
+rank-time spread <= 1.10. Prints one JSON line (and a table on stderr).
+Usage: python benchmarks/bench_clock.py [--steps 300] [--copies 10] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STRATEGIES = ("shrink", "rollback", "forward", "reinit", "checkpoint_restart")
+KILLS = ("kill:rank=1,step={a}", "kill:rank=2,step={b}", "kill:rank=3,step={c}")
+
+
+def runs_for(steps: int, strategies: tuple[str, ...]) -> list[dict]:
+    kills = [k.format(a=steps // 4, b=steps // 2, c=3 * steps // 4) for k in KILLS]
+    base = {"world_size": 4, "steps": steps, "seed": 0, "eval_interval": steps}
+    out = [{**base, "label": "none"}]
+    for strategy in strategies:
+        every = 25 if strategy in ("reinit", "checkpoint_restart") else None
+        out.append({**base, "label": strategy, "strategy": strategy, "faults": kills, "checkpoint_every": every})
+    return out
+
+
+def child(runs: list[dict]) -> list[dict]:
+    """Run each configuration in this process (one rank template for all) and return its figures."""
+    sys.path.insert(0, str(ROOT))
+    import workbench
+
+    figures, baseline = [], None
+    for spec in runs:
+        spec = dict(spec)
+        label = spec.pop("label")
+        result = workbench.run(spec)
+        if label == "none":
+            baseline = result
+        elif baseline is not None:
+            result.set_baseline(baseline)
+        s, rows = result.summary, result.metrics
+        figures.append({"label": label, "outcome": result.outcome, "train_s": s["train_s"],
+                        "rank_train_s": s["rank_train_s"], "overhead_pct": s.get("overhead_pct"),
+                        "rank_overhead_pct": s.get("rank_overhead_pct"),
+                        "step_s": statistics.median(r["step_time"] for r in rows),
+                        "rank_step_s": statistics.median(r["rank_step_time"] for r in rows),
+                        "steal_pct": result.provenance.get("steal_pct"), "cores": s["cores"]})
+    return figures
+
+
+def hog(cores: set[int]) -> subprocess.Popen:
+    """A process that spins on ``cores`` (one thread of Python busy-looping) until killed."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+
+def measure(runs: list[dict], cores: set[int], with_hog: bool) -> list[dict]:
+    hogging = hog(cores) if with_hog else None
+    try:
+        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(runs)], capture_output=True,
+                              text=True, timeout=1800, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    finally:
+        if hogging is not None:
+            hogging.kill()
+            hogging.wait()
+    if done.returncode:
+        raise SystemExit(f"bench_clock: a child run failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ratio(a: float, b: float) -> float:
+    return round(max(a, b) / min(a, b), 3) if min(a, b) > 0 else float("inf")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--copies", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="shrink and checkpoint_restart only, 3 copies")
+    args = parser.parse_args()
+    strategies = ("shrink", "checkpoint_restart") if args.quick else STRATEGIES
+    copies = 3 if args.quick else args.copies
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < 2:
+        raise SystemExit("bench_clock: needs at least 2 cores")
+    settings = {"1 core": {available[0]}, "2 cores": set(available[:2])}
+    if len(available) >= 4:
+        settings["4 cores"] = set(available[:4])
+    load = os.getloadavg()[0]
+    t0 = time.time()
+    table: dict[str, dict[str, dict]] = {}
+    for name, cores in settings.items():
+        for with_hog in (False, True):
+            key = f"{name}{' + hog' if with_hog else ''}"
+            table[key] = {f["label"]: f for f in measure(runs_for(args.steps, strategies), cores, with_hog)}
+            print(f"{key}: done at {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    pair = [{**r, "label": "copy"} for r in runs_for(args.steps, ())] * copies
+    repeated = measure(pair, set(available[:2]), False)
+    per_rank = measure([{"world_size": 2, "steps": args.steps, "seed": 0, "label": "none"}] * 3,
+                       set(available[:2]), False)
+
+    labels = ["none", *strategies]
+    one, two = table["1 core"], table["2 cores"]
+    report = {
+        "bench": "clock", "steps": args.steps, "cores": len(available), "load_1min": round(load, 2),
+        "one_vs_two": {k: {"wall_step_x": ratio(one[k]["step_s"], two[k]["step_s"]),
+                           "rank_step_x": ratio(one[k]["rank_step_s"], two[k]["rank_step_s"]),
+                           "wall_train_x": ratio(one[k]["train_s"], two[k]["train_s"]),
+                           "rank_train_x": ratio(one[k]["rank_train_s"], two[k]["rank_train_s"]),
+                           "rank_overhead_pt": [one[k]["rank_overhead_pct"], two[k]["rank_overhead_pct"]],
+                           "wall_overhead_pt": [one[k]["overhead_pct"], two[k]["overhead_pct"]]} for k in labels},
+        "hog": {setting: {k: {"rank_train_x": ratio(table[setting][k]["rank_train_s"],
+                                                     table[f"{setting} + hog"][k]["rank_train_s"]),
+                              "wall_train_x": ratio(table[setting][k]["train_s"],
+                                                    table[f"{setting} + hog"][k]["train_s"])} for k in labels}
+                for setting in settings},
+        "core_per_rank": {"wall_step_s": statistics.median(f["step_s"] for f in per_rank),
+                          "rank_step_s": statistics.median(f["rank_step_s"] for f in per_rank),
+                          "wall_train_s": statistics.median(f["train_s"] for f in per_rank),
+                          "rank_train_s": statistics.median(f["rank_train_s"] for f in per_rank)},
+        "copies": {"n": len(repeated), "wall_spread": ratio(min(f["train_s"] for f in repeated),
+                                                            max(f["train_s"] for f in repeated)),
+                   "rank_spread": ratio(min(f["rank_train_s"] for f in repeated),
+                                        max(f["rank_train_s"] for f in repeated))},
+        "runs": table, "steal_pct_max": max((f["steal_pct"] or 0.0) for s in table.values() for f in s.values()),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    c = report["core_per_rank"]
+    c["agree_x"] = ratio(c["wall_step_s"], c["rank_step_s"])
+    for key, rows in table.items():
+        print(key, file=sys.stderr)
+        for label, f in rows.items():
+            print(f"  {label:20s} step {f['step_s'] * 1e3:7.2f} / {f['rank_step_s'] * 1e3:7.2f} ms   train "
+                  f"{f['train_s']:7.3f} / {f['rank_train_s']:7.3f} s   overhead {f['overhead_pct']} / "
+                  f"{f['rank_overhead_pct']} %  (wall / rank)", file=sys.stderr)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print(json.dumps(child(json.loads(sys.argv[2]))))
+    else:
+        main()

@@ -1,0 +1,155 @@
+"""The rank-time clock: column names and defaults, the supervisor's bookkeeping fed with planted CPU stamps, the
+rank's CPU clock leaving gloo's transport thread out, and both clocks in a real run's result."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+import workbench
+from workbench import clock, machine
+from workbench.rank.channel import _CpuClock
+from workbench.supervisor.recorder import Failure
+
+
+def test_columns_labels_and_defaults():
+    assert clock.column("train_s", "wall") == "train_s" and clock.column("train_s", "rank") == "rank_train_s"
+    with pytest.raises(ValueError, match="clock must be one of wall, rank"):
+        clock.column("train_s", "cpu")
+    assert clock.label("runtime overhead (%)", "rank") == "runtime overhead (%, rank-time clock)"
+    assert clock.label("seconds", "wall") == "seconds (wall clock)"
+    assert clock.default({"oversubscribed": True}) == "rank"
+    assert clock.default({"oversubscribed": False}, {"steal_pct": 5.0}) == "rank"
+    assert clock.default({"oversubscribed": False}, {"steal_pct": 0.5}) == "wall"
+    frame = pd.DataFrame({"oversubscribed": [False, None], "prov.steal_pct": [0.1, None]})
+    assert clock.frame_default(frame) == "wall"
+    frame.loc[1, "oversubscribed"] = True
+    assert clock.frame_default(frame) == "rank" and clock.resolve("wall", frame) == "wall"
+    assert machine.steal_pct((10, 1000), (30, 2000)) == 2.0 and machine.steal_pct(None, (1, 2)) is None
+
+
+def test_speed_variables_are_checked(monkeypatch):
+    monkeypatch.setenv(machine.NET_MIB_VAR, "-3")
+    with pytest.raises(ValueError, match=r"\$WORKBENCH_NET_MIBS='-3': a positive number is allowed"):
+        machine.check_given()
+    monkeypatch.setenv(machine.NET_MIB_VAR, "250")
+    assert machine.net_mibs() == (250.0, machine.NET_MIB_VAR)
+
+
+def rows(gen: int, steps: range) -> list[dict]:
+    return [{"step": s, "generation": gen, "time": 1.0 + s, "step_time": 1.0} for s in steps]
+
+
+def test_steps_take_the_slowest_rank_over_a_window(monkeypatch):
+    monkeypatch.setenv(machine.NET_MIB_VAR, "1")  # 1 MiB/s: a rank's bytes are visible in its step
+    monkeypatch.setenv(machine.LATENCY_VAR, "1000")  # 1 ms a message
+    rt = clock.RankTime()
+    for spawn in (0, 1):
+        rt.on_ready(spawn, {"cpu": 0.5})
+        rt.last[spawn] = 1.0  # joined generation 0 at CPU 1.0
+    table = rows(0, range(10))
+    cpu = {0: 1.0, 1: 1.0}
+    for row in table:
+        for spawn, spent in ((0, 0.010), (1, 0.030 if row["step"] % 2 else 0.0)):  # rank 1's CPU lands unevenly
+            cpu[spawn] += spent
+            rt.on_step(spawn, {"gen": 0, "step": row["step"], "cpu": cpu[spawn], "sent": 2**20 // 100, "msgs": 2})
+        rt.on_row(0, row)
+    assert table[1]["rank_step_time"] == pytest.approx(0.030)  # live: the slowest stamp of the step
+    total = (rt.finish(), rt.timeline(table))[1]
+    # rank 1 spent 5 x 30 ms and rank 0 10 x 10 ms; each step also sends 10 ms of bytes and 2 ms of messages
+    assert total == pytest.approx(0.150 + 10 * 0.012, abs=1e-4)
+    assert sum(r["rank_step_time"] for r in table) == pytest.approx(total)
+    assert table[-1]["rank_time"] == pytest.approx(total)
+
+
+def test_a_recovery_costs_detection_or_abandoned_work_start_and_join(monkeypatch):
+    monkeypatch.setenv(machine.NET_MIB_VAR, "1")
+    monkeypatch.setenv(machine.LATENCY_VAR, "1")
+    rt = clock.RankTime()
+    for spawn in (0, 1):
+        rt.last[spawn] = 0.0
+    before = rows(0, range(3))
+    for row in before:
+        for spawn in (0, 1):
+            rt.on_step(spawn, {"gen": 0, "step": row["step"], "cpu": 0.01 * (row["step"] + 1)})
+        rt.on_row(0, row)
+    fault = time.time()
+    rt.on_ready(2, {"cpu": 0.2})  # a replacement started after the fault: 0.2 s of start-up CPU
+    # survivor 0 abandoned 0.05 s of work, then joined in 0.03 s; the replacement joined in 0.04 s, 1 MiB received
+    rt.on_joined(0, {"gen": 1, "cpu": 0.03 + 0.05 + 0.03, "sync_cpu": 0.03}, wait=0.02, since=fault)
+    rt.on_joined(2, {"gen": 1, "cpu": 0.2 + 0.04, "sync_cpu": 0.04, "bytes_in": 2**20}, wait=0.02, since=fault)
+    after = rows(1, range(2, 4))
+    for row in after:
+        for spawn, base in ((0, 0.11), (2, 0.24)):
+            rt.on_step(spawn, {"gen": 1, "step": row["step"], "cpu": base + 0.01 * (row["step"] - 1)})
+        rt.on_row(1, row)
+    rt.finish()
+    total = rt.timeline(before + after)
+    change = 0.05 + 0.2 + 0.04 + 1.0  # max(detection 0.02, abandoned 0.05) + start + join + 1 MiB at 1 MiB/s
+    assert rt.cost(1) == pytest.approx(change)
+    assert total == pytest.approx(0.03 + change + 0.02)
+    record = Failure(rank=1, step=3, cause="died", fault_time=fault, detect_time=fault + 0.02, committed=3,
+                     lost_share=0, recovery_gen=1, replacement=2)
+    wall = {"detection_s": 0.02, "resume_s": 2.0, "settle_s": 1.5, "join_s": 0.5, "regrow_s": None}
+    figures = rt.failure(wall, record, before + after)
+    assert figures["rank_detection_s"] == 0.02 and figures["rank_settle_s"] == pytest.approx(change, abs=1e-4)
+    assert figures["rank_join_s"] == pytest.approx(0.04) and figures["rank_regrow_s"] is None
+    assert figures["rank_resume_s"] == pytest.approx(change + 0.01, abs=1e-4)
+
+
+def test_an_unstamped_generation_keeps_its_wall_gap():
+    rt = clock.RankTime()
+    rt.on_joined(5, {"gen": 1}, wait=0.0, since=None)  # a peer's rank: no CPU stamp
+    later = rows(1, range(2, 4))
+    for row in later:
+        row["time"] += 1.0  # the change took 1 s of wall time
+    table = rows(0, range(2)) + later
+    total = rt.timeline(table)
+    # no stamps at all: every step at its wall time, the change at its wall gap
+    assert total == pytest.approx(4.0 + 1.0)
+
+
+def test_the_cpu_clock_leaves_the_transport_thread_out():
+    cpu_time = _CpuClock()
+    libc = ctypes.CDLL(None)
+    done, release = threading.Event(), threading.Event()
+
+    def transport() -> None:  # lives as long as the rank, as gloo's does
+        libc.prctl(15, _CpuClock.TRANSPORT.encode(), 0, 0, 0)  # PR_SET_NAME, as gloo names its thread
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        done.set()
+        release.wait(10)
+
+    before, process_before = cpu_time(), time.process_time()
+    thread = threading.Thread(target=transport)
+    thread.start()
+    assert done.wait(10)
+    spent, process_spent = cpu_time() - before, time.process_time() - process_before
+    release.set()
+    thread.join(10)
+    assert process_spent >= 0.3 and spent < 0.1  # the 0.3 s the transport burned is not the rank's
+
+
+def test_a_run_has_both_clocks():
+    result = workbench.run(world_size=2, steps=30, strategy="shrink", faults=["kill:rank=1,step=15"], seed=0)
+    baseline = workbench.run(world_size=2, steps=30, seed=0)
+    result.set_baseline(baseline)
+    s = result.summary
+    assert result.completed and s["rank_train_s"] > 0 and s["clock"] in clock.CLOCKS
+    assert s["oversubscribed"] == (2 > machine.usable_cores()) and s["world_changed"] is True
+    assert math.isfinite(s["rank_overhead_pct"]) and s["net_mibs"] > 0 and s["latency_us"] > 0
+    steps = [r["rank_step_time"] for r in result.metrics]
+    assert all(math.isfinite(v) and v > 0 for v in steps)
+    assert result.metrics[-1]["rank_time"] == pytest.approx(s["rank_train_s"], abs=2e-3)
+    failure = result.failures[0]
+    for name in clock.TIME_FIGURES:
+        assert clock.PREFIX + name in failure
+    assert failure["rank_settle_s"] >= failure["rank_detection_s"] > 0
+    assert result.provenance["usable_cores"] == machine.usable_cores() and "steal_pct" in result.provenance

@@ -1,0 +1,178 @@
+"""What this machine is and how fast, for the rank-time clock (:mod:`workbench.clock`): the cores a run may use,
+the CPU its hypervisor steals, and the speeds charged on the rank clock (disk, network bandwidth, a message's
+latency), each given in the environment or measured once per machine and cached in
+``~/.cache/workbench/speeds.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+DISK_MIB_VAR = "WORKBENCH_DISK_MIBS"
+NET_MIB_VAR = "WORKBENCH_NET_MIBS"
+LATENCY_VAR = "WORKBENCH_LATENCY_US"
+SPEEDS = {DISK_MIB_VAR: "MiB/s of checkpoint reads", NET_MIB_VAR: "MiB/s of the network",
+          LATENCY_VAR: "microseconds per message"}
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity: taskset, cgroups' cpusets), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of the whole host from ``/proc/stat``; None where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal, sum(fields[:8])
+
+
+def steal_pct(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """Share of the host's CPU time the hypervisor stole between two :func:`cpu_ticks` readings, in %."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round(100.0 * (end[0] - start[0]) / (end[1] - start[1]), 2)
+
+
+def disk_mibs(place: str | os.PathLike | None = None) -> tuple[float, str]:
+    """(MiB/s, where it came from) at which checkpoint reads are charged on the rank clock:
+    ``$WORKBENCH_DISK_MIBS``, else measured once per machine (64 MiB written and fsync'd in ``place``)."""
+    return _speed("disk", DISK_MIB_VAR, lambda: _measure_disk(place))
+
+
+def net_mibs() -> tuple[float, str]:
+    """(MiB/s, where it came from) at which the bytes a rank sends are charged on the rank clock:
+    ``$WORKBENCH_NET_MIBS`` (a cluster's network), else measured once per machine (64 MiB over a loopback TCP
+    connection: the ranks' own transport here)."""
+    return _speed("net", NET_MIB_VAR, _measure_net)
+
+
+def latency_us() -> tuple[float, str]:
+    """(µs, where it came from) charged for each message a rank sends: ``$WORKBENCH_LATENCY_US`` (a cluster's
+    network), else measured once per machine (half the round trip of a small message between two processes over
+    loopback TCP, median of 200: the wake-up a message costs its receiver here)."""
+    return _speed("latency_us", LATENCY_VAR, _measure_latency)
+
+
+def given(variable: str) -> float:
+    """The positive number in environment variable ``variable``; ValueError (one line) for anything else."""
+    text = os.environ[variable]
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"${variable}={text!r}: a positive number is allowed ({SPEEDS[variable]}), or unset it "
+                         "to have it measured once on this machine")
+    return value
+
+
+def check_given() -> None:
+    """Each speed variable that is set holds a positive number (checked before a run starts)."""
+    for variable in SPEEDS:
+        if os.environ.get(variable):
+            given(variable)
+
+
+def _speed(kind: str, variable: str, measure: Callable[[], float]) -> tuple[float, str]:
+    """A speed given in ``variable``, cached for this host in ``~/.cache/workbench/speeds.json``, or measured."""
+    if os.environ.get(variable):
+        return given(variable), variable
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "workbench" / "speeds.json"
+    host = socket.gethostname()
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    mine = known.get(host) if isinstance(known.get(host), dict) else {}
+    if isinstance(mine.get(kind), (int, float)) and mine[kind] > 0:
+        return float(mine[kind]), "measured"
+    speed = measure()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**known, host: {**mine, kind: speed}}))
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return speed, "measured"
+
+
+def _measure_disk(place: str | os.PathLike | None, mib: int = 64) -> float:
+    block = os.urandom(1 << 20)
+    with tempfile.NamedTemporaryFile(dir=place, prefix=".wb-disk-") as f:
+        began = time.perf_counter()
+        for _ in range(mib):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+        spent = time.perf_counter() - began
+    return round(mib / max(spent, 1e-6), 1)
+
+
+def _measure_net(mib: int = 64) -> float:
+    block = bytes(1 << 20)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sender = socket.create_connection(server.getsockname(), timeout=30)
+        receiver, _ = server.accept()
+        receiver.settimeout(30)
+
+        def send() -> None:
+            for _ in range(mib):
+                sender.sendall(block)
+            sender.close()
+
+        began = time.perf_counter()
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        got = 0
+        while got < mib << 20:
+            chunk = receiver.recv(1 << 20)
+            if not chunk:
+                break
+            got += len(chunk)
+        spent = time.perf_counter() - began
+        thread.join(timeout=30)
+        receiver.close()
+    return round(got / 2**20 / max(spent, 1e-6), 1)
+
+
+def _measure_latency(rounds: int = 200) -> float:
+    left, right = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the echo: a process of its own, so that each message wakes another process as a rank's does
+        try:
+            left.close()
+            for _ in range(rounds):
+                right.sendall(right.recv(1))
+        finally:
+            os._exit(0)
+    right.close()
+    trips = []
+    try:
+        left.settimeout(10)
+        for _ in range(rounds):
+            began = time.perf_counter()
+            left.sendall(b"x")
+            left.recv(1)
+            trips.append(time.perf_counter() - began)
+    finally:
+        left.close()
+        os.waitpid(pid, 0)
+    trips.sort()
+    return round(trips[len(trips) // 2] / 2 * 1e6, 1)
