@@ -5,13 +5,16 @@ point a no-fault run and a run that loses one rank (``--world-size``, ``--steps`
 ``papermill IN OUT -p ... -p out DIR`` once per point, one after the other; the sweep runs the same points in a
 fresh directory (its default ``--jobs`` unless given). Both must leave 8 ``result.h5``. Rounds alternate which
 side goes first. Prints one JSON line: both wall times per round, their medians, the ratio sweep / loop
-(aim ≤ 0.6) and the CPU seconds per point of each side (all descendant processes).
+(aim ≤ 0.6), the CPU seconds per point of each side (all descendant processes: this process adopts the orphans
+— a kernel's rank template outlives the kernel by a moment — and reaps them, so their CPU counts too) and the
+1-minute load average before and after.
 Usage: python benchmarks/bench_sweep.py [--world-size 2] [--steps 150] [--jobs N] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -36,6 +39,26 @@ def children_cpu() -> float:
     """CPU seconds of every finished descendant (kernels and ranks are reaped by their parents, so they count)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
+
+
+def adopt_orphans() -> None:
+    """Linux: descendants whose parent ended become this process's children (PR_SET_CHILD_SUBREAPER)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def reap_orphans(timeout: float = 10.0) -> None:
+    """Reap the adopted descendants as they end (bounded): their CPU time then counts in RUSAGE_CHILDREN."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # none left
+        if pid == 0:
+            time.sleep(0.05)
 
 
 def papermill_loop(work: Path, fixed: dict[str, object]) -> float:
@@ -77,6 +100,8 @@ def main() -> None:
 
     jobs = args.jobs or default_jobs(points(fixed), notebook_parameters(NOTEBOOK))
     loop_s, sweep_s, cpu = [], [], {"loop": 0.0, "sweep": 0.0}
+    adopt_orphans()
+    load_before = os.getloadavg()[0]
     for r in range(args.rounds):
         work = Path(tempfile.mkdtemp(prefix="bench_sweep-"))
         try:
@@ -86,6 +111,7 @@ def main() -> None:
                     loop_s.append(papermill_loop(work / "loop", fixed))
                 else:
                     sweep_s.append(workbench_sweep(work / "sweep", fixed, args.jobs))
+                reap_orphans()
                 cpu[side] += children_cpu() - before
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -94,7 +120,8 @@ def main() -> None:
                       "cores": os.cpu_count(), "papermill_loop_s": [round(v, 2) for v in loop_s],
                       "sweep_s": [round(v, 2) for v in sweep_s], "papermill_loop_median_s": round(loop, 2),
                       "sweep_median_s": round(sweep, 2), "ratio": round(sweep / loop, 3), "aim": 0.6,
-                      "cpu_s_per_point": {k: round(v / (8 * args.rounds), 2) for k, v in cpu.items()}}))
+                      "cpu_s_per_point": {k: round(v / (8 * args.rounds), 2) for k, v in cpu.items()},
+                      "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}))
 
 
 if __name__ == "__main__":

@@ -19,10 +19,12 @@ Protocol of ``sweep(notebook, parameters, grid, out, jobs)``:
   invocation (failed points are retried since a failure may have been an interruption; ``retry_failed=False``
   skips them). A point whose notebook fails is recorded as ``failed`` with a one-line error; the others go on.
 - **Processes.** Points run in worker processes (``python -m workbench.sweep_point``), each in a session of its
-  own, at most ``jobs`` at a time. On KeyboardInterrupt (Ctrl-C, or SIGTERM through the CLI) every worker is sent
-  SIGTERM, kills its kernel and the kernel's rank processes and exits; anything still alive after a bounded wait
-  is SIGKILLed (the workers' process trees are read from /proc). Then ``DIR/results.h5`` is written and the
-  KeyboardInterrupt propagates. Executed notebooks and results are renamed into place, never half-written.
+  own, at most ``jobs`` at a time; each worker owns one rank template, from which the kernels of its points fork
+  their ranks (:mod:`workbench.template`: shared templates). On KeyboardInterrupt (Ctrl-C, or SIGTERM through the
+  CLI) every worker is sent SIGTERM, kills its kernel, its template and the ranks and exits; anything still alive
+  after a bounded wait is SIGKILLed (the workers' process trees are read from /proc). Then ``DIR/results.h5`` is
+  written and the KeyboardInterrupt propagates. Executed notebooks and results are renamed into place, never
+  half-written.
 - **Jobs.** Default: ``max(1, min(cores, 2 * cores // world))`` where ``world`` is the largest ``world_size`` of
   the points (the point's value, else the notebook's default; 1 if the notebook has none): the points' ranks may
   oversubscribe the cores twice, and no more points than cores run at once — on 2 cores, 2 points at a time for

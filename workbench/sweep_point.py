@@ -2,13 +2,18 @@
 
 Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD --parent PID``, in a
 session of its own, one worker per job slot (so papermill's imports — 2–3 s on this machine — are paid once per
-worker, not once per point); it gets SIGTERM when the sweep's process dies. Protocol:
+worker, not once per point); it gets SIGTERM when the sweep's process dies. It starts one shared rank template
+(:func:`workbench.template.share`) for its whole life, at once (its torch import overlaps papermill's), and
+names it in ``WORKBENCH_TEMPLATE``: the kernel of each point it runs forks its ranks there instead of importing
+torch into a template of its own (one that died, or whose workbench files changed, is replaced before the next
+point). Protocol:
 - stdin: one JSON line per point, ``{"id", "dir", "notebook", "parameters", "kernel_name", "timeout"}``; EOF ends
   the worker.
 - file descriptor FD: JSON lines ``{"id", "event": "start"}``, ``{"id", "event": "cell", "index", "total"}``
   (a code or markdown cell starts), ``{"id", "event": "done", "status", "error"}``.
 - per point, in ``dir``: ``point.json`` (written atomically: ``running`` at the start, ``completed`` or ``failed``
-  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end, and
+  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end,
+  ``rank_template``: the pid and address of the shared template the point's kernel could fork from, and
   ``provenance``: :mod:`workbench.provenance` of the point, its ``notebook`` the sweep's notebook), the
   executed notebook (executed under a hidden temporary name, renamed when papermill
   returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
@@ -17,9 +22,11 @@ worker, not once per point); it gets SIGTERM when the sweep's process dies. Prot
 - a point is ``completed`` when the notebook ran to its end and, if the notebook declares ``out``, wrote
   ``result.h5`` there (or, for a notebook saving several runs, below it); otherwise ``failed`` with a one-line
   error. The worker then goes on with the next point.
-On SIGTERM (the sweep being interrupted) the worker SIGKILLs every process below it — the kernel and the kernel's
-rank processes, which are in sessions of their own — removes the temporary notebook and exits at once; the
-point's ``point.json`` stays ``running``, so the next sweep runs the point again.
+After each point every process below the worker but its template is SIGKILLed (the kernel's leftovers, ranks
+the template forked for it). On SIGTERM (the sweep being interrupted) the worker SIGKILLs every process below it
+— the kernel, the template and the ranks, which are in sessions of their own — removes the temporary notebook
+and exits at once; the point's ``point.json`` stays ``running``, so the next sweep runs the point again. When its
+stdin ends it lets the template go (which kills what it forked) and exits.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from workbench import provenance
 from workbench.h5files import write_text
 from workbench.outdir import clear as clear_run
 from workbench.results import RESULT_FILE
+from workbench.template import SHARED_VAR, Template, share
+from workbench.template_server import code_fingerprint
 
 POINT_FILE = "point.json"
 LOG_FILE = "point.log"
@@ -105,6 +114,29 @@ class Worker:
     def __init__(self, events_fd: int) -> None:
         self.events = os.fdopen(events_fd, "w", buffering=1)
         self.current_tmp: Path | None = None
+        self.template: Template | None = None
+
+    def share_template(self) -> None:
+        """Start the shared rank template, or a new one if it died or workbench's files changed since it started
+        (its ranks would run the old code); the kernels started from now on get its address (none: they start
+        their own)."""
+        if self.template is not None and self.template.alive and self.template.code == code_fingerprint():
+            return
+        if self.template is not None:
+            self.template.close()
+        self.template = share()
+        if self.template is not None:
+            os.environ[SHARED_VAR] = self.template.address  # type: ignore[assignment]
+        else:
+            os.environ.pop(SHARED_VAR, None)
+
+    def leftovers(self) -> list[tuple[int, int]]:
+        """Every process below this worker but its shared template."""
+        keep = self.template.proc.pid if self.template is not None and self.template.proc is not None else None
+        return [p for p in descendants(os.getpid()) if p[0] != keep]
+
+    def template_cpu(self) -> tuple[Template | None, float | None]:
+        return self.template, self.template.children_cpu() if self.template is not None else None
 
     def emit(self, **event: Any) -> None:
         self.events.write(json.dumps(event) + "\n")
@@ -119,10 +151,15 @@ class Worker:
         signal.signal(signal.SIGTERM, self.terminate)
         signal.signal(signal.SIGINT, self.terminate)
         _die_with_parent(parent)
+        self.share_template()
         _register_engine(self)
-        for line in sys.stdin:
-            if line.strip():
-                self.run_point(json.loads(line))
+        try:
+            for line in sys.stdin:
+                if line.strip():
+                    self.run_point(json.loads(line))
+        finally:
+            if self.template is not None:
+                self.template.close()
 
     def run_point(self, task: dict[str, Any]) -> None:
         import papermill
@@ -141,6 +178,7 @@ class Worker:
                   "status": "running", "error": None, "started": time.time(), "wall_s": None,
                   "provenance": provenance.collect(seed if isinstance(seed, int) else None)}
         write_json(directory / POINT_FILE, status)
+        self.share_template()
         self.emit(id=task["id"], event="start")
         self.current_id, self.current_tmp = task["id"], tmp
         log = open(directory / LOG_FILE, "ab", buffering=0)
@@ -148,7 +186,7 @@ class Worker:
         os.dup2(log.fileno(), 1)  # the kernel inherits these: its stray output lands in point.log
         os.dup2(log.fileno(), 2)
         t0 = time.monotonic()
-        cpu0 = _cpu()
+        cpu0, (template0, reaped0) = _cpu(), self.template_cpu()
         error = None
         try:
             papermill.execute_notebook(task["notebook"], str(tmp), parameters=task["parameters"], engine_name=ENGINE,
@@ -166,16 +204,22 @@ class Worker:
             for fd in saved:
                 os.close(fd)
             log.close()
-            kill_all(descendants(os.getpid()))  # nothing of this point outlives it
+            kill_all(self.leftovers())  # nothing of this point outlives it (the template waits for the next)
             if tmp.exists():
                 os.replace(tmp, executed)
             self.current_tmp = None
         if error is None and "out" in task["parameters"] and not has_result(directory):
             error = f"the notebook completed but wrote no {RESULT_FILE} under out={task['parameters']['out']}"
-        cpu1 = _cpu()
+        cpu1, (template1, reaped1) = _cpu(), self.template_cpu()
+        # the kernel's ranks are the template's children: their CPU comes from it (a template that died meanwhile
+        # was reaped by this worker, its ranks' CPU with it)
+        ranks_cpu = reaped1 - reaped0 if template1 is template0 and None not in (reaped0, reaped1) else 0.0
         status.update(status="failed" if error else "completed", error=error, wall_s=round(time.monotonic() - t0, 3),
                       finished=time.time(), worker_cpu_s=round(cpu1[0] - cpu0[0], 3),
-                      kernel_cpu_s=round(cpu1[1] - cpu0[1], 3), provenance=provenance.finish(status["provenance"]))
+                      kernel_cpu_s=round(cpu1[1] - cpu0[1] + ranks_cpu, 3),
+                      rank_template={"pid": template1.pid, "address": template1.address}
+                      if template1 is not None and template1.alive else None,
+                      provenance=provenance.finish(status["provenance"]))
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="done", status=status["status"], error=error)
 

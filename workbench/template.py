@@ -1,192 +1,64 @@
-"""The rank template (a "zygote"): one process that imported torch and the rank code once and forks rank
-processes on request, so a rank starts in milliseconds instead of paying torch's import (~1.1 s alone, ~5 s
-for 4-5 ranks at once on 2 cores).
+"""The rank template (a "zygote"): one process that imported torch and the rank code once and forks rank processes
+on request, so a rank starts in milliseconds instead of paying torch's import (~1.1 s alone, ~5 s for 4-5 ranks
+at once on 2 cores). This module is the owner's side; the template's own process: :mod:`workbench.template_server`.
 
 Protocol: JSON lines over the template's stdin (owner -> template) and stdout (template -> owner), which its
-owner holds as pipes — for this machine, or through a host's launch line (``ssh HOST``, ``ip netns exec NS``):
+owner holds as pipes — for this machine, or through a host's launch line (``ssh HOST``, ``ip netns exec NS``) —
+and, for a shared template, over each connection to its Unix socket (the same messages, less ``usage``):
 
   owner -> template  ``fork {token, argv, env, cwd, path, log, title}``  fork a rank running
                      ``workbench.rank.main.main(argv)`` in ``cwd`` with ``env`` and ``sys.path = path``, its output
                      appended to ``log`` (None: to /dev/null), its command line set to ``title``
                      ``kill {pid}``  SIGKILL that rank's session (owners on other hosts cannot signal it)
-  template -> owner  ``ready {pid}`` once its imports are done
+                     ``usage {token}``  (stdin only) the CPU seconds of the ranks it reaped so far
+  template -> owner  ``ready {pid}`` once its imports are done (on a connection: with its Python and workbench)
                      ``forked {token, pid}`` or ``fork_failed {token, message}``
                      ``exit {pid, code}`` a forked rank ended (``code`` as ``Popen.returncode``: -N for signal N)
+                     ``usage {token, cpu_s}``
 
 What it guarantees. It imports torch, torch.distributed, numpy, h5py and the rank modules, runs no torch op and
 starts no thread, so each fork is a copy-on-write copy of a single-threaded process. It never imports the
 user's model or dataset code: the forked rank does that itself, so a template outlives the user's edits.
 
+Shared templates. A sweep worker (:mod:`workbench.sweep_point`) starts one template with :func:`share` for its
+whole life and puts its address (an abstract Unix socket, ``@workbench-template-...``) in ``WORKBENCH_TEMPLATE``;
+the notebook kernels it starts inherit it, and :func:`local_template` in such a kernel connects there
+(:class:`SharedTemplate`) instead of starting a template that imports torch again. Only processes of the same
+user are served, and only with the same Python and workbench, whose files have not changed since the template
+imported them (:func:`~workbench.template_server.code_fingerprint`); a template that cannot be reached, differs,
+or is not ready within its timeout, is replaced by one of the process's own, and the run says so in a
+``template`` event; its owner replaces a template that died or whose files changed before its next point.
+
 No orphans. A forked rank starts a session of its own (a fault or a kill reaches its process group), asks for
 SIGKILL when the template dies (``PR_SET_PDEATHSIG``, checked against the race with the template's death), and,
 like every rank, exits when its control channel to the supervisor closes. When the template's stdin ends — its
-owner died or let it go — it SIGKILLs every rank it forked and exits. The owner starts the template from a
+owner died or let it go — it SIGKILLs every rank it forked and exits; when a connection to a shared template
+ends (the kernel died), the ranks asked for over it are SIGKILLed. The owner starts the template from a
 thread that lives as long as the owner's process (the parent-death signal follows the thread that started a
-process), and with a parent-death signal of its own: a killed notebook kernel takes its template along.
+process), and with a parent-death signal of its own: a killed notebook kernel or sweep worker takes its template
+along.
 """
 
 from __future__ import annotations
 
-import gc
 import os
-import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.processes import RANK_ENV_DEFAULTS, THREAD_ENV, child_env, die_with_parent, import_path, kill_session
+from workbench.processes import RANK_ENV_DEFAULTS, THREAD_ENV, child_env, import_path, kill_session
 from workbench.protocol import LineDecoder, encode
+from workbench.template_server import IN_TEMPLATE, code_fingerprint, identity
 
-# not torch._dynamo (~1.6 s, more than torch itself): ranks step with workbench.rank.optim, which never imports it
-PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "numpy", "h5py",
-           "workbench.rank.main", "workbench.rank.gossip", "workbench.rank.pipeline")
-
-
-# -- the template process ------------------------------------------------------------------------------------------
-class _Server:
-    def __init__(self) -> None:
-        # the protocol's pipes get private descriptors; fds 0/1 become /dev/null and stderr, so nothing a
-        # library prints can corrupt the protocol
-        self.inp = os.dup(0)
-        self.out = os.dup(1)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        os.dup2(devnull, 0)
-        os.dup2(2, 1)
-        os.close(devnull)
-        self.children: set[int] = set()
-        self.wake_r, self.wake_w = os.pipe()
-        for fd in (self.wake_r, self.wake_w):
-            os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self.wake_w)
-        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda signum, frame: self.shutdown(128 + signum))
-
-    def send(self, message: dict[str, Any]) -> None:
-        data = encode(message)
-        try:
-            while data:
-                data = data[os.write(self.out, data):]
-        except OSError:
-            self.shutdown(0)  # the owner is gone
-
-    def serve(self) -> None:
-        self.send({"type": "ready", "pid": os.getpid()})
-        decoder = LineDecoder()
-        while True:
-            try:
-                ready = select.select([self.inp, self.wake_r], [], [])[0]
-            except InterruptedError:
-                continue
-            if self.wake_r in ready:
-                try:
-                    os.read(self.wake_r, 4096)
-                except BlockingIOError:
-                    pass
-                self.reap()
-            if self.inp in ready:
-                data = os.read(self.inp, 65536)
-                if not data:
-                    self.shutdown(0)
-                for message in decoder.feed(data):
-                    if message["type"] == "fork":
-                        self.fork(message)
-                    elif message["type"] == "kill" and message["pid"] in self.children:
-                        kill_session(message["pid"])
-
-    def reap(self) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            self.children.discard(pid)
-            self.send({"type": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
-
-    def fork(self, request: dict[str, Any]) -> None:
-        parent = os.getpid()
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            self.send({"type": "fork_failed", "token": request["token"], "message": str(exc)})
-            return
-        if pid == 0:
-            code = 1
-            try:
-                self._become_rank(request, parent)
-            except BaseException:  # noqa: BLE001 - a rank that cannot start says why in its log, then ends
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        self.children.add(pid)
-        self.send({"type": "forked", "token": request["token"], "pid": pid})
-
-    def _become_rank(self, request: dict[str, Any], parent: int) -> None:
-        os.setsid()
-        die_with_parent()
-        if os.getppid() != parent:  # the template died before the death signal was armed
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        for fd in (self.inp, self.out, self.wake_r, self.wake_w):
-            os.close(fd)
-        os.chdir(request["cwd"])  # first: a relative log path is the owner's
-        log = request.get("log")
-        target = os.open(log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, 1)
-        os.dup2(target, 2)
-        os.close(target)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        sys.path[:] = request["path"]
-        sys.argv = ["workbench.rank", *request["argv"]]
-        _set_title(request.get("title") or "workbench.rank")
-        gc.unfreeze()
-        from workbench.rank.main import main
-
-        main(request["argv"])  # ends the process with os._exit
-
-    def shutdown(self, code: int) -> None:
-        for pid in list(self.children):
-            kill_session(pid)
-        os._exit(code)
+SHARED_VAR = "WORKBENCH_TEMPLATE"  # the address of a template this process and its children fork their ranks from
 
 
-def _set_title(title: str) -> None:
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
-
-
-def main() -> None:
-    """``python -m workbench.template``: import, then serve fork requests on stdin until it ends."""
-    die_with_parent()
-    os.environ[_IN_TEMPLATE] = "1"  # its forks clear it: a rank's environment is the owner's
-    server = _Server()
-    import importlib
-
-    for module in PRELOAD:
-        importlib.import_module(module)
-    # before any rank's environment replaces this one: the title takes that space
-    _set_title(f"{sys.executable} -m workbench.template (rank template of pid {os.getppid()})")
-    gc.collect()
-    gc.freeze()  # imported objects stay out of the forks' collections: fewer copy-on-write page copies
-    server.serve()
-
-
-# -- the owner's side ---------------------------------------------------------------------------------------------
 class TemplateError(RuntimeError):
     """The template could not be started or could not fork a rank."""
 
@@ -224,17 +96,26 @@ class ForkedProcess:
 class Template:
     """The owner's handle on one template process: ``fork()`` a rank, learn its exit code.
 
-    ``prefix``: a host's launch line (empty: this machine). The template is started, and its output read, by a
-    thread of its own that lives until the template ends, so its parent-death signal fires only with this process."""
+    ``prefix``: a host's launch line (empty: this machine). ``listen``: a listening Unix socket the template
+    serves too (:func:`share`; this process's copy is closed once the template has it). The template is started,
+    and its output read, by a thread of its own that lives until the template ends, so its parent-death signal
+    fires only with this process. ``notice``: what a run using it says about it in a ``template`` event (None:
+    nothing to say)."""
 
-    def __init__(self, prefix: Sequence[str] = (), stderr: Any = None, ready_timeout: float = 120.0) -> None:
+    def __init__(self, prefix: Sequence[str] = (), stderr: Any = None, ready_timeout: float = 120.0,
+                 listen: socket.socket | None = None) -> None:
         self.prefix = list(prefix)
         self.remote = bool(prefix)
         self.proc: subprocess.Popen | None = None
         self.pid: int | None = None
         self.alive = True
         self.reason = ""
+        self.address: str | None = None
+        self.code: str | None = None  # a shared template's: workbench's files as they were when it started
+        self.notice: str | None = None
+        self.ready_timeout = ready_timeout
         self._stderr = stderr
+        self._listen = listen
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._waiting: dict[int, dict[str, Any]] = {}  # token -> reply
@@ -242,45 +123,49 @@ class Template:
         self._children: dict[int, ForkedProcess] = {}
         self._token = 0
         self._started = threading.Event()
-        self._ready_timeout = ready_timeout
         threading.Thread(target=self._own, name="workbench-template", daemon=True).start()
         self._started.wait()
 
     # the owner thread: start, then read until the template ends
     def _own(self) -> None:
         env = child_env(THREAD_ENV)
+        listen = [] if self._listen is None else ["--listen-fd", str(self._listen.fileno())]
         try:
-            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "workbench.template"],
+            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "workbench.template", *listen],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                                         start_new_session=True, bufsize=0)
+                                         start_new_session=True, bufsize=0,
+                                         pass_fds=() if self._listen is None else (self._listen.fileno(),))
         except OSError as exc:
             self._fail(f"cannot start the rank template ({exc.strerror})")
-            self._started.set()
             return
-        self._started.set()
-        decoder = LineDecoder()
-        try:
-            while True:
-                try:
-                    data = os.read(self.proc.stdout.fileno(), 65536)  # type: ignore[union-attr]
-                except (OSError, ValueError):
-                    data = b""
-                if not data:
-                    break
-                for message in decoder.feed(data):
-                    self._on_message(message)
         finally:
-            kill_session(self.proc.pid)  # a template that stopped talking is of no use: make sure it is gone
-            code = self.proc.wait()
-            self._fail(f"the rank template was killed ({signal.Signals(-code).name})" if code < 0
-                       else f"the rank template exited with code {code}")
+            if self._listen is not None:
+                self._listen.close()  # the template's now: the socket ends with it
+            self._started.set()
+        self._read(lambda: os.read(self.proc.stdout.fileno(), 65536))  # type: ignore[union-attr]
+        kill_session(self.proc.pid)  # a template that stopped talking is of no use: make sure it is gone
+        code = self.proc.wait()
+        self._fail(f"the rank template was killed ({signal.Signals(-code).name})" if code < 0
+                   else f"the rank template exited with code {code}")
+
+    def _read(self, read: Any) -> None:
+        decoder = LineDecoder()
+        while True:
+            try:
+                data = read()
+            except (OSError, ValueError):
+                data = b""
+            if not data:
+                return
+            for message in decoder.feed(data):
+                self._on_message(message)
 
     def _on_message(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "ready":
             self.pid = message["pid"]
             self._ready.set()
-        elif kind in ("forked", "fork_failed"):
+        elif kind in ("forked", "fork_failed", "usage"):
             with self._lock:
                 self._waiting[message["token"]] = message
                 if kind == "forked":
@@ -304,37 +189,55 @@ class Template:
 
     def request(self, message: dict[str, Any]) -> None:
         with self._lock:
-            if not self.alive or self.proc is None:
-                return
-            try:
-                self.proc.stdin.write(encode(message))  # type: ignore[union-attr]
-            except (OSError, ValueError):
-                pass  # its end is noticed by the owner thread
+            if self.alive:
+                self._write(encode(message))
 
-    def fork(self, argv: list[str], log: str | None, title: str, env: dict[str, str] | None = None,
-             timeout: float = 30.0) -> ForkedProcess:
-        """Fork a rank running ``workbench.rank.main.main(argv)``; raises TemplateError when it cannot."""
-        deadline = time.monotonic() + timeout
-        if not self._ready.wait(max(0.0, self._ready_timeout)):
-            raise TemplateError(f"the rank template was not ready within {self._ready_timeout:g} s")
+    def _write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)  # type: ignore[union-attr]
+        except (OSError, ValueError, AttributeError):
+            pass  # its end is noticed by the owner thread
+
+    def _ask(self, message: dict[str, Any], deadline: float, what: str) -> dict[str, Any]:
+        """Send a request with a fresh token and wait for the reply that carries it (TemplateError if none)."""
         with self._lock:
             self._token += 1
             token = self._token
-        self.request({"type": "fork", "token": token, "argv": argv, "log": log, "title": title,
-                      "env": {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV, **(env or {})}, "cwd": os.getcwd(),
-                      "path": import_path()})
+        self.request({**message, "token": token})
         with self._lock:
             while token not in self._waiting:
                 if not self.alive:
                     raise TemplateError(self.reason)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TemplateError(f"the rank template did not fork within {timeout:g} s")
+                    raise TemplateError(f"the rank template did not {what}")
                 self._replied.wait(remaining)
-            reply = self._waiting.pop(token)
-            if reply["type"] == "fork_failed":
-                raise TemplateError(f"the rank template could not fork: {reply['message']}")
+            return self._waiting.pop(token)
+
+    def fork(self, argv: list[str], log: str | None, title: str, env: dict[str, str] | None = None,
+             timeout: float = 30.0) -> ForkedProcess:
+        """Fork a rank running ``workbench.rank.main.main(argv)``; raises TemplateError when it cannot."""
+        deadline = time.monotonic() + timeout
+        if not self._ready.wait(max(0.0, self.ready_timeout)):
+            raise TemplateError(f"the rank template was not ready within {self.ready_timeout:g} s")
+        reply = self._ask({"type": "fork", "argv": argv, "log": log, "title": title, "cwd": os.getcwd(),
+                           "env": {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV, **(env or {})},
+                           "path": import_path()}, deadline, f"fork within {timeout:g} s")
+        if reply["type"] == "fork_failed":
+            raise TemplateError(f"the rank template could not fork: {reply['message']}")
+        with self._lock:
             return self._children.get(reply["pid"]) or _ended(self, reply["pid"])
+
+    def children_cpu(self, timeout: float = 5.0) -> float | None:
+        """CPU seconds of the ranks this template reaped so far, whoever asked for them (None: no answer)."""
+        if self.proc is None:
+            return None
+        if not self._ready.is_set():
+            return 0.0  # still importing: nothing forked, nothing reaped
+        try:
+            return float(self._ask({"type": "usage"}, time.monotonic() + timeout, "answer")["cpu_s"])
+        except TemplateError:
+            return None
 
     def close(self) -> None:
         """Let the template go: it kills what it forked and exits."""
@@ -353,6 +256,63 @@ class Template:
             proc.wait(timeout=5)
 
 
+class SharedTemplate(Template):
+    """A connection to a template another process owns and shares (:func:`share`), at ``address``: forks as a
+    :class:`Template` does. Its ranks are that template's children; they are SIGKILLed when this connection
+    ends. TemplateError at once when nothing listens there; a template of another Python or workbench fails
+    the handle (``alive`` False, ``reason`` says why) when its ``ready`` arrives."""
+
+    def __init__(self, address: str, ready_timeout: float = 120.0) -> None:
+        self._at = address  # before the reading thread starts: its "ready" names it
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(_sockaddr(address))
+        except OSError as exc:
+            self._sock.close()
+            raise TemplateError(f"nothing answers at {address} ({exc.strerror or exc})") from None
+        super().__init__(ready_timeout=ready_timeout)
+        self.address = address
+
+    def _own(self) -> None:
+        self._started.set()
+        self._read(lambda: self._sock.recv(65536))
+        self._fail("the shared rank template closed the connection (it died, or its owner ended)")
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if message["type"] == "ready":
+            mine = identity()
+            theirs = {k: message.get(k) for k in mine}
+            if theirs != mine:
+                self._fail("workbench's files changed since it started" if theirs["code"] != mine["code"]
+                           and {**theirs, "code": None} == {**mine, "code": None}
+                           else f"it runs another Python or workbench ({theirs}, here {mine})")
+                self.close()
+                return
+            self.notice = (f"ranks forked by the shared rank template pid {message['pid']} ({self._at}), "
+                           "not by one of this process's own")
+        super()._on_message(message)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError:
+            pass  # its end is noticed by the reading thread
+
+    def usable(self) -> bool:
+        """Wait (up to ``ready_timeout``) until the template is ready; whether it can be used."""
+        return self._ready.wait(self.ready_timeout) and self.alive
+
+    def children_cpu(self, timeout: float = 5.0) -> float | None:
+        return None  # its owner's to ask
+
+    def close(self) -> None:
+        """End the connection: the template kills the ranks asked for over it."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def _ended(template: Template, pid: int) -> ForkedProcess:
     """A rank that ended before its fork was acknowledged (its exit message came first)."""
     child = ForkedProcess(template, pid)
@@ -360,30 +320,79 @@ def _ended(template: Template, pid: int) -> ForkedProcess:
     return child
 
 
-_IN_TEMPLATE = "WORKBENCH_IN_TEMPLATE"
+def _sockaddr(address: str) -> str:
+    """``@name`` is Linux's abstract namespace (no file to remove); anything else a path."""
+    return "\0" + address[1:] if address.startswith("@") else address
+
+
+def share(ready_timeout: float = 120.0) -> Template | None:
+    """Start a rank template that this process owns and every process of this user may fork ranks from, over the
+    abstract Unix socket in its ``address`` (put it in ``WORKBENCH_TEMPLATE`` for the processes that should);
+    None where such a socket cannot be made (not Linux). Its ``code`` is :func:`code_fingerprint` at its start."""
+    address = f"@workbench-template-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(_sockaddr(address))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        return None
+    code = code_fingerprint()  # before it starts: a file changed while it imports counts as changed
+    template = Template(ready_timeout=ready_timeout, listen=sock)
+    template.address, template.code = address, code
+    return template
+
+
 _local: Template | None = None
 _local_lock = threading.Lock()
 
 
-def local_template() -> Template:
+def local_template(wait: bool = True) -> Template:
     """This process's template for ranks on this machine: started on first use, reused by every later run
-    (a notebook kernel, a sweep worker, a benchmark), started anew if it died."""
+    (a notebook kernel, a sweep worker, a benchmark), started anew if it died. Where ``WORKBENCH_TEMPLATE`` names
+    a shared template, a connection to it instead; one that cannot be used (``wait``: waiting until it is ready)
+    gives way to a template of this process's own, whose ``notice`` says why."""
     global _local
-    if os.environ.get(_IN_TEMPLATE):
+    if os.environ.get(IN_TEMPLATE):
         # a template never starts one: something its imports ran (e.g. a script named like a module torch imports,
         # `numbers.py`, on the path) would otherwise start templates without end
         raise TemplateError("a rank template may not start a run: one of its imports started one (is a file of "
                             f"yours shadowing a module torch imports? sys.path: {sys.path[:3]})")
     with _local_lock:
         if _local is None or not _local.alive:
-            _local = Template()
+            _local = _connect(os.environ.get(SHARED_VAR))
+        template = _local
+    if not wait or not isinstance(template, SharedTemplate) or template.usable():
+        return template
+    with _local_lock:
+        if _local is template:
+            template.close()
+            _local = _own_instead(template.address, template.reason or
+                                  f"it was not ready within {template.ready_timeout:g} s")
         return _local
+
+
+def _connect(address: str | None) -> Template:
+    if not address:
+        return Template()
+    try:
+        return SharedTemplate(address)
+    except TemplateError as exc:
+        return _own_instead(address, str(exc))
+
+
+def _own_instead(address: str | None, why: str) -> Template:
+    own = Template()
+    own.notice = f"the shared rank template at {address} cannot be used ({why}): this process started its own"
+    return own
 
 
 def prewarm() -> None:
     """Start this process's template now, in the background: the CLI calls it before its own torch import."""
-    local_template()
+    local_template(wait=False)
 
 
 if __name__ == "__main__":
+    from workbench.template_server import main
+
     main()

@@ -2,7 +2,8 @@
 agent), the rank templates of other hosts — how each is started, and how every one of them is stopped.
 
 Ranks on this machine are forked by this process's rank template (:mod:`workbench.template`, ``spawn =
-"template"``, reused by every run of the process) or started as fresh interpreters (``spawn = "fresh"``:
+"template"``, reused by every run of the process; in a sweep's notebook kernel, the sweep worker's shared one) or
+started as fresh interpreters (``spawn = "fresh"``:
 ``python -m workbench.rank``, ~1.1 s of torch import each). A rank placed on another host is started through
 that host's launch line (``ssh HOST``, ``ip netns exec NS``) — forked by a template started there for this run,
 or as a fresh interpreter — or, for a host without a launch line, waits in a slot for a process someone else
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +64,7 @@ class Worker:
 
 class Launcher:
     def __init__(self, spawn: str, rank_module: str, log_dir: Path | None, placement: dict[int, Host],
-                 this_host: Host | None, ready_timeout: float) -> None:
+                 this_host: Host | None, ready_timeout: float, note: Callable[[str], None] | None = None) -> None:
         self.spawn = spawn if rank_module == "workbench.rank" else "fresh"  # the peers start as their users' do
         self.rank_module = rank_module
         self.log_dir = log_dir.absolute() if log_dir else None  # the same directory if this process changes its own
@@ -73,6 +75,8 @@ class Launcher:
         self.services: list[subprocess.Popen] = []
         self.scratch: list[str] = []  # directories the run's processes write to (mpirun's session files)
         self.host_templates: dict[tuple[str, ...], Template] = {}
+        self.note = note  # says what a run should know of the template it forks from (a "template" event)
+        self._noted: list[Template] = []
 
     # -- ranks ----------------------------------------------------------------------------------------------------
     def start_rank(self, spawn_id: int, label: int | None, control: str) -> Worker:
@@ -125,7 +129,11 @@ class Launcher:
 
     def _template(self, prefix: list[str]) -> Template:
         if not prefix:
-            return local_template()
+            template = local_template()  # a sweep worker's shared one, if this process's environment names it
+            if template.notice and self.note is not None and template not in self._noted:
+                self._noted.append(template)
+                self.note(template.notice)
+            return template
         key = tuple(prefix)
         if key not in self.host_templates or not self.host_templates[key].alive:
             log = open(self._log(f"template-{len(self.host_templates)}.log") or os.devnull, "ab")  # noqa: SIM115
