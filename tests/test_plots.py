@@ -2,6 +2,7 @@
 
 import pandas as pd
 import plotly.graph_objects as go
+import pytest
 from test_results import make_result
 
 from workbench import plots
@@ -34,6 +35,29 @@ def test_strategy_tradeoff_error_bars():
     forward = next(t for t in fig.data if t.name.startswith("forward"))
     assert abs(forward.y[0] - 4.0) < 1e-9 and forward.error_y.array[0] > 0 and abs(forward.x[0] - 0.15) < 1e-9
     assert fig.layout.xaxis.title.text == "runtime overhead (s, wall clock)"  # no overhead_pct, no rank columns
+
+
+def test_strategy_tradeoff_on_the_clock_the_runs_call_for_with_changed_worlds_marked():
+    frame = pd.DataFrame({"config.strategy": ["shrink", "shrink", "checkpoint_restart", "checkpoint_restart"],
+                          "outcome": ["completed"] * 4, "final_test_accuracy": [0.95] * 4,
+                          "baseline_accuracy": [0.96] * 4, "overhead_pct": [-40.0, -44.0, 30.0, 34.0],
+                          "rank_overhead_pct": [8.0, 12.0, 60.0, 64.0], "world_changed": [True, True, False, False],
+                          "oversubscribed": [True] * 4})
+    fig = plots.strategy_tradeoff(frame)  # oversubscribed: rank-time by default
+    shrink = next(t for t in fig.data if t.name.startswith("shrink"))
+    assert shrink.x[0] == 10.0 and "world changed" in shrink.name and shrink.marker.symbol.endswith("-open")
+    assert fig.layout.xaxis.title.text == "runtime overhead (% of the failure-free run, rank-time clock)"
+    assert any("world size changed (shrink)" in a.text for a in fig.layout.annotations)
+    restart = next(t for t in fig.data if t.name.startswith("checkpoint_restart"))
+    assert "world changed" not in restart.name and not restart.marker.symbol.endswith("-open")
+    wall = plots.strategy_tradeoff(frame, clock="wall")
+    assert next(t for t in wall.data if t.name.startswith("shrink")).x[0] == -42.0
+    assert wall.layout.xaxis.title.text.endswith("wall clock)")
+    assert plots.strategy_tradeoff(frame.assign(oversubscribed=False)).layout.xaxis.title.text.endswith("wall clock)")
+    with pytest.raises(ValueError, match="no rank_overhead_pct column"):
+        plots.strategy_tradeoff(frame.drop(columns="rank_overhead_pct"), clock="rank")
+    with pytest.raises(ValueError, match="clock must be one of wall, rank"):
+        plots.strategy_tradeoff(frame, clock="cpu")
 
 
 def test_strategy_tradeoff_in_percent_with_failed_runs_apart():

@@ -191,7 +191,8 @@ def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhea
                            xref="paper", yref="paper", x=0, y=-0.3, showarrow=False, xanchor="left")
     fig.update_layout(title="accuracy loss vs runtime overhead (completed runs; mean ± sd)",
                       xaxis_title=clocks.label(f"runtime overhead ({unit})", clock),
-                      yaxis_title="test accuracy lost (points)", template="plotly_white", margin={"b": 130})
+                      yaxis_title="test accuracy lost (points)", template="plotly_white", margin={"b": 130},
+                      meta={"clock": clocks.NAMES[clock].removesuffix(" clock")})
     return fig
 
 

@@ -5,7 +5,9 @@ Which figures (each only when its data is there; the page says when none fits):
 - **strategy trade-off** (``plots.strategy_tradeoff``): completed points of at least two recovery strategies
   (``config.strategy``, ``+regrow`` appended where set), some with failures, with ``overhead_pct`` (or
   ``overhead_s``) and ``baseline_accuracy`` in their summary (the permanent-faults notebook sets them); points
-  whose run failed (strategy ``none``) are listed under the figure, not drawn as trade-off points;
+  whose run failed (strategy ``none``) are listed under the figure, not drawn as trade-off points; on the clock
+  the runs call for (rank-time where they were oversubscribed or the host stole CPU: :mod:`workbench.clock`),
+  named in the figure's title and axis, with the strategies whose world size changed marked;
 - **recovery timelines** (``plots.recovery_timeline``): per strategy, the first completed point that had failures;
 - **bit sensitivity** (``plots.bit_sensitivity``): the per-bit trials that points saved as ``sensitivity.h5``
   (the soft-errors notebook), all points' trials together;
@@ -38,8 +40,9 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
 
-TABLE_COLUMNS = ("status", "outcome", "final_test_accuracy", "baseline_accuracy", "overhead_s", "n_failures",
-                 "steps_redone_total", "samples_lost_total", "world_size_final", "point_wall_s", "error")
+TABLE_COLUMNS = ("status", "outcome", "final_test_accuracy", "baseline_accuracy", "overhead_pct", "rank_overhead_pct",
+                 "world_changed", "n_failures", "steps_redone_total", "samples_lost_total", "world_size_final",
+                 "point_wall_s", "error")
 
 
 def strategy_label(row: Any) -> str:
@@ -75,8 +78,9 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
         usable = pd.concat([done, errored.assign(outcome="failed")])
         drawn = done[(done.outcome == "completed") & done.baseline_accuracy.notna()]
         if drawn.strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum():
-            found.append(("Strategy trade-off: accuracy lost vs runtime overhead (mean ± sd over points; failed runs "
-                          "listed apart)", plots.strategy_tradeoff(usable, strategy="strategy_label")))
+            fig = plots.strategy_tradeoff(usable, strategy="strategy_label")
+            found.append((f"Strategy trade-off: accuracy lost vs runtime overhead on the {fig.layout.meta['clock']} "
+                          "clock (mean ± sd over points; failed runs listed apart)", fig))
     if "config.strategy" in done.columns and "n_failures" in done.columns:
         faulty = done[done.n_failures.fillna(0) > 0].copy()
         faulty["strategy_label"] = [strategy_label(r) for _, r in faulty.iterrows()]
@@ -131,9 +135,12 @@ def _mean_metrics(runs: dict[str, list[RunResult]]) -> pd.DataFrame:
                 metrics["consensus_distance"] = float("nan")
             metrics["time"] = metrics["time"] - metrics["time"].min()
             metrics["parallelism"] = mode
+            metrics["oversubscribed"] = bool(result.summary.get("oversubscribed"))
             frames.append(metrics)
     data = pd.concat(frames, ignore_index=True)
-    return data.groupby(["parallelism", "step"], as_index=False)[["time", "test_acc", "consensus_distance"]].mean()
+    means = data.groupby(["parallelism", "step"], as_index=False)[["time", "rank_time", "test_acc",
+                                                                   "consensus_distance"]].mean()
+    return means.assign(oversubscribed=bool(data.oversubscribed.any()))  # which clock the figure shows
 
 
 def _table(frame: pd.DataFrame, parameters: list[str], base: Path) -> str:

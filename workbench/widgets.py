@@ -294,7 +294,9 @@ class Lab:
             summary = run.result.summary
             self.status.value = (f"<b>{summary['outcome']}</b>: {summary['reason']} — test accuracy "
                                  f"{summary['final_test_accuracy'] or float('nan'):.4f}, world size "
-                                 f"{summary['world_size_final']}")
+                                 f"{summary['world_size_final']}; training {summary['train_s']:.2f} s on the wall "
+                                 f"clock, {summary.get('rank_train_s') or float('nan'):.2f} s on the rank-time "
+                                 f"clock (the figure's axis is the step)")
             self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = False, True, True
         elif run is not None:
             self.status.value = (f"<b>{status.get('state')}</b> — generation {status.get('generation')}, world size "
