@@ -72,8 +72,15 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
                      "accuracy": s["final_test_accuracy"],
                      "accuracy_change_pt": 100 * (s["final_test_accuracy"] - off.summary["final_test_accuracy"])
                      if ok else None,
-                     "train_s": s["train_s"], "time_ratio": s["train_s"] / off.summary["train_s"] if ok else None})
+                     "train_s": s["train_s"], "rank_train_s": s.get("rank_train_s"),
+                     "wall_time_ratio": s["train_s"] / off.summary["train_s"] if ok else None,
+                     # training time on the rank-time clock: world 4 shares the machine's cores
+                     "time_ratio": _ratio(s.get("rank_train_s"), off.summary.get("rank_train_s")) if ok else None})
     return pd.DataFrame(rows)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def table(frame: Any) -> Any:
@@ -112,14 +119,15 @@ def verdict(frame: Any, scale: str) -> Verdict:
                 f"median {on.accuracy_median_pt:+.2f} pt, worst {on.accuracy_worst_pt:+.2f} pt, mean {fmt(mean, ' pt')}"
                 f" (95 % t interval over {int(on.runs)} seeds; one test image is 0.28 pt)")
         v.check(f"training gets faster (world {world})", on.time_ratio_median < 1.0,
-                f"training time with / without apoptosis: {on.time_ratio_median:.2f} (median)")
+                f"training time with / without apoptosis, rank-time clock: {on.time_ratio_median:.2f} (median)")
         alone = stats.loc[(MAIN, "threshold only (lasso=0)", world)]
         v.statistics[f"threshold_only_w{world}"] = {"reduction_median": float(alone.reduction_median),
                                                     "accuracy_median_pt": float(alone.accuracy_median_pt)}
     if (WIDE, "on", 2) in stats.index:
         wide = stats.loc[(WIDE, "on", 2)]
         v.check(f"training gets faster where compute counts ({WIDE}, world 2)", wide.time_ratio_median < 1.0,
-                f"training time with / without apoptosis: {wide.time_ratio_median:.2f} (median of {int(wide.runs)} "
+                f"training time with / without apoptosis, rank-time clock: {wide.time_ratio_median:.2f} (median of "
+                f"{int(wide.runs)} "
                 f"seeds), parameters / {wide.reduction_median:.1f}, accuracy {wide.accuracy_median_pt:+.2f} pt median")
     return v
 

@@ -49,13 +49,17 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
                                     eval_interval=max(settings["steps"] // 10, 1), **extra)
                 frame = result.to_dataframe().assign(parallelism=mode, world_size=p, seed=seed)
                 frame["time"] = frame.step_time.cumsum()  # training time only: no start-up, no measurement
+                frame["rank_time"] = frame.rank_step_time.cumsum()
+                frame["oversubscribed"] = bool(result.summary.get("oversubscribed"))  # which clock figures show
                 steps.append(frame)
                 late = frame[frame.step >= settings["steps"] // 2].consensus_distance.dropna()
                 early = frame[frame.step < settings["steps"] // 2].consensus_distance.dropna()
                 rows.append({"parallelism": mode, "world_size": p, "seed": seed, "outcome": result.outcome,
                              "reason": result.summary["reason"],
                              "final_test_accuracy": result.summary["final_test_accuracy"],
-                             "train_s": float(frame.step_time.sum()), "messages": float(frame.messages.median()),
+                             "train_s": float(frame.step_time.sum()),
+                             "rank_train_s": float(frame.rank_step_time.sum()),
+                             "messages": float(frame.messages.median()),
                              "bytes_sent": float(frame.bytes_sent.median()),
                              "consensus_early": float(early.mean()) if len(early) else None,
                              "consensus_late": float(late.mean()) if len(late) else None})
@@ -103,8 +107,10 @@ def figure(steps: Any) -> Any:
     from workbench import plots
 
     largest = steps.world_size.max()
-    mean = (steps[steps.world_size == largest].groupby(["parallelism", "step"], as_index=False)
-            [["time", "test_acc", "consensus_distance"]].mean())
+    at = steps[steps.world_size == largest]
+    mean = (at.groupby(["parallelism", "step"], as_index=False)
+            [["time", "rank_time", "test_acc", "consensus_distance"]].mean())
+    mean["oversubscribed"] = bool(at.oversubscribed.any()) if "oversubscribed" in at else False
     return plots.gossip_vs_allreduce(mean).update_layout(
         title=f"gossip vs allreduce at p = {largest} (mean over {steps.seed.nunique()} seeds)")
 
