@@ -153,3 +153,22 @@ def test_a_run_has_both_clocks():
         assert clock.PREFIX + name in failure
     assert failure["rank_settle_s"] >= failure["rank_detection_s"] > 0
     assert result.provenance["usable_cores"] == machine.usable_cores() and "steal_pct" in result.provenance
+
+
+def test_a_pipeline_step_is_stretched_by_its_bubble():
+    rt = clock.RankTime(bubble=(4 + 2 - 1) / 4)  # 4 micro-batches through 2 stages
+    for spawn in (0, 1):
+        rt.last[spawn] = 0.0
+    table = rows(0, range(4))
+    for row in table:
+        for spawn in (0, 1):
+            rt.on_step(spawn, {"gen": 0, "step": row["step"], "cpu": 0.01 * (row["step"] + 1)})
+        rt.on_row(0, row)
+    assert rt.timeline(table) == pytest.approx(0.04 * 1.25)
+
+
+@pytest.mark.parametrize("parallelism", ["pipeline", "gossip"])
+def test_every_mode_reports_rank_time(parallelism):
+    result = workbench.run(world_size=2, steps=12, parallelism=parallelism, seed=0)
+    assert result.completed and result.summary["rank_train_s"] > 0
+    assert all(math.isfinite(r["rank_step_time"]) and r["rank_step_time"] > 0 for r in result.metrics)
