@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
 
@@ -172,3 +173,25 @@ def test_every_mode_reports_rank_time(parallelism):
     result = workbench.run(world_size=2, steps=12, parallelism=parallelism, seed=0)
     assert result.completed and result.summary["rank_train_s"] > 0
     assert all(math.isfinite(r["rank_step_time"]) and r["rank_step_time"] > 0 for r in result.metrics)
+
+
+def test_speeds_are_measured_once_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def measure() -> float:
+        calls.append(1)
+        return 123.0
+
+    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured")
+    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured") and len(calls) == 1
+    (tmp_path / "workbench" / "speeds.json").write_text("not json")  # a damaged cache is measured again
+    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured") and len(calls) == 2
+
+
+def test_the_latency_echo_is_gone_after_measuring():
+    from leaks import all_processes, descendants
+
+    before = descendants(os.getpid(), all_processes())  # this process's rank template, if it has one
+    assert machine._measure_latency(rounds=20) > 0
+    assert descendants(os.getpid(), all_processes()) <= before

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -152,27 +154,32 @@ def _measure_net(mib: int = 64) -> float:
     return round(got / 2**20 / max(spent, 1e-6), 1)
 
 
+_ECHO = ("import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\n"
+         "while data := s.recv(1):\n    s.sendall(data)\n")
+
+
 def _measure_latency(rounds: int = 200) -> float:
+    """Median half round trip of one byte to an echo process (started, not forked: the caller may have threads)."""
     left, right = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:  # the echo: a process of its own, so that each message wakes another process as a rank's does
-        try:
-            left.close()
-            for _ in range(rounds):
-                right.sendall(right.recv(1))
-        finally:
-            os._exit(0)
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO, str(right.fileno())], pass_fds=(right.fileno(),),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     right.close()
     trips = []
     try:
         left.settimeout(10)
+        left.sendall(b"x")
+        left.recv(1)  # the echo is up
         for _ in range(rounds):
             began = time.perf_counter()
             left.sendall(b"x")
             left.recv(1)
             trips.append(time.perf_counter() - began)
     finally:
-        left.close()
-        os.waitpid(pid, 0)
+        left.close()  # the echo reads end of file and exits
+        try:
+            echo.wait(5)
+        except subprocess.TimeoutExpired:
+            echo.kill()
+            echo.wait()
     trips.sort()
     return round(trips[len(trips) // 2] / 2 * 1e6, 1)
