@@ -14,6 +14,8 @@ with ``mpi, no FT``: the same MPI ranks under mpirun without fault tolerance, no
 ``bytes_moved`` is the state received by ranks over all recoveries of the run (0 when the survivors agree).
 ``settle_s`` (fault to every member holding the agreed state) and ``join_s`` (the last member entering the recovery
 to the last holding the agreed state: the recovery protocol alone) are medians over the run's failures.
+``rank_settle_s``, ``rank_join_s``, ``rank_resume_s``, ``rank_regrow_s``, ``rank_overhead_s`` and
+``baseline_rank_train_s`` are the same on the rank-time clock (docs/concepts.md, "Two clocks").
 ``--spawns template,fresh`` repeats every row with ranks forked by the rank template and started fresh.
 
 ``--stall`` measures instead what a checkpoint costs the training loop: per model, one failure-free
@@ -110,11 +112,16 @@ def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str 
             "join_s": median([f.get("join_s") for f in failures]),
             "resume_s": median([f["resume_s"] for f in failures]),
             "regrow_s": median([f["regrow_s"] for f in failures]),
+            # the same figures on the rank-time clock (workbench.clock): what a core per rank would take
+            **{f"rank_{k}": median([f.get(f"rank_{k}") for f in failures])
+               for k in ("settle_s", "join_s", "resume_s", "regrow_s")},
             "steps_redone": sum(f["steps_redone"] for f in failures),
             "samples_lost": sum(f["samples_lost"] for f in failures),
             "bytes_moved": sum(f.get("bytes_moved", 0) for f in failures),
             "overhead_s": result.summary["overhead_s"],
+            "rank_overhead_s": result.summary.get("rank_overhead_s"),
             "baseline_train_s": baseline.summary["train_s"],
+            "baseline_rank_train_s": baseline.summary.get("rank_train_s"),
             "final_world_size": result.summary["world_size_final"],
             "bench_wall_s": round(time.time() - started, 1),
         })
