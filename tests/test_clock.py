@@ -46,6 +46,18 @@ def rows(gen: int, steps: range) -> list[dict]:
     return [{"step": s, "generation": gen, "time": 1.0 + s, "step_time": 1.0} for s in steps]
 
 
+def steady(rt: clock.RankTime, steps: int) -> list[dict]:
+    """Ranks 0 and 1 of generation 0 spend 10 ms of CPU on each of ``steps`` steps; their rows."""
+    for spawn in (0, 1):
+        rt.last[spawn] = 0.0
+    table = rows(0, range(steps))
+    for row in table:
+        for spawn in (0, 1):
+            rt.on_step(spawn, {"gen": 0, "step": row["step"], "cpu": 0.01 * (row["step"] + 1)})
+        rt.on_row(0, row)
+    return table
+
+
 def test_steps_take_the_slowest_rank_over_a_window(monkeypatch):
     monkeypatch.setenv(machine.NET_MIB_VAR, "1")  # 1 MiB/s: a rank's bytes are visible in its step
     monkeypatch.setenv(machine.LATENCY_VAR, "1000")  # 1 ms a message
@@ -72,13 +84,7 @@ def test_a_recovery_costs_detection_or_abandoned_work_start_and_join(monkeypatch
     monkeypatch.setenv(machine.NET_MIB_VAR, "1")
     monkeypatch.setenv(machine.LATENCY_VAR, "1")
     rt = clock.RankTime()
-    for spawn in (0, 1):
-        rt.last[spawn] = 0.0
-    before = rows(0, range(3))
-    for row in before:
-        for spawn in (0, 1):
-            rt.on_step(spawn, {"gen": 0, "step": row["step"], "cpu": 0.01 * (row["step"] + 1)})
-        rt.on_row(0, row)
+    before = steady(rt, 3)
     fault = time.time()
     rt.on_ready(2, {"cpu": 0.2})  # a replacement started after the fault: 0.2 s of start-up CPU
     # survivor 0 abandoned 0.05 s of work, then joined in 0.03 s; the replacement joined in 0.04 s, 1 MiB received
@@ -158,13 +164,7 @@ def test_a_run_has_both_clocks():
 
 def test_a_pipeline_step_is_stretched_by_its_bubble():
     rt = clock.RankTime(bubble=(4 + 2 - 1) / 4)  # 4 micro-batches through 2 stages
-    for spawn in (0, 1):
-        rt.last[spawn] = 0.0
-    table = rows(0, range(4))
-    for row in table:
-        for spawn in (0, 1):
-            rt.on_step(spawn, {"gen": 0, "step": row["step"], "cpu": 0.01 * (row["step"] + 1)})
-        rt.on_row(0, row)
+    table = steady(rt, 4)
     assert rt.timeline(table) == pytest.approx(0.04 * 1.25)
 
 
