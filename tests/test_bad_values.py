@@ -86,6 +86,30 @@ def test_rank_without_a_run_waits_the_timeout_then_says_so():
     assert 1.5 <= elapsed < 1.5 + MARGIN_S
 
 
+def test_an_attempt_under_way_at_the_deadline_does_not_hide_why_the_others_ended(monkeypatch):
+    """Under load the deadline can fall while a retry's connect is under way: the reason is the one the ended
+    attempts found (refused), not the provisional one of the attempt cut short."""
+    from workbench.rank import join
+
+    release = threading.Event()
+    calls = []
+
+    def connect(address, timeout=None):
+        calls.append(address)
+        if len(calls) > 1:
+            release.wait(5)  # a connect the scheduler has not finished when the waiting thread gives up
+        raise ConnectionRefusedError
+
+    monkeypatch.setattr(join.socket, "create_connection", connect)
+    monkeypatch.setattr(join, "_RETRY_S", 0.01)
+    try:
+        with pytest.raises(join.JoinError, match=r"within 0.3 s \(connection refused: nothing listens there\)"):
+            join.wait_for_run("127.0.0.1", 1, 0.3)
+    finally:
+        release.set()
+    assert len(calls) == 2
+
+
 def test_rank_against_a_silent_program_ends_at_its_timeout(listener):
     server, address = listener
     start = time.monotonic()

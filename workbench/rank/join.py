@@ -128,7 +128,9 @@ def wait_for_run(host: str, port: int, timeout: float) -> str:
     """The control server's ``HOST:PORT`` that the store at ``host:port`` holds, or a JoinError once ``timeout``
     seconds have passed. The attempts run in a thread of their own (a name lookup or a connect can block in C);
     this thread only waits, so a signal's handler runs at once."""
-    state: dict[str, Any] = {"reason": "nothing answered"}
+    # reason: what the last attempt that ended found; pending: what the attempt under way has found so far (at the
+    # deadline an attempt may be under way: it says why only if it got further than a connect, or none ended)
+    state: dict[str, Any] = {"reason": None, "pending": "nothing answered"}
     done = threading.Event()
     deadline = time.monotonic() + timeout
 
@@ -146,8 +148,8 @@ def wait_for_run(host: str, port: int, timeout: float) -> str:
         return state["control"]
     if "error" in state:
         raise state["error"]
-    raise JoinError(f"no workbench run answered at {_show(host, port)} within {timeout:g} s ({state['reason']})"
-                    ) from None
+    reason = state["reason"] or state["pending"]
+    raise JoinError(f"no workbench run answered at {_show(host, port)} within {timeout:g} s ({reason})") from None
 
 
 def _show(host: str, port: int) -> str:
@@ -173,8 +175,10 @@ def _attempts(host: str, port: int, deadline: float, state: dict[str, Any]) -> s
         except _NotAStore as exc:
             state["reason"] = str(exc)
             raise JoinError(f"no workbench run answered at {_show(host, port)} ({exc})") from None
-        except (TimeoutError, _Closed):
-            pass  # the reason of the step that timed out is in state
+        except TimeoutError:
+            state["reason"] = state["pending"]  # the step that timed out
+        except _Closed:
+            pass  # its reason is in state
         except ConnectionRefusedError:
             state["reason"] = "connection refused: nothing listens there"
         except OSError as exc:
@@ -186,15 +190,16 @@ def _attempts(host: str, port: int, deadline: float, state: dict[str, Any]) -> s
 
 
 def _handshake(host: str, port: int, deadline: float, state: dict[str, Any]) -> str:
-    state["reason"] = "the connection attempt got no answer"
+    state["pending"] = "the connection attempt got no answer"
     with socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.001)) as sock:
-        state["reason"] = "a program there accepted the connection but did not answer the store's handshake"
+        state["reason"] = state["pending"] = ("a program there accepted the connection but did not answer the "
+                                              "store's handshake")
         nonce = int.from_bytes(os.urandom(4), "little")
         sock.sendall(bytes([VALIDATE]) + _U32.pack(MAGIC) + bytes([PING]) + _U32.pack(nonce))
         echo = _recv(sock, 4, deadline, state)
         if echo != _U32.pack(nonce):
             raise _NotAStore(f"another program listens there: it answered {_peek(sock, echo)}")
-        state["reason"] = "a store answered, but no workbench run's control address is in it"
+        state["reason"] = state["pending"] = "a store answered, but no workbench run's control address is in it"
         sock.sendall(bytes([WAIT]) + _U64.pack(1) + _U64.pack(len(KEY)) + KEY)
         if _recv(sock, 1, deadline, state) != bytes([STOP_WAITING]):
             raise _NotAStore("a store answered WAIT with something else than torch's TCPStore does")
@@ -216,7 +221,8 @@ def _recv(sock: socket.socket, n: int, deadline: float, state: dict[str, Any]) -
         if not chunk:
             if data:
                 raise _NotAStore(f"another program listens there: it answered {ascii(data)} and closed")
-            state["reason"] = "a program there closed the connection without answering the store's handshake"
+            state["reason"] = state["pending"] = ("a program there closed the connection without answering the "
+                                                  "store's handshake")
             raise _Closed
         data += chunk
     return data
