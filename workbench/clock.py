@@ -110,7 +110,6 @@ class RankTime:
     bubble: float = 1.0
     last: dict[int, float] = field(default_factory=dict)
     ready: dict[int, tuple[float, float]] = field(default_factory=dict)  # spawn -> (wall time of ready, CPU)
-    steps: dict[tuple[int, int], float] = field(default_factory=dict)  # (gen, step) -> slowest rank's CPU
     spent: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)  # (gen, step) -> spawn -> CPU
     sent: dict[tuple[int, int], dict[int, tuple[int, int]]] = field(default_factory=dict)  # -> (bytes, messages)
     rows: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
@@ -137,16 +136,19 @@ class RankTime:
         self.spent.setdefault(key, {})[spawn] = spent
         if m.get("sent") or m.get("msgs"):
             self.sent.setdefault(key, {})[spawn] = (int(m.get("sent") or 0), int(m.get("msgs") or 0))
-        self.steps[key] = max(self.steps.get(key, 0.0), spent)
         if key in self.rows:
-            self.rows[key]["rank_step_time"] = self.steps[key]
+            self.rows[key]["rank_step_time"] = self.slowest(key)
+
+    def slowest(self, key: tuple[int, int]) -> float:
+        """The most CPU one rank has reported for step ``key`` (gen, step) so far; NaN before any report."""
+        return max(self.spent.get(key, {}).values(), default=float("nan"))
 
     def on_row(self, gen: int, row: dict[str, Any]) -> None:
         """Rank 0's report made a metrics row: it carries the slowest rank's CPU seen so far (updated as the
         other members' reports arrive)."""
         key = (gen, row["step"])
         self.rows[key] = row
-        row["rank_step_time"] = self.steps.get(key, float("nan"))
+        row["rank_step_time"] = self.slowest(key)
 
     def on_joined(self, spawn: int, m: dict[str, Any], wait: float, since: float | None) -> None:
         """A member settled generation ``m["gen"]``. ``wait``: the detection of the failure that called it (0
@@ -195,9 +197,8 @@ class RankTime:
                 spent = self.spent.get(key, {})
                 for spawn, (sent, messages) in by_rank.items():
                     spent[spawn] = spent.get(spawn, 0.0) + sent / per_s + messages * latency
-                self.steps[key] = max(spent.values(), default=0.0)
                 if key in self.rows:
-                    self.rows[key]["rank_step_time"] = self.steps[key]
+                    self.rows[key]["rank_step_time"] = self.slowest(key)
             for g in self.gens.values():
                 g.net = g.received / per_s
         if any(g.read for g in self.gens.values()):
