@@ -62,6 +62,9 @@ STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then th
 # bucket's allreduce costs ~0.3-1 ms on 2 busy cores, hidden by no backward pass there: 4 buckets measured
 # 1.26-1.30x plain DDP's step (mlp, cnn), 1.08x (lenet5); 2 buckets 0.92-1.00x (docs/permanent-faults.md)
 DEFAULT_BUCKETS = 2
+# how long a bucket applied on completion may still complete once a newer generation is announced (its sum holds
+# every share when the dead member finished it; a rank slowed by load sees the announcement first)
+_BUCKET_GRACE_S = 0.05
 
 
 def bucket_layout(sizes: list[int], buckets: int | None, bucket_cap_mb: float) -> list[list[int]]:
@@ -228,8 +231,8 @@ class DataParallel:
                 bucket.work.wait()
             except RuntimeError:
                 self.comm.wait(bucket.work)  # failed: the comm's handling (a new generation follows)
-        else:
-            self.comm.wait(bucket.work)
+        else:  # an update applied per bucket takes a sum that completes just after a newer generation came
+            self.comm.wait(bucket.work, grace=_BUCKET_GRACE_S if self.update_per_bucket else 0.0)
 
     def _launch_ready(self, force: bool = False) -> None:
         while self._next_launch < len(self.buckets):
