@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench.supervisor.membership import (
-    RECOVERING,
     Assign,
     End,
     Generation,
@@ -21,6 +20,7 @@ from workbench.supervisor.membership import (
     Start,
 )
 
+RECOVERING = ("shrink", "rollback", "forward")  # Reaction.REGROUP
 STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", "torchft", "torchrun")
 FROZE = "froze (no heartbeat for 5 s)"
 KILLED = "was killed (SIGKILL)"

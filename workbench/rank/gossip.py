@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from workbench import strategies
 from workbench.data import LocalPartition
 from workbench.rank import state as st
 from workbench.rank import transfer
@@ -178,14 +179,15 @@ class GossipTrainer(BaseTrainer):
     def join(self, a: dict[str, Any]) -> None:
         started, started_cpu = time.monotonic(), cpu_time()
         recovery = a.get("recovery")
+        recovering = strategies.get(recovery) if recovery else None  # the strategy that recovers this failure
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
         source = a["source"]
         self.bytes_in = 0
-        if a.get("resume") or recovery == "reinit":
+        if a.get("resume") or (recovering and recovering.memory_snapshot):
             # the named source restores (a checkpoint, or reinit's snapshot), then members that differ receive it
             if self.comm.rank == source:
-                if recovery == "reinit":
+                if not a.get("resume"):
                     if self.memory_snapshot is not None:
                         self._restore_snapshot(self.memory_snapshot)
                 else:
@@ -205,10 +207,11 @@ class GossipTrainer(BaseTrainer):
                                   "sync_s": time.monotonic() - started,
                                   "sync_cpu": cpu_time() - started_cpu, "bytes_in": self.bytes_in}
         if recovery and self.comm.rank == 0:
-            report.update(recovery=recovery, resume_step=self.step, retried=recovery == "shrink")
+            report.update(recovery=recovery, resume_step=self.step,
+                          retried=bool(recovering and recovering.retries_failed_step))
         self.channel.send(report)
         self.trained = True
-        if self.config.strategy == "reinit" and self.memory_snapshot is None:
+        if self.strategy.memory_snapshot and self.memory_snapshot is None:
             self.memory_snapshot = self._take_memory_snapshot()  # the first state to return to (see replicated)
 
     def _load_resumed(self, path: str) -> None:

@@ -27,8 +27,7 @@ to the last in-memory snapshot (also gathered, so any survivor can hand a replac
 a dead replica is shrunk away inside its stage while the pipeline goes on (``shrink``): members that already
 applied the failed step undo it from their pre-update copy, the step is redone by the survivors (no sample
 lost), and a replacement (``regrow``) receives its stage's state from a replica. A stage with no replica left
-ends the run unless the strategy restarts it (the supervisor decides).
-"""
+ends the run unless the strategy restarts it."""
 
 from __future__ import annotations
 
@@ -43,6 +42,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from workbench import strategies
 from workbench.config import FaultSpec, RunConfig
 from workbench.models import boundary_shapes, run_stages, stage_module
 from workbench.rank import state as st
@@ -197,7 +197,7 @@ class PipelineTrainer(BaseTrainer):
         self.pipe: StagePipeline | None = None
         self.stage_comm: Comm | None = None
         self.pre_update: dict[str, Any] | None = None  # hybrid shrink: this step's state before its update
-        self.keep_pre_update = config.parallelism == "hybrid" and config.strategy == "shrink"
+        self.keep_pre_update = config.parallelism == "hybrid" and self.strategy.reaction is strategies.Reaction.REGROUP
 
     # -- the stage this process holds ---------------------------------------------------------------------------
     def _take_stage(self, stage: int) -> None:
@@ -273,13 +273,13 @@ class PipelineTrainer(BaseTrainer):
             restored = ckpt.load(a["resume"], check=self.config.resume_verify)
             self.load_stage_state({"model": restored.model, "optim": restored.optimizer})
             self.step = restored.step
-        elif recovery == "reinit":
+        elif recovery and strategies.get(recovery).memory_snapshot:
             self._share_snapshot(a["source"])
             self.load_stage_state(self.memory_snapshot)
             self.step = int(self.memory_snapshot["step"])
         elif a["source"] is None:
             self._settle_replicas()
-        if self.config.strategy == "reinit" and a["gen"] == 0:
+        if self.strategy.memory_snapshot and a["gen"] == 0:
             self._snapshot_in_memory()  # the initial state is the first snapshot to return to
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
                                   "sync_s": time.monotonic() - started,
@@ -362,9 +362,9 @@ class PipelineTrainer(BaseTrainer):
         self._report_step(step, stats, started, evaluation=evaluation)
         every = self.config.checkpoint_every
         if every and self.step % every == 0:
-            if self.config.strategy == "reinit":
+            if self.strategy.memory_snapshot:
                 self._snapshot_in_memory()
-            elif self.config.strategy == "checkpoint_restart":
+            elif self.strategy.writes_checkpoints:
                 state = self.checkpoint_state()
                 if self.comm.rank == 0:
                     self._write_checkpoint(state=state)

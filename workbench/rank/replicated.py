@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
+from workbench import strategies
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, shard
 from workbench.rank import staging, transfer
@@ -50,10 +51,10 @@ class Trainer(BaseTrainer):
     def _build_dp(self) -> None:
         """Gradient buckets, hooks and optimizers for the model's current parameters (again after every change of
         shapes: the parameters are new objects then)."""
-        config, strategy = self.config, self.config.strategy
+        config, strategy = self.config, self.strategy
         self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
-                               config.bucket_cap_mb, update_per_bucket=strategy != "shrink",
-                               keep_local=strategy in ("shrink", "forward"), snapshot_buckets=strategy == "rollback",
+                               config.bucket_cap_mb, update_per_bucket=strategy.update_per_bucket,
+                               keep_local=strategy.keep_local, snapshot_buckets=strategy.snapshot_buckets,
                                buckets=config.buckets)
         self.dp.before_last_launch = self._fault_point
         self.dp.on_launch = self._on_launch
@@ -132,12 +133,13 @@ class Trainer(BaseTrainer):
         started, started_cpu = time.monotonic(), cpu_time()
         self._checkpoint_copied()  # a recovery may rewrite the state in place: a checkpoint's copy first
         recovery = a.get("recovery")
+        recovering = strategies.get(recovery) if recovery else None  # the strategy that recovers this failure
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
         self.dp.settle()  # a step cut short after bucket 0 was applied mid-backward: take its running statistics
-        if recovery == "rollback" and self.inflight is not None:
+        if recovering and recovering.snapshot_buckets and self.inflight is not None:
             self.dp.restore_applied()
-        if recovery == "reinit" and self.memory_snapshot is not None:
+        if recovering and recovering.memory_snapshot and self.memory_snapshot is not None:
             self._restore(self.memory_snapshot)  # every survivor returns to its own snapshot: the same one
             self.inflight = None
         if a.get("resume") and self.comm.rank == a["source"]:
@@ -155,7 +157,7 @@ class Trainer(BaseTrainer):
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
                                   "sync_s": time.monotonic() - started,
                                   "sync_cpu": cpu_time() - started_cpu, "bytes_in": received}
-        retry = recovery in ("shrink", "forward") and agreement.applied >= 0
+        retry = bool(recovering and recovering.retries_failed_step) and agreement.applied >= 0
         if recovery and self.comm.rank == 0:
             report.update(recovery=recovery, resume_step=self.step, retried=retry)
         self.channel.send(report)  # the state is settled: training resumes here
@@ -166,7 +168,7 @@ class Trainer(BaseTrainer):
             self._commit(self.step, stats, started=time.perf_counter())
         self.inflight = None
         self.trained = True
-        if self.config.strategy == "reinit" and self.memory_snapshot is None:
+        if self.strategy.memory_snapshot and self.memory_snapshot is None:
             # the state every member holds now is the first to return to: the initial (or resumed) state, or, for
             # reinit's replacement, the snapshot the others have just restored
             self.memory_snapshot = self._take_memory_snapshot()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workbench import strategies
 from workbench.reproduce.common import Verdict, cached_run, fmt, mean_interval, one_sided, scale_settings
 
 KEY = "europmpi17"
@@ -56,7 +57,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17"
         common = {"world_size": world, "steps": steps, "seed": seed, "model": model, "dataset": dataset,
                   "eval_interval": max(steps // 10, 1)}
         for strategy in STRATEGIES:
-            extra = {} if strategy == "shrink" else {"checkpoint_every": settings["snapshot_every"]}
+            snapshots = strategies.get(strategy).checkpoint_every is not None  # then every snapshot_every steps
+            extra = {"checkpoint_every": settings["snapshot_every"]} if snapshots else {}
             for k in settings["failures"]:
                 result = cached_run(Path(out) / "runs" / f"s{seed}-{strategy}-k{k}", **common, strategy=strategy,
                                     faults=kills(world, steps, k, settings["snapshot_every"] // 2), **extra)

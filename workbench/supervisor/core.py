@@ -9,7 +9,7 @@ and settle their state (:mod:`workbench.rank.transfer`).
 
 This module only wires the rooms together: :mod:`.membership` decides (a pure state machine), :mod:`.launcher`
 starts and stops processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the planned faults,
-:mod:`.recorder` keeps the figures, :mod:`workbench.peers.supervision` speaks for the peers.
+:mod:`.recorder` keeps the figures, :mod:`workbench.peers.adapters` speaks for the peers.
 
 Failure handling. A dead rank is seen by the end of its control connection (the kernel closes it the instant
 the process dies) and by its exit status; a frozen rank by heartbeats missing for ``heartbeat_timeout``
@@ -31,12 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import clock, provenance
+from workbench import clock, provenance, strategies
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
 from workbench.hosts import Host, placement
-from workbench.peers import AGENT_PEERS, PEER_STRATEGIES
-from workbench.peers import supervision as peers
+from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL_KEY
 from workbench.results import RunResult
 from workbench.supervisor.control import ControlServer, Pending, open_store
@@ -56,12 +55,13 @@ class Supervisor:
         hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
         self.this_host = hosts[0] if hosts else None
         self.placement = placement(hosts)
-        self.peer = config.strategy if config.strategy in PEER_STRATEGIES else None
+        self.strategy = strategies.get(config.strategy)
+        self.peer = adapter(self.strategy)  # a peer strategy's adapter (None for ours)
         self.recorder = Recorder(config, on_event)
         # what other threads see (the recorder's own list and dicts, appended and updated in place)
         self.metrics, self.events, self.status = self.recorder.metrics, self.recorder.events, self.recorder.status
         self.membership = Membership(
-            config.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
+            self.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
             resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None)
         self.plan = FaultPlan(config)
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -133,16 +133,16 @@ class Supervisor:
                 f"{h.address} ({h.slots})" for h in dict.fromkeys(self.placement.values())))
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        rank_module = "workbench.peers.torchft_rank" if self.peer == "torchft" else "workbench.rank"
+        rank_module = self.strategy.peer.rank_module if self.strategy.peer else "workbench.rank"
         self.launcher = Launcher(self.config.spawn, rank_module, self.log_dir, self.placement, self.this_host,
                                  self.config.startup_timeout,
                                  note=lambda detail: self.recorder.event("template", -1, detail))
-        if self.peer == "torchft":
-            self.lighthouse_address = peers.start_lighthouse(self.launcher, self.host, self.config.heartbeat_timeout)
+        if self.peer is not None:
+            self.lighthouse_address = self.peer.start_service(self.launcher, self.host, self.config.heartbeat_timeout)
         self._apply(self.membership.start())
-        if self.peer in AGENT_PEERS:
-            self.agent = peers.start_agent(self.launcher, self.peer, self.config, self.store_address,
-                                           self.plan.planned(), self.recorder)
+        if self.peer is not None:
+            self.agent = self.peer.start_agent(self.launcher, self.config, self.store_address, self.plan.planned(),
+                                               self.recorder)
 
     def _loop(self) -> tuple[str, str]:
         while True:
@@ -154,7 +154,7 @@ class Supervisor:
             if self._outcome:
                 return self._outcome
             if self.agent is not None and self.agent.poll() is not None and not self._all_done():
-                return peers.agent_ended(self.peer, self.agent.returncode, self.membership.started, self._log_hint)
+                return self.peer.agent_ended(self.agent.returncode, self.membership.started, self._log_hint)
             for fault in self.plan.due(None if self.recorder.train_start is None
                                        else time.time() - self.recorder.train_start):
                 self._inject(fault.kind, fault.rank, source=f"planned ({fault})")
@@ -225,7 +225,7 @@ class Supervisor:
 
     def _start_process(self, d: Start) -> None:
         if d.slot:
-            self.launcher.slot(d.id, d.label, self.peer)
+            self.launcher.slot(d.id, d.label, self.peer.name)
             return
         w = self.launcher.start_rank(d.id, d.label, self.control.address)
         if w.remote and w.proc is None:
@@ -296,10 +296,9 @@ class Supervisor:
                 self.control.refuse(pending, refusal)
                 self.recorder.event("join_refused", -1, refusal)
                 return
-            if self.peer in AGENT_PEERS:
+            if self.peer is not None and self.peer.agent:
                 worker.pid = hello.get("pid")  # a process of this machine, started by the peer's launcher
-                if self.peer == "torchrun":
-                    peers.torchrun_restarted(self.recorder)
+                self.peer.slot_joined(self.recorder)
             else:
                 worker.host = pending.conn.getpeername()[0]
         else:
@@ -322,11 +321,11 @@ class Supervisor:
         if kind == "step":
             self.recorder.rank_time.on_step(w.spawn_id, m)
             members = self.membership.members
-            if self.peer == "torchft":
-                peers.torchft_step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
+            if self.peer is not None:
+                self.peer.step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
             if m["gen"] == self.membership.gen:
                 w.steps_done = max(w.steps_done, m["step"] + 1)
-                if "loss" in m and (self.peer != "torchft" or w.label == min(members)):
+                if "loss" in m and (self.peer is None or not self.peer.one_reporter or w.label == min(members)):
                     self.recorder.step(m)
         elif kind == "ready":
             w.ready = True
@@ -349,12 +348,8 @@ class Supervisor:
             self.recorder.rank_message(w.label, m)
         elif kind in ("detected", "apoptosis"):
             self.recorder.rank_message(w.label, m)
-        elif kind == "quorum":
-            peers.torchft_quorum(self.recorder, w.spawn_id, w.label, m)
-        elif kind == "ulfm":
-            peers.ulfm_message(self.recorder, w.label, m)
-        elif kind == "discarded":
-            peers.torchft_discarded(self.recorder, w.label, m)
+        elif self.peer is not None and kind in self.peer.handlers:
+            self.peer.handlers[kind](self.recorder, w.spawn_id, w.label, m)
         elif kind == "peer_error":
             self.recorder.event("peer_error", w.steps_done, m["message"], rank=w.label)
         elif kind == "done":
@@ -368,7 +363,7 @@ class Supervisor:
         return f" (see {self.log_dir}/{name})" if self.log_dir else ""
 
     def _join_hint(self, w: Worker) -> str:
-        if w.remote and w.proc is None and w.host not in AGENT_PEERS:
+        if w.remote and w.proc is None and not (self.peer is not None and self.peer.agent):
             return f"; it is to join from {w.host}: workbench rank --store {self.store_address} --rank-hint {w.label}"
         return ""
 

@@ -12,21 +12,13 @@ the figures the recorder needs), :class:`Generation` (announce generation ``g`` 
 Processes have ids (spawn ids, handed out here); ranks have stable numbers, labels: a replacement takes the
 label of the rank it replaces. A label is held by at most one live process at a time.
 
-The strategies, as decisions:
-
-* ``none``: a member's death ends the run (``failed``).
-* ``shrink`` / ``rollback`` / ``forward``: the survivors form generation ``g+1`` with ``recovery`` set; with
-  ``regrow`` a ready warm spare joins that same generation, else a fresh replacement is started and joins a
-  later generation as soon as it is ready.
-* ``reinit``: the survivors wait; a replacement (spare or fresh) for each dead member is made ready, then all
-  form ``g+1`` and take the snapshot of the lowest surviving rank.
-* ``checkpoint_restart``: every member is retired, a fresh world is started and resumes from the last
-  checkpoint (``source`` 0, ``resume`` the checkpoint).
-* ``torchft``: the survivors go on (torchft finds quorum itself); a replacement heals from a peer.
-* ``torchrun``: the agent restarts the whole world: every member and starting slot retires, fresh slots wait
-  for the workers the agent starts next.
-* ``ulfm``: mpirun's processes join slots; on a death the survivors revoke, shrink and go on among themselves
-  (no replacement, no new generation: the MPI layer is the membership).
+A death is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it
+(:meth:`~workbench.strategies.Strategy.recovering`): ``END`` fails the run; ``REGROUP``: the survivors form
+``g+1`` with ``recovery`` set (with ``regrow`` a ready warm spare joins it, else a fresh replacement joins a later
+generation when ready); ``REPLACE``: the survivors wait for a replacement per dead member, then all form ``g+1``
+from the lowest survivor's snapshot; ``RESTART``: every member retires and a fresh world resumes from the last
+checkpoint; ``PEER``: the peer runtime reacts (torchft: the survivors go on and a replacement heals; torchrun: its
+agent restarts the world into fresh slots; ulfm: the survivors' MPI layer shrinks, no new generation).
 
 A process that dies before it is a member (a starting replacement, a spare, a restarted world's rank) is
 started anew for the same label, at most ``max_starts`` times in a row per label; a death of a first-world
@@ -38,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-RECOVERING = ("shrink", "rollback", "forward")
+from workbench import strategies
+from workbench.strategies import Reaction, Strategy
 
 
 @dataclass(frozen=True)
@@ -125,7 +118,7 @@ class Proc:
 class Membership:
     """The membership of one run. ``stage_of(label)`` (hybrid parallelism): the pipeline stage a label holds."""
 
-    strategy: str
+    strategy: str | Strategy
     world_size: int
     regrow: bool = False
     warm_spares: int = 0
@@ -138,8 +131,14 @@ class Membership:
     procs: dict[int, Proc] = field(default_factory=dict)
     pending: list[int] = field(default_factory=list)  # ids of replacements (or a restarted world) not yet admitted
     restarting: bool = False  # checkpoint_restart / torchrun: a fresh world is starting
+    failures: int = 0  # members lost so far
+    recovery: Strategy | None = None  # the strategy recovering the last failure
     ended: End | None = None
     _starts: dict[int, int] = field(default_factory=dict)  # label -> consecutive starts that failed
+
+    def __post_init__(self) -> None:
+        self.plan = strategies.get(self.strategy) if isinstance(self.strategy, str) else self.strategy
+        self.strategy = self.plan.name
 
     # -- views ----------------------------------------------------------------------------------------------------
     def holder(self, label: int) -> Proc | None:
@@ -155,7 +154,7 @@ class Membership:
 
     # -- events ---------------------------------------------------------------------------------------------------
     def start(self) -> list[Decision]:
-        slots = self.strategy in ("torchrun", "ulfm")
+        slots = self.plan.peer is not None and self.plan.peer.agent
         out: list[Decision] = [self._new(label, slot=slots) for label in range(self.world_size)]
         out += [self._new(None) for _ in range(self.warm_spares)]
         return out
@@ -183,9 +182,9 @@ class Membership:
             return self._end("failed", f"{who} {cause} during start-up")
         if id in self.pending:
             self.pending.remove(id)
-            if self.strategy == "torchrun" and self.restarting:
+            if self._agent_restarts() and self.restarting:
                 return [Note("restart", f"a restarted torchrun worker (rank {proc.label}) {cause}; the agent "
-                             "restarts the world again"), *self._restart_torchrun()]
+                             "restarts the world again"), *self._restart_agent_world()]
             return self._start_again(proc, cause)
         if proc.label is None or proc.label not in self.members or self.restarting:
             out: list[Decision] = [Note("spare_lost", f"a starting or spare rank {cause}")]
@@ -208,46 +207,55 @@ class Membership:
         announced = self.generation_members if label in self.generation_members else self.members
         position, size = announced.index(label), len(announced)
         survivors = [m for m in self.members if m != label]
-        strategy = self.strategy
+        recovering = self.recovery = self.plan.recovering(self.failures)
+        self.failures += 1
+        reaction = recovering.reaction
 
         def lost(after: int, replacement: int | None = None) -> Lost:
             return Lost(label, proc.id, cause, position, size, after, replacement)
 
-        if strategy == "none" or (not survivors and strategy not in ("checkpoint_restart", "torchrun")):
-            why = "strategy 'none' does not recover" if strategy == "none" else "no rank survived"
+        if reaction is Reaction.END or (not survivors and recovering.needs_survivors):
+            why = f"strategy {recovering.name!r} does not recover" if reaction is Reaction.END else "no rank survived"
             return [lost(len(survivors)), *self._end("failed", f"rank {label} {cause}{where}; {why}")]
-        if self.stage_of is not None and strategy == "shrink":
+        if self.stage_of is not None and reaction is Reaction.REGROUP:
             stage = self.stage_of(label)
             if not any(self.stage_of(s) == stage for s in survivors):
                 return [lost(len(survivors)), *self._end(
-                    "failed", f"rank {label} {cause}{where}, the last replica of pipeline stage {stage}; shrink cannot "
-                    "rebuild a stage's layers (checkpoint_restart or reinit can)")]
-        if strategy == "ulfm":  # the survivors' MPI layer shrinks the communicator itself
-            self.members = survivors
-            return [lost(len(survivors)), Note("ulfm", f"the {len(survivors)} survivors revoke, shrink and go on")]
-        if strategy == "torchft":  # the replicas find out by themselves; recovery is a restart + heal
-            self.members = survivors
-            start = self._replace(label)
-            return [lost(len(survivors), start[0].id), *start]
-        if strategy == "torchrun":
-            return [lost(self.world_size), Note("restart", "torchrun restarts the world"),
-                    *self._restart_torchrun()]
-        if strategy == "checkpoint_restart":
+                    "failed", f"rank {label} {cause}{where}, the last replica of pipeline stage {stage}; "
+                    f"{recovering.name} cannot rebuild a stage's layers (checkpoint_restart or reinit can)")]
+        if reaction is Reaction.PEER:
+            return self._peer_lost(recovering, label, survivors, lost)
+        if reaction is Reaction.RESTART:
             return [lost(self.world_size), *self._restart_world()]
-        if strategy == "reinit":
+        if reaction is Reaction.REPLACE:
             self.members = survivors  # the replacement is admitted with everyone, in _admit
             start = self._replace(label)
             return [lost(self.world_size, start[0].id), *start]
-        # shrink, rollback, forward
+        # REGROUP: the survivors go on now
         spare = self._take_spare(label) if self.regrow else []
         members = sorted(survivors + ([label] if spare else []))
         out: list[Decision] = [lost(len(members), spare[0].id if spare else None), *spare]
-        out += self._generation(members, recovery=strategy)
+        out += self._generation(members, recovery=recovering.name)
         if self.regrow and not spare:
             start = self._fresh(label)
             out[0] = lost(len(members), start.id)
             out.append(start)
         return out
+
+    def _peer_lost(self, recovering: Strategy, label: int, survivors: list[int],
+                   lost: Callable[..., Lost]) -> list[Decision]:
+        """The peer runtime reacts by its own means; membership follows what it does."""
+        peer = recovering.peer
+        assert peer is not None
+        if peer.restarts_world:
+            return [lost(self.world_size), Note("restart", f"{recovering.name} restarts the world"),
+                    *self._restart_agent_world()]
+        self.members = survivors
+        if peer.replaces:  # the replicas find out by themselves; recovery is a restart + heal
+            start = self._replace(label)
+            return [lost(len(survivors), start[0].id), *start]
+        # the survivors' MPI layer shrinks the communicator itself
+        return [lost(len(survivors)), Note(recovering.name, f"the {len(survivors)} survivors revoke, shrink and go on")]
 
     def _restart_world(self) -> list[Decision]:
         """checkpoint_restart: every member retires, a fresh world starts (and is admitted when all are ready)."""
@@ -261,7 +269,10 @@ class Membership:
         return [Retire(retired), *starts,
                 Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}")]
 
-    def _restart_torchrun(self) -> list[Decision]:
+    def _agent_restarts(self) -> bool:
+        return self.plan.peer is not None and self.plan.peer.restarts_world
+
+    def _restart_agent_world(self) -> list[Decision]:
         """Every current worker and slot retires (the agent stops them); fresh slots wait for the next workers."""
         retired = tuple(p.id for p in self.procs.values()
                         if p.alive and p.label is not None and (p.label in self.members or p.id in self.pending))
@@ -324,14 +335,14 @@ class Membership:
                 return []
             self.pending.clear()
             self.restarting = False
-            recovery = self.strategy
+            recovery = self.recovery.name if self.recovery is not None else self.strategy
             return self._generation(list(range(self.world_size)), source=0, resume=self.resume, recovery=recovery)
-        if self.strategy == "reinit":
+        if self.recovery is not None and self.recovery.reaction is Reaction.REPLACE:
             if len(ready) < len(self.pending):
                 return []  # everyone restarts together
             self.pending.clear()
             members = sorted(self.members + [self.procs[id].label for id in ready])
-            return self._generation(members, source=members.index(min(self.members)), recovery="reinit")
+            return self._generation(members, source=members.index(min(self.members)), recovery=self.recovery.name)
         for id in ready:
             self.pending.remove(id)
         labels = [self.procs[id].label for id in ready]

@@ -1,0 +1,128 @@
+"""workbench/strategies.py: one object per strategy, looked up once; no strategy name compared anywhere else; the
+docs' worked example (``rollback_then_restart``: rollback for the first failure, checkpoint_restart after) added
+as one object, checked here on the membership machine and on a real run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import workbench
+from workbench import checkpoint, strategies
+from workbench.config import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIES, STRATEGIES, RunConfig
+from workbench.errors import ConfigError
+from workbench.strategies import Reaction
+from workbench.supervisor.membership import Generation, Lost, Membership, Retire, Start
+
+ROOT = Path(__file__).resolve().parents[1]
+ROOM = {ROOT / "workbench" / "strategies.py"}
+# the reproductions read result tables, whose rows are labelled by strategy name: selecting rows is not behaviour
+RESULT_READERS = ("reproduce",)
+# names that mean something else too (an augment "none", a pipeline's "forward" phase, apoptosis's "shrink"): a
+# comparison with them counts when the other side speaks of a strategy
+AMBIGUOUS = {"none", "forward", "shrink"}
+ABOUT_STRATEGY = ("strategy", "recovery", "recovering", "peer")
+
+
+def test_every_name_is_one_frozen_object_and_the_config_tables_are_read_from_them():
+    assert STRATEGIES == tuple(strategies.REGISTRY)
+    for name, strategy in strategies.REGISTRY.items():
+        assert strategies.get(name) is strategy and strategy.name == name
+        with pytest.raises(AttributeError):
+            strategy.name = "other"  # frozen
+        assert set(strategy.modes) <= set(PARALLELISMS)
+        assert not strategy.regrow or strategy.reaction is Reaction.REGROUP
+        assert not strategy.writes_checkpoints or strategy.checkpoint_every
+        assert (strategy.peer is not None) == (strategy.reaction is Reaction.PEER)
+    assert REGROW_STRATEGIES == ("shrink", "rollback", "forward")
+    assert PARALLEL_STRATEGIES["pipeline"] == ("none", "checkpoint_restart", "reinit")
+    with pytest.raises(ConfigError, match=r"^strategy: 'nope' is not known: allowed none, checkpoint_restart"):
+        strategies.get("nope")
+
+
+def test_escalation_recovers_the_first_failure_by_rollback_and_every_later_one_by_restart():
+    example = strategies.get("rollback_then_restart")
+    assert [example.recovering(n).name for n in range(3)] == ["rollback", "checkpoint_restart", "checkpoint_restart"]
+    assert strategies.ROLLBACK.recovering(5) is strategies.ROLLBACK
+    # its ranks keep what both need: the pre-update state of each step and a checkpoint every 25 steps
+    assert example.snapshot_buckets and example.writes_checkpoints and example.checkpoint_every == 25
+    assert RunConfig(strategy="rollback_then_restart").checkpoint_every == 25
+    with pytest.raises(ConfigError, match="^regrow: .*it restarts ranks after the first failure"):
+        RunConfig(strategy="rollback_then_restart", regrow=True)
+    with pytest.raises(ConfigError, match="does not apply to parallelism 'gossip'"):
+        RunConfig(strategy="rollback_then_restart", parallelism="gossip")
+
+
+def test_membership_follows_the_escalation():
+    m = Membership("rollback_then_restart", 4)
+    starts = m.start()
+    for s in starts:
+        decisions = m.ready(s.id)
+    (first,) = [d for d in decisions if isinstance(d, Generation)]
+    out = m.died(first.holders[2], "was killed (SIGKILL)", step=40)
+    (gen,) = [d for d in out if isinstance(d, Generation)]
+    assert gen.recovery == "rollback" and gen.members == (0, 1, 3) and gen.resume is None
+    m.checkpoint("/ckpt/step_000090.h5")
+    out = m.died(gen.holders[1], "was killed (SIGKILL)", step=100)
+    (lost,) = [d for d in out if isinstance(d, Lost)]
+    assert lost.world_size_after == 4 and any(isinstance(d, Retire) for d in out)
+    fresh = [d for d in out if isinstance(d, Start)]
+    assert sorted(s.label for s in fresh) == [0, 1, 2, 3]
+    for s in fresh:
+        decisions = m.ready(s.id)
+    (restarted,) = [d for d in decisions if isinstance(d, Generation)]
+    assert restarted.recovery == "checkpoint_restart" and restarted.resume == "/ckpt/step_000090.h5"
+    assert restarted.members == (0, 1, 2, 3)
+
+
+def _strategy_comparisons(path: Path, root: Path = ROOT) -> list[str]:
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for side in sides:
+            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            names = {v.value for v in values if isinstance(v, ast.Constant) and v.value in strategies.REGISTRY}
+            text = ast.get_source_segment(source, node) or ""
+            for name in names:
+                if name not in AMBIGUOUS or any(word in text for word in ABOUT_STRATEGY):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {text}")
+    return found
+
+
+def test_no_strategy_name_is_compared_outside_the_strategies_room():
+    files = [p for p in sorted((ROOT / "workbench").rglob("*.py"))
+             if p not in ROOM and p.relative_to(ROOT / "workbench").parts[0] not in RESULT_READERS]
+    assert len(files) > 50
+    offenders = [hit for path in files for hit in _strategy_comparisons(path)]
+    assert offenders == []
+
+
+def test_the_scan_finds_a_planted_comparison(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('def f(config, mode):\n    if config.strategy in ("rollback", "shrink"):\n        pass\n'
+                       '    return mode == "forward", config.recovery != "none"\n')
+    hits = _strategy_comparisons(planted, tmp_path)
+    assert len(hits) == 3 and not any('mode == "forward"' in hit for hit in hits)
+
+
+def test_the_worked_example_runs_rollback_then_a_restart_from_the_checkpoint(tmp_path):
+    """Two kills: the first is rolled back (world 3, nothing lost or redone), the second restarts the world from
+    the checkpoint of step 90 (10 steps redone); the final weights match the run without a fault."""
+    steps, common = 140, dict(world_size=4, eval_interval=140, checkpoint_every=30)
+    golden = workbench.run(steps=steps, out=tmp_path / "golden", **common)
+    result = workbench.run(steps=steps, strategy="rollback_then_restart", out=tmp_path / "example",
+                           faults=["kill:rank=2,step=40", "kill:rank=1,step=100"], **common)
+    assert result.completed, result.summary["reason"]
+    first, second = result.failures
+    assert (first["samples_lost"], first["steps_redone"], first["world_size_after"]) == (0, 0, 3)
+    assert (second["samples_lost"], second["steps_redone"], second["world_size_after"]) == (0, 10, 4)
+    assert [row["step"] for row in result.metrics] == list(range(100)) + list(range(90, steps))
+    assert result.summary["world_size_final"] == 4 and result.summary["replicas_identical"]
+    ours = checkpoint.load(result.summary["final_checkpoint"]).model
+    reference = checkpoint.load(golden.summary["final_checkpoint"]).model
+    assert max((ours[k] - reference[k]).abs().max().item() for k in ours) < 1e-4
