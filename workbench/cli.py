@@ -13,54 +13,9 @@ from typing import Any
 
 from workbench.cli_files import add_file_parsers, cmd_compare, cmd_flip, cmd_verify, file_errors
 from workbench.config import RunConfig
+from workbench.config_fields import run_flags
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.processes import interrupted_once
-
-# flag -> RunConfig field; every flag defaults to "not given" so a --config file fills the rest
-_RUN_FLAGS: list[tuple[str, str, type, str]] = [
-    ("--world-size", "world_size", int, "number of ranks (1..64)"),
-    ("--steps", "steps", int, "training steps"),
-    ("--batch-size", "batch_size", int, "global mini-batch, split over the live ranks"),
-    ("--lr", "lr", float, "learning rate"),
-    ("--optimizer", "optimizer", str, "sgd or adam"),
-    ("--hidden", "hidden", lambda text: [int(w) for w in text.split(",")], "MLP hidden widths, e.g. 128,64"),
-    ("--model", "model", str, "mlp, cnn, lenet5, alexnet, vgg11, resnet20, resnet18, or package.module:callable "
-     "returning an nn.Module"),
-    ("--width", "width", float, "vgg11, alexnet: multiplier of every convolution's channels (0 < width <= 4)"),
-    ("--dataset", "dataset", str, "digits, synthetic, synthetic_image (3x32x32, 10 classes), files on disk: "
-     "cifar10:DIR, cifar100:DIR (CIFAR binary version), mnist:DIR, fashion_mnist:DIR (IDX files, .gz or not), "
-     "imagefolder:DIR (class/*.png), or package.module:callable"),
-    ("--synthetic-size", "synthetic_size", int, "training samples of synthetic and synthetic_image"),
-    ("--augment", "augment", str, "image datasets: none or crop_flip (4-pixel padded random crop + horizontal flip, "
-     "decided per seed, step and sample: the same whatever the world size)"),
-    ("--seed", "seed", int, "seed of model initialisation and data order"),
-    ("--strategy", "strategy", str, "recovery: none, checkpoint_restart, shrink, rollback, forward, reinit; peers: "
-     "torchft, torchrun, ulfm"),
-    ("--checkpoint-every", "checkpoint_every", int, "steps between snapshots (HDF5 or in memory)"),
-    ("--warm-spares", "warm_spares", int, "pre-started ranks that replace dead ones without start-up cost"),
-    ("--resume", "resume", str, "HDF5 checkpoint to start from"),
-    ("--eval-interval", "eval_interval", int, "steps between test-set evaluations"),
-    ("--bucket-cap-mb", "bucket_cap_mb", float, "gradient bucket size in MB"),
-    ("--buckets", "buckets", int, "gradient buckets per step (default 2), cut further where one exceeds the cap"),
-    ("--detect", "detect", str, "soft-error detectors, comma-separated: fingerprint, guard, spike"),
-    ("--detect-every", "detect_every", int, "steps between fingerprints and verified snapshots"),
-    ("--bind", "bind", str, "address the store and control server listen on (default 127.0.0.1, or the hosts "
-     "file's first host)"),
-    ("--store-port", "store_port", int, "port of the store (default: a free one); ranks started elsewhere join it "
-     "with workbench rank --store ADDRESS:PORT"),
-    ("--spawn", "spawn", str, "how ranks start: template (forked by a rank template, milliseconds) or fresh "
-     "(a new interpreter each, ~1 s of torch import)"),
-    ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without heartbeat before a rank counts as frozen"),
-    ("--parallelism", "parallelism", str, "data, pipeline (a stage per rank), gossip (GossipGraD), hybrid"),
-    ("--micro-batches", "micro_batches", int, "pipeline/hybrid: micro-batches per step (GPipe)"),
-    ("--pipeline-stages", "pipeline_stages", int, "hybrid: number of stages, each replicated over world/stages ranks"),
-    ("--stage-cuts", "stage_cuts", lambda text: [int(c) for c in text.split(",")], "pipeline/hybrid: index of the "
-     "top-level module each stage after the first starts at, e.g. 5,11 (default: balanced by measured time)"),
-    ("--shuffle", "shuffle", str, "gossip: ring (samples move between neighbours) or none"),
-    ("--consensus-every", "consensus_every", int, "gossip: steps between consensus-distance measurements"),
-    ("--apoptosis", "apoptosis", str, "adaptive neuron apoptosis: on, off, or tol=T,window=W,delta=D[,grow=,shrink=,"
-     "min=,lasso=,gamma=,start=,until=,val=,fold=]"),
-]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,19 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="workbench", description="Fault-tolerance workbench for distributed training")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one training run", description="Run one multi-process training run.")
-    for flag, dest, kind, help_text in _RUN_FLAGS:
-        run.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=help_text)
-    run.add_argument("--fault", dest="faults", action="append", default=argparse.SUPPRESS,
-                     help="kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | "
-                     "random:mtbf_steps=M,dist=exponential|weibull,shape=K,seed=S,max=F | "
-                     "flip:target=weight|grad|grad_local|activation|optimizer,rank=R,step=S,tensor=NAME,index=I,bit=B"
-                     " (repeatable)")
-    run.add_argument("--regrow", action="store_true", default=argparse.SUPPRESS,
-                     help="replace dead ranks (with shrink, rollback, forward)")
-    run.add_argument("--gossip-sync", action="store_true", default=argparse.SUPPRESS,
-                     help="gossip: blocking exchange after the update (default: overlapped with the step)")
-    run.add_argument("--no-verify", dest="resume_verify", action="store_false", default=argparse.SUPPRESS,
-                     help="resume from a checkpoint even if its checksums fail (altered checkpoints)")
+    for flag, options in run_flags():  # one per RunConfig field with a flag: workbench/config_fields.py
+        run.add_argument(flag, **options)
     run.add_argument("--hosts-file", type=Path, help="one line per host: ADDRESS SLOTS [LAUNCH ...]; the first is "
                      "this machine (README: Runs beyond one machine)")
     run.add_argument("--slurm", nargs="?", const=0, type=int, metavar="N", help="inside a Slurm allocation: N "
@@ -113,15 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_from_args(args: argparse.Namespace) -> RunConfig:
     values: dict[str, Any] = RunConfig.from_yaml(args.config).to_dict() if args.config else {}
-    for _, dest, _, _ in _RUN_FLAGS:
-        if hasattr(args, dest):
-            values[dest] = getattr(args, dest)
-    if hasattr(args, "regrow"):
-        values["regrow"] = True
-    if hasattr(args, "resume_verify"):
-        values["resume_verify"] = False
-    if hasattr(args, "faults"):
-        values["faults"] = args.faults
+    for _, options in run_flags():  # the flags given (each defaults to "not given")
+        if hasattr(args, options["dest"]):
+            values[options["dest"]] = getattr(args, options["dest"])
     if args.hosts_file is not None and args.slurm is not None:
         raise ConfigError("slurm", "give --slurm or --hosts-file, not both")
     if args.hosts_file is not None or args.slurm is not None:

@@ -26,7 +26,8 @@ from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultS
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
            "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
-           "SHUFFLES", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig", "parse_fault", "resolve_callable"]
+           "SHUFFLES", "SPAWNS", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig", "parse_fault",
+           "resolve_callable"]
 
 MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/architectures.py
 OPTIMIZERS = ("sgd", "adam")
@@ -35,13 +36,14 @@ REGROW_STRATEGIES = strategies.regrowing()
 DETECTORS = ("fingerprint", "guard", "spike")
 PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
+SPAWNS = ("template", "fresh")
 PARALLEL_STRATEGIES = {mode: strategies.for_mode(mode) for mode in PARALLELISMS}  # which apply to each mode
 MAX_WORLD_SIZE = 64
 
 
 @dataclass
 class RunConfig:
-    """Everything that defines a run. ``batch_size`` is the global mini-batch, split over the live ranks."""
+    """Everything that defines a run; each field's meaning, allowed values and flag: :mod:`workbench.config_fields`."""
 
     world_size: int = 4
     steps: int = 300
@@ -50,44 +52,41 @@ class RunConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9
     model: str = "mlp"
-    hidden: list[int] = field(default_factory=lambda: [128, 64])  # widths of the MLP's hidden layers
-    width: float = 1.0  # vgg11, alexnet: multiplier of every convolution's channels
-    dataset: str = "digits"  # a DATASETS name, a DATASET_FORMS directory (cifar10:DIR, ...), or an import path
-    synthetic_size: int = 4096  # training samples of synthetic and synthetic_image
-    augment: str = "none"  # image datasets: "crop_flip" (padded random crop + flip, per seed, step and sample)
+    hidden: list[int] = field(default_factory=lambda: [128, 64])
+    width: float = 1.0
+    dataset: str = "digits"
+    synthetic_size: int = 4096
+    augment: str = "none"
     seed: int = 0
     strategy: str = "none"
     regrow: bool = False
-    warm_spares: int | None = None  # default: 1 with regrow or reinit (a replacement then costs no start-up)
+    warm_spares: int | None = None
     checkpoint_every: int | None = None
     resume: str | None = None
-    resume_verify: bool = True  # check the checkpoint's checksums first (off: study an altered checkpoint)
+    resume_verify: bool = True
     eval_interval: int = 25
-    detect: list[str] = field(default_factory=list)  # soft-error detectors: fingerprint, guard, spike
-    detect_every: int = 10  # steps between fingerprints and verified in-memory snapshots
-    guard_limit: float = 1e4  # |weight|, |gradient| or |loss| beyond this counts as corrupt
-    spike_factor: float = 10.0  # a loss this many times the recent median counts as a spike
+    detect: list[str] = field(default_factory=list)
+    detect_every: int = 10
+    guard_limit: float = 1e4
+    spike_factor: float = 10.0
     faults: list[FaultSpec | RandomFailures] = field(default_factory=list)
-    parallelism: str = "data"  # data, pipeline (one stage per rank), gossip (GossipGraD), hybrid (stages x replicas)
-    micro_batches: int = 4  # pipeline/hybrid: micro-batches per step (GPipe)
-    pipeline_stages: int | None = None  # hybrid: number of stages (default 2); pipeline: world_size
-    stage_cuts: list[int] | None = None  # pipeline/hybrid: first module of stages 1..; None: measured at the start
-    gossip_sync: bool = False  # gossip: blocking exchange after the update instead of overlapping the step
-    shuffle: str = "ring"  # gossip: ring sample shuffle between neighbours, or none (fixed local partitions)
-    consensus_every: int = 1  # gossip: steps between measurements of the consensus distance (a measurement only)
-    # adaptive neuron apoptosis (workbench/apoptosis.py): None/"off", "on" (tuned defaults) or "tol=..,window=..";
-    # kept as the canonical "key=value,..." text of every setting so ranks and result files read the same rule
-    apoptosis: str | None = None
+    parallelism: str = "data"
+    micro_batches: int = 4
+    pipeline_stages: int | None = None
+    stage_cuts: list[int] | None = None
+    gossip_sync: bool = False
+    shuffle: str = "ring"
+    consensus_every: int = 1
+    apoptosis: str | None = None  # canonical "key=value,..." text: the ranks and result files read one rule
     bucket_cap_mb: float = 1.0
-    buckets: int | None = None  # gradient buckets per step (None: 2), more where one would exceed bucket_cap_mb
+    buckets: int | None = None
     heartbeat_timeout: float = 2.0
     startup_timeout: float = 120.0
-    spawn: str = "template"  # forked by this process's rank template (ms; workbench/template.py), "fresh": ~1.1 s
+    spawn: str = "template"
     op_timeout: float = 60.0
-    # where the ranks live (workbench/hosts.py): None = every rank on this machine; else hosts in file order
     hosts: list[dict[str, Any]] | None = None
-    bind: str | None = None  # address of the store and control server; default the first host's, or 127.0.0.1
-    store_port: int = 0  # 0: any free port (ranks started elsewhere need a known one: workbench rank --store)
+    bind: str | None = None
+    store_port: int = 0
 
     def __post_init__(self) -> None:
         coerce_types(self)  # a wrong type is named as a type ("must be an integer, got str '4'"), before any value
@@ -112,7 +111,7 @@ class RunConfig:
         self.dataset = check_dataset(self.dataset, self.augment, self.synthetic_size)  # workbench/dataset_files.py
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
-        _choice("spawn", self.spawn, ("template", "fresh"))
+        _choice("spawn", self.spawn, SPAWNS)
         _int_in("eval_interval", self.eval_interval, 1, 10_000_000)
         if isinstance(self.detect, str):
             self.detect = [d.strip() for d in self.detect.split(",") if d.strip()]
