@@ -1,13 +1,10 @@
 """Datasets and the global batch sequence.
 
 The batch sequence depends only on the seed and the step, never on the world size: step ``s`` trains on the
-global batch ``batch_indices(s)``, which the live ranks split between them (``shard``). A run that loses or
-regains ranks therefore still walks the same data in the same order, and a restart from a checkpoint at step
-``s`` resumes it exactly (the data cursor is the step).
-
-:class:`Dataset` and the image datasets (uint8 storage, normalisation and augmentation in
-:meth:`Dataset.train_batch`, the on-disk formats) live in :mod:`workbench.datasets`; ``workbench.data.Dataset``
-is the same class.
+global batch ``batch_indices(s)``, which the live ranks split between them (``shard``), so a run that loses or
+regains ranks walks the same data in the same order, and a restart at step ``s`` resumes it exactly.
+:class:`Dataset` and the image datasets live in :mod:`workbench.datasets` (``workbench.data.Dataset`` is the
+same class).
 """
 
 from __future__ import annotations
