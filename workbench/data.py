@@ -134,9 +134,10 @@ def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:
 
 
 class LocalPartition:
-    """GossipGraD's data layout (DESIGN §6): each rank owns a partition of the training set and trains on batches
-    of it; with the ring shuffle, the batch a rank just trained on moves to its right neighbour and the left
-    neighbour's batch takes its place, so the partitions mix along the ring without any rank holding it all.
+    """GossipGraD's data layout (as in MaTEx-Caffe's gossip code): each rank owns a partition of the training set
+    and trains on batches of it; with the ring shuffle, the batch a rank just trained on moves to its right
+    neighbour and the left neighbour's batch takes its place, so the partitions mix along the ring without any
+    rank holding it all.
 
     The partitions are a seeded split of the training set over the generation's members (a new generation
     re-shards: a dead rank's partition is not lost with it).
