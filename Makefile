@@ -79,6 +79,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check workbench tests benchmarks tools
 	$(PY) tools/check_structure.py
+	$(PY) tools/check_docstrings.py
 
 lab: setup
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks

@@ -1,53 +1,12 @@
-"""Adaptive neuron apoptosis: hidden units (or conv channels) that no longer contribute are removed during training.
+"""Adaptive neuron apoptosis (after Siegel, Daily and Vishnu, arXiv 1610.00790, in our reading): hidden units or
+conv channels that stop contributing are removed while training runs.
 
-After Siegel, Daily and Vishnu, "Adaptive neuron apoptosis for accelerating deep learning on large scale
-systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this module implements OUR reading:
-
-* A *unit* is an output of a producer layer (a ``Linear`` row or a ``Conv2d`` output channel) that feeds a
-  consumer layer (the next ``Linear``/``Conv2d`` of an ``nn.Sequential``, through parameter-free modules only).
-  Its *incoming* norm is the RMS of its producer weights and bias, its *outgoing* norm the RMS of the consumer
-  weights that read it (RMS = L2 norm / sqrt(count), so one tolerance fits layers of any fan-in).
-* A unit's *contribution* is the geometric mean of the two, sqrt(incoming · outgoing): invariant under the
-  rescaling a ReLU unit does not notice (incoming × c, outgoing ÷ c), and zero for a unit whose incoming group is
-  zero (it outputs nothing, whatever its outgoing weights).
-* At every evaluation of the decision phase (:meth:`ApoptosisConfig.deciding`), a unit whose contribution is
-  below the tolerance τ gets one more strike; a unit above it loses its strikes. A unit with ``window``
-  consecutive strikes is removed: the layer is physically shrunk (producer rows/channels and consumer columns
-  sliced out), and the optimizer state (momentum, Adam moments) is sliced alike. A layer never drops below
-  ``min`` units.
-* τ adapts: it is multiplied by ``grow`` while the *validation* accuracy holds within ``delta`` of its best so
-  far, and by ``shrink`` when it falls further (removals that hurt make the rule more careful). The validation
-  split is ``val`` (10 %) of the training data, held out of training while the rule decides
-  (:meth:`workbench.datasets.Dataset.carve_validation`); the test set never steers the rule.
-* Pressure (part of OUR reading, stated plainly): with plain SGD the weights of units the loss does not need do
-  not fade by themselves in a few hundred steps (measured: no unit fell below any useful τ on digits), so with
-  apoptosis on, training steps end with the proximal step of a reweighted group-lasso penalty on each unit's
-  incoming and outgoing weights (:func:`group_lasso_`): a unit's RMS shrinks by ``lr * lasso * (LASSO_STEPS /
-  steps) * (layer mean / its RMS) ** gamma`` per step (applied every ``PRESSURE_EVERY`` steps with their summed
-  strength), so weak units die (exactly zero) while strong ones are hardly touched. ``lasso`` is the strength of
-  a ``LASSO_STEPS``-step run and the pressure's *total* does not depend on the run's length: a run twice as long
-  is pressed half as hard per step, and ends with the same reduction (measured on seeds 10-29: ÷3.68 median at
-  400, 800 and 1600 steps; a per-step strength had given ÷3.68 at 400 steps and ÷5.44 at 800). The threshold
-  rule is what removes units; the pressure is what makes them stop contributing.
-  Ranks of an apoptosis run flush subnormal floats to zero (``torch.set_flush_denormal``): fading units leave
-  subnormals behind, which made every CPU operation that touched them several times slower.
-* Three phases (measured on seeds 10-29, docs/apoptosis.md "Design"): the network trains without pressure for
-  the first ``start`` (15 %) of the run; the pressure acts from there to ``until`` (50 %) at a constant
-  strength; the rule decides until ``window`` evaluations after it ended; then the survivors are fine-tuned with
-  no pressure and no removal, and (``fold=1``) with the validation split back in the training data, since
-  nothing reads it any more. Pressure from the first step slowed learning for good (a pruned network ended
-  below one of its final widths trained from scratch), and removals late in the run left no time to recover.
-
-Data-parallel protocol (``workbench.rank.replicated.Trainer``): the norms are computed on replicated parameters
-(bitwise identical on every replica after a step) and the validation accuracy is rank 0's; rank 0 decides and
-broadcasts the rule's whole state and the removal flags (:meth:`Apoptosis.pack`), every rank applies the same
-removals at the same step and rebuilds its gradient buckets and optimizers. The model's current shapes travel
-with every state (generation changes, checkpoints, in-memory snapshots): :func:`resize_to` makes a full-size
-model (a fresh or replacement rank) match them before the state is loaded.
-
-This module holds the rule (:class:`ApoptosisConfig`, :class:`Apoptosis`); the model surgery it drives — which
-units a model has, their norms, the group-lasso pressure and the shrinking — is :mod:`workbench.apoptosis_surgery`,
-whose names are re-exported here (``apo.find_pairs``, ``apo.shrink``, ``apo.group_lasso_`` ...).
+A unit's contribution is the geometric mean of the RMS of its incoming and outgoing weights; one below the
+adaptive tolerance τ for ``window`` evaluations in a row is removed and the layer physically shrunk, optimizer
+state alike. A group-lasso pressure in the middle of the run makes unneeded units fade. In data parallel, rank 0
+decides and broadcasts the rule's state (:meth:`Apoptosis.pack`); every rank applies the same removals at the same
+step. The rule, its phases and its measurements: docs/apoptosis.md and docs/internals.md. The model surgery is
+:mod:`workbench.apoptosis_surgery`, whose names are re-exported here.
 """
 
 from __future__ import annotations

@@ -1,33 +1,10 @@
 """The seed papers' kind of models, with batch norm: LeNet-5, AlexNet, VGG-11, ResNet-20 and ResNet-18.
 
 Every model is an ``nn.Sequential`` of named top-level blocks, so pipeline and hybrid runs cut it between
-children and parameter names read well in fault plans (``conv1.weight``, ``layer2_0.bn1.running_var``).
-
-- ``lenet5``   LeNet-5 (LeCun et al. 1998) with batch norm and ReLU: two 'same'-padded 5x5 convolutions (6, 16
-  channels), each followed by a 2x2 max pool, an adaptive average pool to 5x5, then 400-120-84-classes.
-  62k parameters (3x32x32 input, 10 classes).
-- ``alexnet``  the CIFAR AlexNet of pytorch-classification (bearpaw; 2.47M parameters at 32x32): five
-  convolutions 64-192-384-256-256 (11x11 stride 4, 5x5, then three 3x3) with batch norm after each, three max
-  pools, one Linear. ``width`` scales every convolution's channels.
-- ``vgg11``    VGG-11 ("A", Simonyan and Zisserman 2015) for CIFAR as in kuangliu/pytorch-cifar: eight 3x3
-  convolutions 64-128-256-256-512-512-512-512 with batch norm after each, five max pools, one Linear.
-  9.23M parameters; ``width`` scales every convolution's channels (0.25: 0.58M).
-- ``resnet20`` He et al. 2016's CIFAR ResNet (section 4.2): a 3x3 stem, three stages of three basic blocks
-  (16, 32, 64 channels), option-A shortcuts (identity; stride-2 subsampling and zero-padded channels where the
-  shape changes: no parameters), 0.27M parameters.
-- ``resnet18`` ResNet-18 for CIFAR (kuangliu/pytorch-cifar): a 3x3 stem, no max pool, four stages of two
-  basic blocks (64, 128, 256, 512), option-B shortcuts (1x1 convolution + batch norm) where the shape
-  changes, 11.17M parameters.
-
-Plain chains (lenet5, alexnet, vgg11) keep ``convN``, ``bnN``, ``reluN`` as separate top-level children, each
-convolution directly followed by its batch norm: :func:`conv_bn_pairs` finds (conv, bn, next layer) triples.
-A residual block is one child (:class:`BasicBlock`: ``conv1 bn1 conv2 bn2 shortcut``).
-
-Any input (C, H, W) works (3x32x32, 1x28x28, 1x8x8): max pools round up (a 1x1 map stays 1x1) and an adaptive
-average pool feeds the classifier, so the parameter count depends only on the input's channels and the classes.
-Convolutions have no bias (batch norm's shift replaces it). Initialisation as the papers: Kaiming normal
-(fan_out, ReLU) for convolutions, batch norm weight 1 and bias 0, PyTorch's default for Linear layers; the
-caller seeds torch (``build_model`` does).
+children and parameter names read well in fault plans (``conv1.weight``, ``layer2_0.bn1.running_var``). Plain
+chains keep ``convN``, ``bnN``, ``reluN`` as separate children (:func:`conv_bn_pairs` finds the pairs); a
+residual block is one child (:class:`BasicBlock`). Any input shape works; convolutions have no bias; the
+initialisation is the papers'. Each model's layers and parameter counts: docs/internals.md and docs/settings.md.
 """
 
 from __future__ import annotations

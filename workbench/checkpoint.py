@@ -1,25 +1,10 @@
 """HDF5 checkpoints: one dataset per tensor, each with its SHA-256; atomic write; verify; load.
 
-Layout (``format`` 1)::
-
-    model/<name>                  every entry of model.state_dict() (parameters by their named_parameters() name)
-    optimizer/<name>/<key>        optimizer state of parameter <name> (momentum_buffer; exp_avg, exp_avg_sq, step)
-    rng/torch                     torch's CPU generator state
-    attrs: format, step, data_cursor, seed, config (JSON), apoptosis (JSON: the apoptosis rule's state, if on;
-           an attribute like step, not a dataset, so bit-flip campaigns over the float datasets never meet it),
-           provenance (JSON: the run's, as it started, see workbench.provenance; {} when a file predates it)
-
-The model datasets hold the model's *current* shapes: under apoptosis a layer may be narrower than the
-configured model, and whoever loads the checkpoint shapes its model after them (``apoptosis.resize_to``).
-
-``data_cursor`` is the step: the batch sequence depends only on (seed, step), so a restart from this file
-resumes the exact data order. Every dataset carries ``sha256`` of its bytes; :func:`verify` lists those whose
-bytes no longer match (a flipped bit at rest). Files are written to ``.<name>.tmp`` and renamed.
-
-Every reader here (:func:`load`, :func:`verify`, :func:`datasets`) first checks with
-:func:`workbench.h5files.require` that the path is a workbench checkpoint of a layout this code reads:
-a missing, empty, text, truncated or other-kind file (a ``result.h5``, a sweep table) is a
-:class:`~workbench.h5files.FileKindError`, one line.
+A checkpoint holds ``model/<name>`` (the model's current shapes, narrower under apoptosis), ``optimizer/<name>/<key>``,
+``rng/torch`` and attributes (``format``, ``step``, ``data_cursor``, ``seed``, ``config``, ``apoptosis``,
+``provenance``); the data cursor is the step, so a restart resumes the exact data order. :func:`verify` lists the
+datasets whose bytes no longer match their checksum. Files are written to ``.<name>.tmp`` and renamed; every reader
+first checks the file's kind (:func:`workbench.h5files.require`). The full layout: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Two clocks for every time figure: ``wall`` (what the host took) and ``rank`` (what a machine with one core per
 rank would take), the column names that hold each, and which one a figure shows by default.
 
-Rank-time (the model, docs/concepts.md "Two clocks"): every rank stamps the CPU time its process spent on its own
-work (gloo's transport thread left out) on its ``ready``, ``joined`` and ``step`` messages
-(:mod:`workbench.rank.channel`). A step lasts as long as its slowest rank (its CPU, its bytes at the network's
-bandwidth and its messages at their latency: :mod:`workbench.machine`); a generation change lasts the slowest
-survivor's abandoned work or the detection, whichever is longer, plus the start-up CPU of a rank started for it,
-plus the slowest member's join CPU and received state, plus a resumed checkpoint at the disk's bandwidth. Waits by
-design (detection, heartbeat timeouts) stay in wall time. The supervisor does the bookkeeping (:class:`RankTime`);
-a figure ``x`` on the rank clock is the column ``rank_x``.
+Every rank stamps the CPU time of its own work on its ``ready``, ``joined`` and ``step`` messages; a step lasts as
+long as its slowest rank, charged for its bytes and messages by :mod:`workbench.machine`. The supervisor does the
+bookkeeping (:class:`RankTime`); a figure ``x`` on the rank clock is the column ``rank_x``. The model in full:
+docs/concepts.md ("Two clocks") and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Datasets and the global batch sequence.
 
 The batch sequence depends only on the seed and the step, never on the world size: step ``s`` trains on the
-global batch ``batch_indices(s)``, which the live ranks split between them (``shard``). A run that loses or
-regains ranks therefore still walks the same data in the same order, and a restart from a checkpoint at step
-``s`` resumes it exactly (the data cursor is the step).
-
-:class:`Dataset` and the image datasets (uint8 storage, normalisation and augmentation in
-:meth:`Dataset.train_batch`, the on-disk formats) live in :mod:`workbench.datasets`; ``workbench.data.Dataset``
-is the same class.
+global batch ``batch_indices(s)``, which the live ranks split between them (``shard``), so a run that loses or
+regains ranks walks the same data in the same order, and a restart at step ``s`` resumes it exactly.
+:class:`Dataset` and the image datasets live in :mod:`workbench.datasets` (``workbench.data.Dataset`` is the
+same class).
 """
 
 from __future__ import annotations
@@ -137,9 +134,10 @@ def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:
 
 
 class LocalPartition:
-    """GossipGraD's data layout (DESIGN §6): each rank owns a partition of the training set and trains on batches
-    of it; with the ring shuffle, the batch a rank just trained on moves to its right neighbour and the left
-    neighbour's batch takes its place, so the partitions mix along the ring without any rank holding it all.
+    """GossipGraD's data layout (as in MaTEx-Caffe's gossip code): each rank owns a partition of the training set
+    and trains on batches of it; with the ring shuffle, the batch a rank just trained on moves to its right
+    neighbour and the left neighbour's batch takes its place, so the partitions mix along the ring without any
+    rank holding it all.
 
     The partitions are a seeded split of the training set over the generation's members (a new generation
     re-shards: a dead rank's partition is not lost with it).

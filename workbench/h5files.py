@@ -1,20 +1,11 @@
 """One validation layer for the workbench's files: what an HDF5 path holds, checked before anything reads it, and
 outputs that are written whole or not at all.
 
-:func:`inspect` opens a path and tells what it is — a **checkpoint** (:mod:`workbench.checkpoint`: attributes
-``format``, ``step``, ``config``; group ``model``), a run **result** (:mod:`workbench.results`, ``result.h5``:
-attributes ``format``, ``config``, ``summary``; group ``metrics`` of 1-D columns of one length), a **sweep
-table** (``DIR/results.h5`` of a sweep: a table with the attributes ``notebook`` and ``signature``) or another
-**table** (:func:`workbench.results.save_table`, e.g. a point's ``sensitivity.h5``: attributes ``format``,
-``columns``; group ``columns`` of 1-D datasets of one length) — or raises :class:`FileKindError` with one line:
-the file is missing, a directory, empty, not HDF5, a damaged (truncated) HDF5 file, an HDF5 file of no workbench
-layout, a layout ``format`` newer than this code reads, or (:func:`require`) a workbench file of another kind.
-Every reader of those files (checkpoint load/verify, flips and comparisons, result and table loaders, the sweep's
-readers and its report) goes through it; :func:`read_json` does the same for the sweep's JSON records.
-
-:func:`atomic_output` writes an output to a hidden temporary file in the target's directory and renames it into
-place; on any failure the temporary file is removed and an ``OSError`` (read-only place, full disk, a path under a
-file) becomes :class:`OutputError`, one line naming the path.
+:func:`inspect` tells what a path holds — a checkpoint, a run result, a sweep table or another table — or raises
+:class:`FileKindError` with one line (missing, empty, not HDF5, truncated, no workbench layout, a newer
+``format``, or, with :func:`require`, another kind). Every reader of those files goes through it; :func:`read_json`
+does the same for JSON records. :func:`atomic_output` writes to a hidden temporary file and renames it into place;
+an ``OSError`` becomes :class:`OutputError`. The layouts it recognises: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Where a run's ranks live when it spans several hosts: the hosts file and the placement of rank numbers.
 
-A hosts file has one line per host, ``ADDRESS SLOTS [LAUNCH ...]`` (``#`` starts a comment)::
-
-    10.0.0.1  2                          # this machine: the store and control server bind here, 2 ranks
-    10.0.0.2  2  ssh -o BatchMode=yes 10.0.0.2   # started by the supervisor through this command prefix
-    10.0.0.3  2                          # ranks join by themselves: workbench rank --store 10.0.0.1:PORT
-
-* The **first line is this machine**: the supervisor's store and control server bind to its address, and its
-  ranks are spawned here. It takes no launcher (it may have 0 slots when every rank runs elsewhere).
-* A later line **with** a launcher: the supervisor starts each of that host's ranks by running
-  ``LAUNCH... python -m workbench.rank --control ADDR:PORT --id N`` (``ssh HOST``, ``ip netns exec NS``,
-  ``srun -w NODE -N1 -n1``); it can start them again there (regrow, reinit, checkpoint_restart).
-* A later line **without** one: its ranks are started by someone else (by hand, a batch system, torchrun) with
-  ``workbench rank --store ADDR:PORT --rank-hint K``; a replacement for one of them waits for such a join.
-
-Rank numbers are given out in file order: the first line's slots hold ranks 0..S0-1, and so on. Warm spares
-start on this machine.
+A hosts file has one line per host, ``ADDRESS SLOTS [LAUNCH ...]``. The first line is this machine (the store and
+control server bind there); a later line with a launcher has its ranks started through it (``ssh HOST``, ``srun
+...``), one without has its ranks join by themselves (``workbench rank --store ADDR:PORT --rank-hint K``). Rank
+numbers are given out in file order; warm spares start on this machine. Examples and details:
+docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations

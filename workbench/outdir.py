@@ -1,13 +1,9 @@
 """A run's output directory (``out``): what a run writes there, and the rule that one directory holds one run.
 
-A run writes ``out/result.h5``, its checkpoints ``out/checkpoints/step_NNNNNN.h5`` and ``final.h5``, and the
-logs of its processes, ``out/logs/*.log`` (ranks, rank templates, the peers' launchers). :func:`claim` refuses
-an ``out`` that already holds any of them, with a :class:`~workbench.errors.ConfigError` before any process
-starts: a second run would replace the first one's result and leave its checkpoints beside its own, ready to be
-resumed by mistake. With ``overwrite`` it removes them first: only those files (and the hidden temporary files
-of an interrupted write), nothing else of the directory (a sweep point's notebook and ``point.json``, a
-campaign's ``settings.json`` stay). It also makes the directory and checks that it can be written: a read-only
-place is a ConfigError naming it, not a run that fails at its end.
+A run writes ``out/result.h5``, ``out/checkpoints/`` and ``out/logs/``. :func:`claim` refuses an ``out`` that
+already holds any of them with a :class:`~workbench.errors.ConfigError` before any process starts; with
+``overwrite`` it removes only those files. It also makes the directory and checks that it can be written.
+Details: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Checks of a run's configuration that need more than its values: the dataset's size, the checkpoint it resumes,
-the model a user's import path builds. :func:`check` runs in :func:`workbench.session.prepare`, before any rank
-process starts, so each mistake is one :class:`~workbench.errors.ConfigError` (exit 2 on the command line)
-instead of a rank's error after the ranks started (exit 1), or a run that "completes" on nonsense:
+the model a user's import path builds.
 
-- every float setting is finite (``--lr inf`` trained to a NaN loss and completed), and so is each speed the
-  rank-time clock is told in the environment (``$WORKBENCH_NET_MIBS`` ...: :mod:`workbench.machine`);
-- ``batch_size`` fits the training set (gossip: each rank's share fits its partition). The size is read without
-  torch and without loading the data: built-in sizes, the headers and lengths of IDX and CIFAR files, images
-  counted in their folders; a dataset of the user's own import path is checked by the ranks;
-- a resume: the checkpoint's step is below ``steps`` (else nothing is left to train and the run "completed" with
-  no accuracy), its recorded configuration has this run's model (with ``hidden`` for the MLP, ``width`` for
-  VGG/AlexNet) and dataset, and its parameters have the shapes of this run's model (built here, with torch, which
-  a resume imports anyway; not under apoptosis, which narrows layers on purpose);
-- a model's import path returns an ``nn.Module`` (called here once, as a rank would, with the dataset's input
-  shape and classes, where the dataset's are known without loading it).
+:func:`check` runs in :func:`workbench.session.prepare`, before any rank process starts, so each mistake is one
+:class:`~workbench.errors.ConfigError` (exit 2 on the command line) instead of a rank's error after the ranks
+started, or a run that "completes" on nonsense: finite floats, a batch that fits the training set, a resume
+checkpoint below ``steps`` of this run's model and dataset, an import path that returns an ``nn.Module``. The
+list in full: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Where a result came from: versions, source commit, machine, load, time, command line and seed.
 
 :func:`collect` is called when a run (or a sweep point) starts and :func:`finish` when it ends; the dict they build
-is stored with every result — ``result.h5`` (root attribute ``provenance``), ``point.json``, each row of a sweep's
-``results.h5`` and each HDF5 checkpoint — and read back as ``prov.*`` columns by ``load_results`` and
-``load_sweep``. Keys (:data:`FIELDS`):
-
-- ``workbench``, ``python``, ``torch``, ``numpy``, ``h5py``, ``papermill``: versions, read from the installed
-  packages' metadata (``importlib.metadata``: torch is never imported for it); ``None`` for one not installed.
-- ``commit``, ``dirty``: the git commit of the checkout the ``workbench`` package is imported from, and whether its
-  tracked files differ from that commit (one ``git describe --dirty`` per process, cached). ``"unknown"`` and
-  ``None`` when the package is not in a git checkout (an installed wheel), git is missing or fails: never an error.
-- ``host``, ``cpu`` (model name from ``/proc/cpuinfo``, else ``platform.processor()``), ``cores``
-  (``os.cpu_count()``), ``usable_cores`` (this process's CPU affinity: what its ranks could use), ``memory_gib``
-  (physical memory), ``load_start`` / ``load_end`` (1-minute load average), ``steal_pct`` (the share of the host's
-  CPU time its hypervisor stole during the run, from ``/proc/stat``: above 2 % a figure defaults to rank-time,
-  :mod:`workbench.clock`).
-- ``started_utc`` / ``ended_utc``: ISO 8601 in UTC, to the millisecond.
-- ``command``: the command line (``$WORKBENCH_COMMAND`` when a sweep passed its own down, else ``sys.argv``);
-  ``notebook``: the notebook's path when it can be known (``$WORKBENCH_NOTEBOOK``, set by a sweep for each point's
-  kernel; JupyterLab's ``$JPY_SESSION_NAME``), else ``None``.
-- ``seed``: the run's seed (``None`` where there is none).
-
-Everything here is cheap (no torch, no subprocess beyond the one cached git call) and nothing raises: a value
-that cannot be read is ``None`` (or ``"unknown"`` for the commit).
+(keys: :data:`FIELDS`) is stored with every result, sweep row and checkpoint and read back as ``prov.*`` columns.
+Everything here is cheap (no torch, one cached ``git describe``) and nothing raises: a value that cannot be read
+is ``None`` (``"unknown"`` for the commit). What each key holds: docs/internals.md.
 """
 
 from __future__ import annotations

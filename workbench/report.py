@@ -1,22 +1,10 @@
 """One self-contained HTML page of a sweep: the figures of :mod:`workbench.plots` that fit its columns, and a table
 of its points.
 
-Which figures (each only when its data is there; the page says when none fits):
-- **strategy trade-off** (``plots.strategy_tradeoff``): completed points of at least two recovery strategies
-  (``config.strategy``, ``+regrow`` appended where set), some with failures, with ``overhead_pct`` (or
-  ``overhead_s``) and ``baseline_accuracy`` in their summary (the permanent-faults notebook sets them); points
-  whose run failed (strategy ``none``) are listed under the figure, not drawn as trade-off points; on the clock
-  the runs call for (rank-time where they were oversubscribed or the host stole CPU: :mod:`workbench.clock`),
-  named in the figure's title and axis, with the strategies whose world size changed marked;
-- **recovery timelines** (``plots.recovery_timeline``): per strategy, the first completed point that had failures;
-- **bit sensitivity** (``plots.bit_sensitivity``): the per-bit trials that points saved as ``sensitivity.h5``
-  (the soft-errors notebook), all points' trials together;
-- **gossip vs allreduce** (``plots.gossip_vs_allreduce``): when the runs saved under the completed points (a point
-  may save several, as ``gossip_vs_allreduce.ipynb`` does) have ``config.parallelism`` ``gossip`` and another mode;
-  per-step metrics of the largest world size, averaged per mode.
-plotly.js is inlined once (no network needed to view the page); the page is written atomically. Every file read
-is checked first (:mod:`workbench.h5files`): a directory that is no sweep, a malformed ``sweep.json``, a damaged
-table or result, or an output place that cannot take the page is one line (``workbench report`` exits 2).
+Figures, each only when its data is there: strategy trade-off, recovery timelines, bit sensitivity, gossip vs
+allreduce. plotly.js is inlined once (no network needed to view the page); the page is written atomically, and
+every file read is checked first (:mod:`workbench.h5files`). Which columns each figure needs:
+docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Results of a run: per-step metrics, events, per-failure figures and a summary; one HDF5 file per run.
 
-Layout of ``result.h5``: root attributes ``config``, ``summary`` and ``provenance`` (JSON; the last missing in
-files written before it: see :mod:`workbench.provenance`), ``format`` (int); group ``metrics``
-with one 1-D dataset per column (step, time, loss, train_acc, samples — how many samples of the global batch
-entered the update —, test_acc, test_loss, world_size, generation, step_time, ..., parameters and hidden_units
-of the model that trained the step; NaN where a step had no evaluation or a mode does not report a column);
-``events`` and ``failures``, one JSON string per row.
-Files are written to a temporary name and renamed, so a result is never half-written. Every loader here checks
-first what the file is (:func:`workbench.h5files.require`): a missing, empty, text, truncated or other-kind file
-raises :class:`~workbench.h5files.FileKindError` (a :class:`~workbench.errors.ResultsError`), one line.
+``result.h5`` holds root attributes ``config``, ``summary``, ``provenance`` and ``format``, a group ``metrics``
+with one 1-D dataset per column (NaN where a step has no value), and ``events`` and ``failures`` as JSON rows.
+Files are written to a temporary name and renamed; every loader checks the file's kind first
+(:func:`workbench.h5files.require`). The columns: docs/settings.md; the layout: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """``workbench run --slurm [N]``: the hosts of a run placed on the Slurm allocation it runs in, instead of a hosts
 file (:mod:`workbench.hosts`).
 
-Protocol of :func:`allocation_hosts`:
-- **The allocation** is read from the environment Slurm gives a job: ``SLURM_JOB_NODELIST`` (its nodes, in
-  order) and ``SLURM_TASKS_PER_NODE`` (its tasks on each). Outside an allocation: ``ConfigError``.
-- **Where the supervisor runs.** Inside a job step or a batch script (``SLURMD_NODENAME`` is set) this machine is
-  that node: it is the first host, its ranks are forked here. Otherwise (``salloc`` from a login node) this
-  machine holds no rank (0 slots) and every node is launched.
-- **Ranks**: one per task of the allocation, or the first ``N``: this node's tasks first, then the other nodes'
-  in node-list order. ``N`` above the allocation's tasks is a ``ConfigError`` naming both.
-- **Launch**: every other node is a launched host, ``srun --overlap -N1 -n1 -w NODE --cpus-per-task=C`` (C the
-  CPUs the allocation has there, ``SLURM_JOB_CPUS_PER_NODE``): one job step per node holds that node's rank
-  template and the ranks it forks (with ``spawn="fresh"``, one step per rank), sharing the allocation's CPUs with
-  the other steps (``--overlap``), so a replacement rank starts at once.
-- **Addresses** (IP literals, as a hosts file needs): a node's ``NodeAddr`` from ``scontrol show node``, resolved
-  when it is a name (this node's too: the supervisor binds there); this machine off the allocation: the address
-  it reaches the first node from (no packet is sent).
+:func:`allocation_hosts` reads the allocation from Slurm's environment (``SLURM_JOB_NODELIST``,
+``SLURM_TASKS_PER_NODE``); this node is the first host when the supervisor runs inside the job, else it holds no
+rank. One rank per task (or the first ``N``), this node's first; every other node is launched with ``srun
+--overlap -N1 -n1 -w NODE``; addresses are the nodes' ``NodeAddr``. Mistakes are a ``ConfigError``. Details:
+docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,43 +1,12 @@
 """Papermill sweeps: a grid of parameter points, each executed as its own notebook run; resumable, isolated,
 aggregated into one table.
 
-Protocol of ``sweep(notebook, parameters, grid, out, jobs)``:
-- **Points.** ``parameters`` (name -> list of values) gives the cartesian product; ``grid`` (a YAML file, a list
-  of dicts or a dict of lists) gives a list of points (a list) or another product (a dict); with both, every grid
-  point is combined with every product point. Names are checked against the parameters the notebook declares
-  (``papermill.inspect_notebook``) and every value list must be non-empty — a bad input raises ``SweepError``
-  before anything runs. The notebook's ``out`` parameter, if it declares one, is set by the sweep.
-- **Ids.** Each point's id is its parameters in name order, slugged, plus 8 hex digits of the SHA-256 of their
-  canonical JSON (``seed=0,strategy=shrink-1a2b3c4d``): stable across invocations and orderings of ``-p``.
-  The point runs with ``out=DIR/<id>`` and leaves there the executed notebook, ``result.h5``, ``point.json``
-  (its status) and ``point.log``.
-- **Resume.** A point is complete when its ``point.json`` says ``completed``, which :mod:`workbench.sweep_point`
-  writes only after the notebook ran to its end and its ``result.h5`` (written atomically by
-  ``RunResult.save``) is there — ``DIR/<id>/result.h5``, or for a notebook that saves several runs under
-  ``out`` (``gossip_vs_allreduce``), one below it; such a point's row has no run summary.
-  Every other point — never run, interrupted, or failed — runs on the next
-  invocation (failed points are retried since a failure may have been an interruption; ``retry_failed=False``
-  skips them). A point whose notebook fails is recorded as ``failed`` with a one-line error; the others go on.
-- **Processes.** Points run in worker processes (``python -m workbench.sweep_point``), each in a session of its
-  own, at most ``jobs`` at a time; each worker owns one rank template, from which the kernels of its points fork
-  their ranks (:mod:`workbench.template`: shared templates). On KeyboardInterrupt (Ctrl-C, or SIGTERM through the
-  CLI) every worker is sent SIGTERM, kills its kernel, its template and the ranks and exits; anything still alive
-  after a bounded wait is SIGKILLed (the workers' process trees are read from /proc). Then ``DIR/results.h5`` is
-  written and the KeyboardInterrupt propagates. Executed notebooks and results are renamed into place, never
-  half-written.
-- **Jobs.** Default: ``max(1, min(cores, 2 * cores // world))`` where ``world`` is the largest ``world_size`` of
-  the points (the point's value, else the notebook's default; 1 if the notebook has none): the points' ranks may
-  oversubscribe the cores twice, and no more points than cores run at once — on 2 cores, 2 points at a time for
-  1- or 2-rank points, 1 for 4-rank points. Measured here (8 points of ``permanent_faults``, 2 ranks): 1 job 116 s,
-  2 jobs 86 s, 3 jobs 94 s; 4-rank points already keep both cores busy on their own.
-- **Aggregation.** After every invocation (also an interrupted one) ``DIR/results.h5`` holds one row per point
-  (:func:`load_sweep`).
-
-This module holds :func:`sweep`, the entry point, and re-exports the public names of the modules that do the
-work, one role each: :mod:`workbench.sweep_plan` (the points, their ids, the notebook's parameters, ``sweep.json``),
-:mod:`workbench.sweep_executor` (worker processes, ``--jobs``, progress, stopping), :mod:`workbench.sweep_point`
-(the worker: one point's notebook run), :mod:`workbench.sweep_table` (point status, the table ``results.h5``) and
-:mod:`workbench.sweep_slurm` (Slurm job arrays).
+``sweep(notebook, parameters, grid, out, jobs)``: points from the product of ``parameters`` and the ``grid``,
+checked against the notebook's declared parameters; each point has a stable id and its own ``DIR/<id>``; a point
+is complete once its ``point.json`` says so, every other point runs on the next invocation; points run in worker
+processes, ``jobs`` at a time; ``DIR/results.h5`` holds one row per point after every invocation. This module
+re-exports the modules that do the work (``sweep_plan``, ``sweep_executor``, ``sweep_point``, ``sweep_table``,
+``sweep_slurm``). The protocol in full: docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """A sweep worker: executes sweep points with papermill, one after another, in this process.
 
-Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD --parent PID``, in a
-session of its own, one worker per job slot (so papermill's imports — 2–3 s on this machine — are paid once per
-worker, not once per point); it gets SIGTERM when the sweep's process dies. It starts one shared rank template
-(:func:`workbench.template.share`) for its whole life, at once (its torch import overlaps papermill's), and
-names it in ``WORKBENCH_TEMPLATE``: the kernel of each point it runs forks its ranks there instead of importing
-torch into a template of its own (one that died, or whose workbench files changed, is replaced before the next
-point). Protocol:
-- stdin: one JSON line per point, ``{"id", "dir", "notebook", "parameters", "kernel_name", "timeout"}``; EOF ends
-  the worker.
-- file descriptor FD: JSON lines ``{"id", "event": "start"}``, ``{"id", "event": "cell", "index", "total"}``
-  (a code or markdown cell starts), ``{"id", "event": "done", "status", "error"}``.
-- per point, in ``dir``: ``point.json`` (written atomically: ``running`` at the start, ``completed`` or ``failed``
-  with the error, the wall time and the CPU time of the worker and of the kernel with its ranks at the end,
-  ``rank_template``: the pid and address of the shared template the point's kernel could fork from, and
-  ``provenance``: :mod:`workbench.provenance` of the point, its ``notebook`` the sweep's notebook), the
-  executed notebook (executed under a hidden temporary name, renamed when papermill
-  returns, also after a failure so its traceback can be read), ``point.log`` (stdout and stderr of the kernel and
-  of papermill). Files of an earlier attempt are removed first (with the checkpoints and logs of a run it made
-  into the point directory itself: :mod:`workbench.outdir`; runs it saved further below are the notebook's).
-- a point is ``completed`` when the notebook ran to its end and, if the notebook declares ``out``, wrote
-  ``result.h5`` there (or, for a notebook saving several runs, below it); otherwise ``failed`` with a one-line
-  error. The worker then goes on with the next point.
-After each point every process below the worker but its template is SIGKILLed (the kernel's leftovers, ranks
-the template forked for it). On SIGTERM (the sweep being interrupted) the worker SIGKILLs every process below it
-— the kernel, the template and the ranks, which are in sessions of their own — removes the temporary notebook
-and exits at once; the point's ``point.json`` stays ``running``, so the next sweep runs the point again. When its
-stdin ends it lets the template go (which kills what it forked) and exits.
+Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD --parent PID``, one
+worker per job slot, with one shared rank template (:func:`workbench.template.share`) for its whole life. Stdin:
+one JSON line per point; FD: JSON line events (``start``, ``cell``, ``done``); per point, in its directory:
+``point.json``, the executed notebook and ``point.log``. After each point everything the kernel left is killed; on
+SIGTERM the worker kills its whole tree and exits, the point staying ``running``. Details: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """A sweep run by Slurm (``workbench sweep ... --executor slurm``): the points that are not complete are submitted
 as one job array (``sbatch``), waited for, and gathered into the table and the report when the array ends.
 
-Protocol of :func:`sweep_slurm`:
-- **Before anything starts**: ``sbatch``, ``squeue`` and ``scancel`` must be on PATH, the input is checked as for a
-  local sweep, and an earlier array of the same directory (``DIR/slurm.json``) must have ended; else
-  ``SweepError`` (the CLI: one line, exit 2). ``sbatch`` refusing the array is a ``SweepError`` too.
-- **Submit**: :func:`~workbench.sweep_slurm.emit_slurm` writes ``DIR/sweep.slurm`` and ``DIR/array.json`` (all
-  points, in order); ``sbatch --array=I,J,...[%jobs]`` submits only the indices of incomplete points (failed ones
-  unless ``retry_failed=False``). Each task asks for the points' largest ``world_size`` in CPUs, capped at the
-  CPUs of the partition's largest node (a task that asks for more than any node has would never start); the job
-  id is recorded in ``DIR/slurm.json``.
-- **Wait**: a progress bar of points fed from the points' ``point.json`` (a point counts once its file says
-  ``completed`` or ``failed`` with a start time other than the one it had at submission); ``squeue`` is asked
-  only whether the array still has tasks queued or running (and why queued ones wait: the bar shows Slurm's
-  reason). The wait ends when it has none, twice in a row — at once if every unfinished point's task was
-  cancelled, else after ``REQUEUE_GRACE_S`` (a task that ended ``FAILED``, ``NODE_FAIL``... may still be
-  requeued, and then shows ``PENDING`` again). Slurm's time limits bound the running tasks, and a queue that holds
-  them back is on screen, for Ctrl-C; if ``squeue`` does not answer for ``LOST_S`` seconds the wait gives up with
-  ``SweepError`` (the array may still run; the message says how to cancel it).
-- **End**: a submitted point that did not finish is recorded as ``failed`` with one line naming the task, how
-  Slurm says it ended (``CANCELLED (exit 0:15)``, ``TIMEOUT``, ``NODE_FAIL``...) and the last line of its log
-  ``DIR/slurm-J_i.log``; then ``DIR/results.h5`` and, when a point completed, ``DIR/report.html`` are written.
-- **Interruption** (Ctrl-C, or SIGTERM through the CLI): ``scancel`` of the array, then a bounded wait
-  (``CANCEL_WAIT_S``) until Slurm lists none of its tasks — Slurm has then stopped every process of them on
-  every node (SIGTERM; SIGKILL after ``KillWait``) — then the table, then the KeyboardInterrupt propagates. A point
-  whose task was stopped stays ``running`` in its ``point.json``, so the next invocation submits it again.
-- **Requeue and preemption**: a requeued task runs its point again from scratch (the point's earlier files are
-  removed first); a point already complete is skipped by its task; files are renamed into place, so a
-  half-written file is never taken for a complete point.
+:func:`sweep_slurm` checks first (``sbatch``/``squeue``/``scancel`` on PATH, the input, no earlier array still
+running), submits only the incomplete points' indices, waits on the points' ``point.json`` with ``squeue`` asked
+only whether tasks remain, records a point that did not finish as ``failed`` with Slurm's reason, and writes the
+table and the report. Ctrl-C cancels the array and waits for it to go; requeued tasks rerun their point from
+scratch. Details: docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """The rank template (a "zygote"): one process that imported torch and the rank code once and forks rank processes
-on request, so a rank starts in milliseconds instead of paying torch's import (~1.1 s alone, ~5 s for 4-5 ranks
-at once on 2 cores). This module is the owner's side; the template's own process: :mod:`workbench.template_server`.
+on request, so a rank starts in milliseconds instead of paying torch's import. This module is the owner's side;
+the template's own process: :mod:`workbench.template_server`.
 
-Protocol: JSON lines over the template's stdin (owner -> template) and stdout (template -> owner), which its
-owner holds as pipes — for this machine, or through a host's launch line (``ssh HOST``, ``ip netns exec NS``) —
-and, for a shared template, over each connection to its Unix socket (the same messages, less ``usage``):
-
-  owner -> template  ``fork {token, argv, env, cwd, path, log, title}``  fork a rank running
-                     ``workbench.rank.main.main(argv)`` in ``cwd`` with ``env`` and ``sys.path = path``, its output
-                     appended to ``log`` (None: to /dev/null), its command line set to ``title``
-                     ``kill {pid}``  SIGKILL that rank's session (owners on other hosts cannot signal it)
-                     ``usage {token}``  (stdin only) the CPU seconds of the ranks it reaped so far
-  template -> owner  ``ready {pid}`` once its imports are done (on a connection: with its Python and workbench)
-                     ``forked {token, pid}`` or ``fork_failed {token, message}``
-                     ``exit {pid, code}`` a forked rank ended (``code`` as ``Popen.returncode``: -N for signal N)
-                     ``usage {token, cpu_s}``
-
-What it guarantees. It imports torch, torch.distributed, numpy, h5py and the rank modules, runs no torch op and
-starts no thread, so each fork is a copy-on-write copy of a single-threaded process. It never imports the
-user's model or dataset code: the forked rank does that itself, so a template outlives the user's edits.
-
-Shared templates. A sweep worker (:mod:`workbench.sweep_point`) starts one template with :func:`share` for its
-whole life and puts its address (an abstract Unix socket, ``@workbench-template-...``) in ``WORKBENCH_TEMPLATE``;
-the notebook kernels it starts inherit it, and :func:`local_template` in such a kernel connects there
-(:class:`SharedTemplate`) instead of starting a template that imports torch again. Only processes of the same
-user are served, and only with the same Python and workbench, whose files have not changed since the template
-imported them (:func:`~workbench.template_server.code_fingerprint`); a template that cannot be reached, differs,
-or is not ready within its timeout, is replaced by one of the process's own, and the run says so in a
-``template`` event; its owner replaces a template that died or whose files changed before its next point.
-
-No orphans. A forked rank starts a session of its own (a fault or a kill reaches its process group), asks for
-SIGKILL when the template dies (``PR_SET_PDEATHSIG``, checked against the race with the template's death), and,
-like every rank, exits when its control channel to the supervisor closes. When the template's stdin ends — its
-owner died or let it go — it SIGKILLs every rank it forked and exits; when a connection to a shared template
-ends (the kernel died), the ranks asked for over it are SIGKILLed. The owner starts the template from a
-thread that lives as long as the owner's process (the parent-death signal follows the thread that started a
-process), and with a parent-death signal of its own: a killed notebook kernel or sweep worker takes its template
-along.
+Protocol: JSON lines over the template's stdin/stdout (``fork``, ``kill``, ``usage`` in; ``ready``, ``forked``,
+``fork_failed``, ``exit``, ``usage`` out), and the same over a shared template's Unix socket (:func:`share`,
+``WORKBENCH_TEMPLATE``). It runs no torch op and starts no thread before forking, and never imports the user's
+code. No orphans: forked ranks die with the template, the template with its owner. Details: docs/internals.md.
 """
 
 from __future__ import annotations

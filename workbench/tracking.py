@@ -1,35 +1,11 @@
 """MLflow tracking of runs (optional: ``pip install -e .[tracking]``, which brings ``mlflow-skinny``).
 
 ``workbench run --track URI`` and ``workbench.run(..., track=URI)`` log the run as one MLflow run **after it
-ended**, from its :class:`~workbench.results.RunResult` (so tracking never slows training, and MLflow — ~2 s of
-imports — is imported only then, only when asked for):
-
-- parameters: every key of the configuration (lists and mappings as JSON);
-- metrics: the per-step columns of ``result.h5`` (``loss``, ``train_acc``, ``test_acc``, ``world_size``,
-  ``step_time``, ``rank_step_time`` ...; NaN cells skipped) at their step, sent with ``log_batch`` (1,000 values a
-  request), and the numbers of the summary (``final_test_accuracy``, ``wall_s``, ``train_s`` and
-  ``rank_train_s``, ``overhead_s`` and ``rank_overhead_s`` ...: both clocks, :mod:`workbench.clock`) at the last
-  step; each failure's ``failure.detection_s`` ... and ``failure.rank_resume_s`` ... at the step it struck;
-- tags: ``outcome``, ``reason``, one ``failure.<i>`` per failure, and the provenance (``prov.*``, also as MLflow's
-  ``mlflow.source.git.commit`` and ``mlflow.source.name``); the run ends ``FINISHED`` if the run completed, else
-  ``FAILED``;
-- artifacts: ``result.h5``, the final checkpoint (when the run kept one), ``events.json`` and ``failures.json``.
-
-``URI``: an MLflow tracking URI — ``http://HOST:PORT`` (a tracking server), ``sqlite:///FILE.db`` (needs the full
-``mlflow`` package), ``file:///DIR`` — or a plain directory path such as ``./mlruns``: MLflow's file store there,
-made absolute (works offline with ``mlflow-skinny``; MLflow 3 keeps the file store in maintenance mode and asks
-for ``MLFLOW_ALLOW_FILE_STORE=true``, which tracking sets for this process when it writes one). The experiment is
-MLflow's usual choice: ``$MLFLOW_EXPERIMENT_ID``, else ``$MLFLOW_EXPERIMENT_NAME`` (created if missing), else
-``Default``.
-
-Failure: logging never fails the run. Any error (server gone, wrong URI, an artifact refused) ends the logging
-with a :class:`TrackingWarning` and is recorded in the result's summary under ``tracking``: ``{uri, run_id,
-experiment_id, error}`` (``error`` None when all went through). So that a server that is gone costs seconds, not
-minutes, tracking sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR=1`` and
-``MLFLOW_HTTP_REQUEST_TIMEOUT=10`` for this process unless they are set already (and
-``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true``: stdout belongs to the command, ``--json``).
-Without MLflow installed, :func:`require` raises :class:`TrackingUnavailable` (exit 2 on the command line) with
-the install command, before any process starts. Sweeps: :mod:`workbench.tracking_sweep`.
+ended**, from its :class:`~workbench.results.RunResult`: parameters, per-step metrics, summary figures, tags
+(outcome, failures, provenance) and artifacts. ``URI`` is an MLflow tracking URI or a plain directory. Logging
+never fails the run: an error ends it with a :class:`TrackingWarning` recorded in the summary; without MLflow,
+:func:`require` raises :class:`TrackingUnavailable`. Sweeps: :mod:`workbench.tracking_sweep`. Details:
+docs/internals.md.
 """
 
 from __future__ import annotations

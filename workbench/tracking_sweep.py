@@ -1,20 +1,10 @@
 """MLflow tracking of a sweep (``workbench sweep --track URI``, ``workbench.sweep(..., track=URI)``).
 
-After the sweep's points ran and its table was written, the sweep is logged as one **parent** run — parameters
-``notebook`` and each swept parameter's values (JSON), the provenance of the sweep's process as tags, artifacts
-``results.h5``, ``sweep.json`` and ``report.html`` (:func:`workbench.report.report`, written to ``DIR/report.html``)
-— with **one child run per point** of the table (tag ``mlflow.parentRunId``): the point's run logged as
-:func:`workbench.tracking.log_result` does (params: the run's configuration, and the point's parameters the
-configuration has no key for; per-step metrics; failures; ``result.h5``), plus the executed notebook and
-``point.log``. A point without a ``result.h5`` (its notebook failed) is a child without metrics, ``FAILED``, its
-error as tag ``error``; further runs a notebook saved below its point (``gossip_vs_allreduce``) are children of
-the point's run. Each invocation logs the whole sweep as it stands (points complete from earlier invocations too:
-tag ``skipped``).
-
-Failure: never raises. An error stops the logging with a :class:`~workbench.tracking.TrackingWarning`; the
-record ``{uri, run_id, experiment_id, error, points: {id: run id}}`` is written to ``DIR/tracking.json`` (and is
-in the table's attributes, :func:`workbench.sweep_table.aggregate`). A report that cannot be built is noted in
-the parent's tag ``report_error`` and does not stop the rest.
+After the points ran and the table was written, the sweep is logged as one parent run (the swept parameters,
+provenance, ``results.h5``, ``sweep.json``, ``report.html``) with one child run per point, logged as
+:func:`workbench.tracking.log_result` does. Never raises: an error stops the logging with a
+:class:`~workbench.tracking.TrackingWarning`, and the record goes to ``DIR/tracking.json``. Details:
+docs/internals.md.
 """
 
 from __future__ import annotations

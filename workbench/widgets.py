@@ -1,13 +1,9 @@
 """The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
 
-``Lab()`` shows the run's configuration, Start / Stop, a Kill and a Hang button per rank (disabled once that
-rank is dead), a bit-flip form (rank, target, tensor from the model's real names, index or random, bit with its
-IEEE field), a status line and a live plotly ``FigureWidget``: loss and test accuracy vs step, world size as a
-step line, and markers for kills, hangs, flips, detections and recoveries with their details as hover text.
-
-Threads: the run's monitor thread only appends to the panel's buffers; a refresher thread redraws the figure
-and status at most ``REFRESH_HZ`` times a second, so the kernel stays responsive. Stop, a kernel interrupt
-(SIGINT, while the panel lives) and a kernel restart (the ranks' parent-death signal) all end the run.
+``Lab()`` shows the run's configuration, Start / Stop, Kill and Hang buttons per rank, a bit-flip form, a status
+line and a live plotly ``FigureWidget`` (loss, accuracy, world size, fault and recovery markers). The run's
+monitor thread only appends to the panel's buffers; a refresher thread redraws at most ``REFRESH_HZ`` times a
+second. Stop, a kernel interrupt and a kernel restart all end the run.
 """
 
 from __future__ import annotations

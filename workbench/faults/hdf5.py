@@ -1,16 +1,10 @@
 """Checkpoint alteration (JPDC'24): bit flips into the float datasets of an HDF5 file, and comparison of files.
 
-A contiguous, unfiltered, little-endian dataset is flipped through a memory map at its offset in the file:
-no per-value read-modify-write, no decoding of the rest of the file. Other datasets (chunked, compressed) are
-read, flipped and written back whole. Checksum attributes are left as they were, so :func:`workbench.checkpoint
-.verify` finds the alteration — as it would find a real soft error at rest.
-
-Validate, then write: :func:`alter_checkpoint` and :func:`replay_checkpoint` first check everything — that the
-file is a workbench checkpoint (:func:`workbench.h5files.require`), the datasets, the index and bit ranges, the
-counts, the output places — and only then write. The flips go into a hidden temporary copy beside the target
-(``out``, or the file itself when altering in place); the log (``log``, JSON lines) is written next, and the copy
-is renamed onto the target last. A refused or failed alteration leaves the target as it was, no file at ``out``,
-no log and no temporary file.
+Flips go through a memory map where a dataset is contiguous and unfiltered (others are read, flipped and written
+back); checksum attributes are left as they were, so :func:`workbench.checkpoint.verify` finds the alteration.
+Validate, then write: :func:`alter_checkpoint` and :func:`replay_checkpoint` check everything first, flip a hidden
+copy, write the log, and rename the copy onto the target last; a refused or failed alteration leaves nothing
+behind. Details: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Outcome classes of an injection, against a golden run with the same seed and configuration (DESIGN §5;
-the ISCA'23 training-time classes Masked / Immediate INF-NaN / SlowDegrade, plus crash)."""
+"""Outcome classes of an injection, against a golden run with the same seed and configuration (the ISCA'23
+training-time classes Masked / Immediate INF-NaN / SlowDegrade, plus crash; docs/soft-errors.md).
+"""
 
 from __future__ import annotations
 

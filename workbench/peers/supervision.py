@@ -1,16 +1,7 @@
-"""The supervisor's side of the peers: the services they run beside their ranks, and how their own detection and
-recovery become our figures.
-
-* torchft: its Rust lighthouse as the separate service its users run (quorum, heartbeats). Detection = a
-  survivor's first new quorum after the fault; resume = the first step committed by a quorum without the dead
-  replica; regrow = the replacement's first committed step; samples lost = the missing replica's share of each
-  step committed without it; steps redone = steps torchft did not commit.
-* torchrun: one elastic agent for the world (``--max-restarts``); its workers join our slots by ``$RANK``; a
-  restarted worker saying hello is the agent having seen the failure.
-* ulfm: one ``mpirun --with-ft ulfm`` for the world; its processes join our slots by their MPI rank. Detection =
-  a survivor's first MPI call failing (``MPI_ERR_PROC_FAILED`` or ``MPI_ERR_REVOKED``); settle = the survivors
-  done with revoke, shrink and agree (and the state broadcast, if their steps differed); resume = the first step
-  committed after it; no step is redone and no sample lost (the failed step is retried, its batch re-split).
+"""The supervisor's side of the peers: the services they run beside their ranks (torchft's lighthouse, torchrun's
+elastic agent, ``mpirun --with-ft ulfm``), and how their own detection and recovery become our figures
+(detection, settle, resume, regrow, samples lost, steps redone). Each peer's mapping: docs/internals.md and
+docs/permanent-faults.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """A torchft 0.2 replica group of one process, as torchft's users write it (``python -m
 workbench.peers.torchft_rank --control HOST:PORT --id N``, spawned by the supervisor for ``--strategy torchft``).
 
-Protocol (torchft's own): the supervisor runs the Rust lighthouse (its address comes in the ``start`` message);
-each replica group hosts its own TCPStore, builds ``torchft.Manager`` (gloo, ``min_replica_size=1``) with
-``torchft.DistributedDataParallel`` and ``torchft.Optimizer``. Every step is a transaction: ``zero_grad`` starts
-the quorum, the DDP hook allreduces through the manager, ``step`` applies the update only if ``should_commit``
-agrees. A replica that starts late (a replacement) heals: it takes step, parameters and optimizer state from a
-peer over HTTP at its first quorum. We report to the supervisor: every committed step (``step``, with the
-quorum's ``participants``), every discarded one (``discarded``) and every change of quorum (``quorum``).
-
-Nothing of torchft is patched: if its DDP comm hook fails (0.2 asserts ``fut._fut`` when a peer dies during the
-allreduce) the error ends this replica, the supervisor records it, and the run's outcome says so.
+Every step is a torchft transaction (``torchft.Manager``, ``DistributedDataParallel`` and ``Optimizer`` over the
+supervisor's lighthouse); a late replica heals from a peer. We report committed steps (``step``), discarded ones
+(``discarded``) and quorum changes (``quorum``). Nothing of torchft is patched: its errors end the replica and the
+run's outcome says so. Details: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """An MPI process of a data-parallel run under ULFM (``--strategy ulfm``), as ULFM's users write it (the
 MaTEx-Caffe flow of the EuroMPI'17 seed paper).
 
-Protocol. The supervisor starts ``mpirun --with-ft ulfm -np W python -m workbench.peers.ulfm_rank --store
-ADDR:PORT`` (:func:`workbench.peers.supervision.mpirun_command`); each process joins our control channel through
-the store (its slot is its MPI rank), duplicates ``MPI_COMM_WORLD`` with ``MPI_ERRORS_RETURN`` and trains: every
-step, the global batch of step s is split over the communicator's current members, the summed gradients (with the
-loss, accuracy and sample counts and batch norm's running statistics riding in the same buffer) come from one
-in-place ``MPI_Allreduce``, and every member applies the same update.
-
-On a failure. A process that dies makes the survivors' next MPI call fail with ``MPI_ERR_PROC_FAILED`` (or
-``MPI_ERR_REVOKED`` where another survivor revoked first). Each survivor reports the failure, then
-``MPI_Comm_revoke`` (every pending and future call on the old communicator fails everywhere, so nobody waits on
-the dead), ``MPI_Comm_shrink`` (a new communicator of the survivors) and ``MPI_Comm_agree`` (all survivors reached
-it; a failure during the recovery makes it fail and the recovery starts again, at most ``world_size`` times). An
-allreduce can complete on some survivors and fail on others, so the survivors then compare their steps: if they
-differ, the most advanced one broadcasts its state (only then does state move). The failed step is retried with
-its global batch re-split over the survivors: no step is redone and no sample lost. There is no replacement:
-Open MPI 5 has no Reinit (docs/permanent-faults.md).
+Started by ``mpirun --with-ft ulfm``; each process joins our control channel through the store (its slot is its
+MPI rank) and trains with one in-place ``MPI_Allreduce`` per step. On ``MPI_ERR_PROC_FAILED`` the survivors
+revoke, shrink and agree, align their states if their steps differ, and retry the failed step re-split over the
+survivors: no step redone, no sample lost, no replacement. Details: docs/internals.md, docs/permanent-faults.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Generation-numbered process groups and waits that notice a new generation.
 
-Protocol: the supervisor's store holds one key space per generation (``gen{g}/``). Each rank builds a standalone
-``ProcessGroupGloo`` over ``PrefixStore(f"gen{g}", store)`` with its rank and size in that generation; there is
-no global default group. Collectives are issued asynchronously and waited for in :meth:`Comm.wait`, which
-returns when the work completes, and raises :class:`GenerationChanged` as soon as the supervisor announces a
-newer generation (gloo only tells a dead rank's ring neighbours; the others would block until the timeout).
-
-On failure: the old group is abandoned, not destroyed (destroying or aborting a gloo group with a stuck
-collective blocks until that collective times out); a reference is kept so its destructor never runs mid-run.
-The rank process ends with ``os._exit``, so those groups are never torn down by the interpreter either.
+Each rank builds a standalone ``ProcessGroupGloo`` over ``PrefixStore(f"gen{g}", store)``; there is no global
+default group. Collectives are issued asynchronously and waited for in :meth:`Comm.wait`, which raises
+:class:`GenerationChanged` as soon as the supervisor announces a newer generation (gloo only tells a dead rank's
+ring neighbours). On failure the old group is abandoned, not destroyed (destroying a group with a stuck collective
+blocks until it times out), and kept referenced so its destructor never runs mid-run.
 """
 
 from __future__ import annotations

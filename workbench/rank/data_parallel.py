@@ -1,46 +1,12 @@
 """Data-parallel gradient exchange: bucketed asynchronous allreduce overlapped with the backward pass, and an
 update applied per bucket as each bucket's allreduce completes.
 
-Why not ``torch.nn.parallel.DistributedDataParallel`` with a comm hook: DDP binds its reducer to one process
-group for its lifetime, and destroying a group while a DDP model that uses it is alive aborts the process
-(DESIGN §3). Here the group is whatever the current generation's is, and a failed exchange can be undone or
-retried bucket by bucket (rollback vs forward recovery need exactly this).
-
-Protocol of one step:
-  1. ``begin(stats)``: grads cleared; ``stats`` (loss sum, correct, count of this rank's shard) ride in the first
-     bucket, so the global loss costs no extra collective.
-  2. backward: a post-accumulate-grad hook per parameter; when all grads of a bucket are in, the bucket is
-     flattened and its allreduce started. Buckets start in a fixed order on every rank (gloo requires the same
-     collective order everywhere), gradients are summed: the loss is ``sum / global_batch`` on each rank, so the
-     sum is the exact gradient of the global batch whatever the world size.
-     Batch norm's running statistics (updated by this rank's forward on its shard) ride in the first bucket too,
-     with a contributor count: when that bucket's update is applied every replica takes the members' average.
-     torch DDP instead broadcasts rank 0's buffers before each forward (an extra collective, and rank 0's shard
-     only); averaging costs no collective and keeps every replica's buffers bitwise identical.
-  3. With ``update_per_bucket`` (rollback, forward, no recovery: the overlap the ANL paper assumes) a bucket's
-     optimizer step is applied as soon as its allreduce has completed, while the backward pass goes on: after
-     each gradient hook the launched buckets are polled (``Work.is_completed``, never blocking) in launch order,
-     and every completed one is applied — bucket k only after buckets < k. Updating a layer's parameters in
-     place once its gradient hook fired is safe: autograd has used them already. ``finish()`` then waits for
-     the rest and applies them in order. Without it (shrink: MaTEx-Caffe/ULFM, one allreduce, then the update)
-     ``finish()`` waits for the whole exchange and applies every bucket after it.
-     Bucket 0's running statistics are taken when the backward pass has ended (``finish``, or ``settle`` when
-     a failure interrupted the step): batch norm's backward checks the version of the running buffers it saved.
-
-Bucket layout (:func:`bucket_layout`): parameters in backward order (reverse of ``named_parameters``), cut at
-parameter boundaries into ``buckets`` runs, balanced by parameter count (default ``DEFAULT_BUCKETS`` = 2, so
-every model, the 17k-parameter digits MLP included, has several buckets and forward differs from shrink); a run
-larger than ``bucket_cap_mb`` is cut further, so the cap wins when the two disagree; never more buckets than
-parameters.
-
-What the recovery strategies need from it (``workbench.rank.recovery``):
-  * ``snapshot_buckets`` (rollback): each bucket's update is an undoable optimizer step (the new values are
-    written out of place and swapped in, the old ones kept: no copy, ``workbench.rank.optim``), and the running
-    statistics are copied before the step's forward (``save_running``), so ``restore_applied()`` undoes a partial
-    step exactly by swapping the old tensors back.
-  * ``keep_local`` (forward, shrink): each bucket's local gradient is copied before its allreduce (gloo reduces
-    in place: a failed allreduce leaves partial sums behind), so ``retry()`` can finish the exchange among the
-    survivors with their own shares.
+Not DDP with a comm hook: DDP binds its reducer to one process group for its lifetime, and destroying that group
+while the model lives aborts the process; here the group is the current generation's, and a failed exchange can
+be undone or retried bucket by bucket. A step: ``begin(stats)``, backward (each full bucket's allreduce starts,
+in the same order on every rank), then ``finish()``; the statistics and batch norm's running statistics ride in
+the first bucket. Rollback undoes applied buckets (undoable optimizer steps); forward and shrink keep each local
+gradient to ``retry()`` among the survivors. The protocol step by step, and the bucket layout: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
-"""GossipGraD (DESIGN §6, from MaTEx-Caffe's ``mpi_gossip_params_cpu7``): O(1) gossip SGD instead of allreduce.
+"""GossipGraD (from MaTEx-Caffe's ``mpi_gossip_params_cpu7``): O(1) gossip SGD instead of allreduce.
 
-Protocol of one step ``t`` on a member at position ``r`` of a generation of ``p`` members:
-  1. partner = ``r XOR 2^h`` with ``h = t mod log2(p)`` (cube mode), read through the current partner order:
-     after each full cycle of ``log2(p)`` steps the next of ``p`` seeded random orders (rotation) relabels the
-     members, so over time every rank meets every other.
-  2. At the start of the step the rank starts the exchange of its parameters, batch norm's running statistics
-     and optimizer history (one flat
-     vector) with the partner, non-blocking: an allreduce over their two-member link (:meth:`Comm.link`), so
-     both get the pair's sum bitwise alike; the ring shuffle sends the batch it trains on to its right
-     neighbour and receives the left neighbour's, also non-blocking.
-  3. Local forward, backward and optimizer step on its own batch (no collective).
-  4. Completes the exchange before the next step and averages with the partner:
-     ``θ ← (θ' − θ_t) + ½(θ_t + θ_partner)`` where ``θ_t`` is what was sent and ``θ'`` the locally updated value:
-     the pairwise average of the step-start states plus this rank's own update (the D-PSGD form, so the update
-     is not halved). Same for the history. ``gossip_sync`` instead exchanges after the update, blocking:
-     ``θ ← ½(θ' + θ'_partner)``.
-  Without updates in between, ``log2(p)`` rounds of one cycle give every rank exactly the global mean.
-
-Messages per rank per step: 2 (parameters + history, and the shuffled batch's indices), whatever ``p``; an
-allreduce sends ``2(p-1)`` per bucket. The consensus distance (mean L2 distance of the replicas to their mean)
-is a measurement: its allreduce is not counted as traffic nor in the step time.
-
-Failures (``shrink``): a dead partner breaks only its partners' exchanges; the rank keeps its local update,
-skips that average and waits for the next generation. Survivors keep their own replicas (gossip replicas are
-never identical) and take the step of the most advanced one; a replacement (``regrow``) receives the state of
-the most advanced member. A generation whose size is not a power of two gossips over the members placed on the
-smallest cube that holds them: a member whose cube partner is absent skips that round's average. Every round is
-still a matching, so the replicas' mean is preserved and, with the rotation, consensus still contracts; only the
-exact-mean-after-one-cycle property needs a power of two.
+Each step a member exchanges its parameters and optimizer history with one partner (``r XOR 2^h``, ``h = t mod
+log2(p)``, relabelled by a seeded rotation after each cycle) over a two-member link, non-blocking, trains on its
+own batch and averages with the partner (``θ ← (θ' − θ_t) + ½(θ_t + θ_partner)``); the ring shuffle passes batches
+to the right neighbour. Two messages per rank per step whatever ``p``. On a failure (``shrink``) survivors keep
+their replicas and take the most advanced step; a replacement (``regrow``) gets the most advanced member's state;
+sizes that are not a power of two gossip on the smallest cube that holds them. Details: docs/internals.md and
+docs/parallel-modes.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Joining a run from outside (``workbench rank --store HOST:PORT``): the checks of the arguments, then a wait for
-the run's store that is bounded by ``--connect-timeout`` and that Ctrl-C or SIGTERM end at once. No torch here:
-a mistake is answered before torch is imported (~1.1 s).
+the run's store bounded by ``--connect-timeout``, which Ctrl-C or SIGTERM end at once. No torch here: a mistake is
+answered before torch is imported.
 
-The wait speaks the first queries of torch's ``TCPStore`` client (the protocol is described in
-:mod:`workbench.supervisor.store`): ``VALIDATE`` with the magic number, ``PING`` (a store echoes the nonce), then
-``WAIT`` and ``GET`` of the key under which the supervisor put its control server's address. Connection refused
-is retried until the deadline (the run may not have started yet); a peer that accepts and says nothing, or that
-says something else, never holds the rank longer than the deadline. The rank joins the store with torch later,
-once the run answered (:mod:`.main`).
-
-Errors are one line: a malformed argument is a :class:`~workbench.errors.ConfigError`, no run answering a
-:class:`JoinError`; both exit 2 (usage or configuration: the address names no run).
+The wait speaks the first queries of torch's ``TCPStore`` client (``VALIDATE``, ``PING``, then ``WAIT`` and ``GET``
+of the control server's address; :mod:`workbench.supervisor.store`); refused connections are retried until the
+deadline. Errors are one line: :class:`~workbench.errors.ConfigError` or :class:`JoinError`, both exit 2.
+Details: docs/internals.md.
 """
 
 from __future__ import annotations

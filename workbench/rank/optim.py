@@ -1,26 +1,11 @@
 """The ranks' optimizers: SGD (with momentum) and Adam, the same arithmetic as ``torch.optim`` on the CPU.
 
-Why not ``torch.optim`` itself: building a ``torch.optim.Optimizer``, stepping it or reading its ``state_dict``
-imports ``torch._dynamo`` (its methods are wrapped to disable compilation), ~1.6 s on this machine — longer than
-torch's own import. A rank template that preloads it makes every cold start (a ``workbench run`` from the shell)
-pay it on the critical path; without it every rank would pay it. Ranks need none of compilation, so they use these
-classes, which do exactly what ``torch.optim.SGD``/``Adam`` do on the CPU (their single-tensor path, which is what
-torch picks for CPU tensors), op for op, so results are bitwise the same — ``tests/test_optim.py`` checks that
-against ``torch.optim`` every run.
-
-The parts the workbench uses are kept with torch's layout: ``param_groups`` (dicts with ``params`` and the
-hyper-parameters), ``state`` (parameter -> dict: SGD ``momentum_buffer``; Adam ``step`` as a float32 scalar
-tensor, ``exp_avg``, ``exp_avg_sq``), ``step()``, ``zero_grad()``, ``state_dict()``/``load_state_dict()`` (state
-by parameter index, as torch's). Not supported: weight decay, nesterov, dampening, amsgrad, maximize (nothing in
-the workbench sets them).
-
-**Undoable steps** (rollback, ``step(undoable=True)`` then ``undo()``): the new parameter values and the new
-optimizer history are computed out of place into spare tensors and swapped in (``param.data``), so the values
-before the step stay intact and ``undo()`` swaps them back — no copy at all, where copying every parameter and
-its history before each update cost rollback about one extra step's memory traffic (DESIGN §4: the in-flight
-step is undone exactly). The out-of-place operations are the in-place ones with ``out=`` (the same kernels), so
-an undoable step is bitwise the plain one (``tests/test_optim.py``). The tensors a committed step left behind are
-recycled as the next step's spares: two sets of buffers alternate, nothing is allocated in the steady state.
+Not ``torch.optim`` itself: building or stepping one imports ``torch._dynamo``, which costs a cold start more than
+torch's own import, and ranks need no compilation. These classes do what torch's single-tensor CPU path does, op
+for op and bitwise (``tests/test_optim.py``), with torch's ``param_groups``/``state``/``state_dict`` layout.
+Undoable steps (rollback: ``step(undoable=True)``, then ``undo()``) compute out of place into spare tensors and
+swap them in, so the failed step in flight is undone exactly without copying anything. Details and the
+measurement behind this choice: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """Model-parallel pipeline (GPipe) and hybrid parallelism: stages of the model on different ranks.
 
-Layout. The model (an ``nn.Sequential``) is split into ``S`` contiguous stages at ``config.stage_cuts``, the cut
-the run's start balanced by measured forward+backward time (:func:`workbench.models.run_stages`). Rank number
-``k`` holds stage ``k // R`` where ``R`` is the number of replicas per stage (1 for ``pipeline``, ``world/S``
-for ``hybrid``). The global batch is split into ``R`` lanes, each lane into ``M`` micro-batches; lane ``l`` of
-stage ``s`` is computed by the stage's member ``l mod n_s`` (``n_s`` = the stage's live members), so when a
-replica dies its lanes move to the others and no sample is dropped.
-
-Protocol of one step (GPipe: all forwards, then all backwards, then one synchronous update):
-  1. forward: for each micro-batch, for each lane this member computes: receive the activation from the
-     previous stage (stage 0 reads the data), run the stage, send the output to the next stage (non-blocking);
-     the last stage computes the loss ``sum / global batch``.
-  2. backward, micro-batches in reverse: receive the output's gradient from the next stage (the last stage
-     starts from its loss), backpropagate, send the input's gradient to the previous stage. Parameter
-     gradients accumulate over micro-batches and lanes: their sum is the gradient of the whole global batch.
-  3. a stage's replicas allreduce their gradients in the stage group (hybrid); every member then allreduces
-     the step's statistics (loss, correct, samples) in the generation's group, which is also the step's
-     commit point; then each stage applies its optimizer.
-Activations and gradients travel between neighbouring members over two-member links of the generation
-(:meth:`Comm.link`, broadcasts that can be waited for in slices), the stage groups are subgroups of the
-generation (``gen{g}/stage{s}``).
-
-Failures. A pipeline stage has no copy elsewhere: ``checkpoint_restart`` restarts the world from the last HDF5
-checkpoint (gathered from every stage into one file with the whole model's names), ``reinit`` returns everyone
-to the last in-memory snapshot (also gathered, so any survivor can hand a replacement its stage). In ``hybrid``
-a dead replica is shrunk away inside its stage while the pipeline goes on (``shrink``): members that already
-applied the failed step undo it from their pre-update copy, the step is redone by the survivors (no sample
-lost), and a replacement (``regrow``) receives its stage's state from a replica. A stage with no replica left
-ends the run unless the strategy restarts it."""
+The ``nn.Sequential`` is cut into ``S`` stages at ``config.stage_cuts``; rank ``k`` holds stage ``k // R`` (``R``
+replicas per stage; hybrid splits the global batch into lanes over a stage's replicas). A step: all forwards
+micro-batch by micro-batch, all backwards in reverse, then the stage's allreduce (hybrid), the statistics
+allreduce that commits the step, and each stage's update. Failures: ``checkpoint_restart`` and ``reinit`` bring
+the world back from a gathered checkpoint or snapshot; in hybrid a dead replica is shrunk away inside its stage
+(``shrink``, ``regrow``) and the step redone by the survivors. Details: docs/internals.md and
+docs/parallel-modes.md.
+"""
 
 from __future__ import annotations
 

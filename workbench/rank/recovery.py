@@ -1,30 +1,11 @@
-"""Rank-side hooks of the recovery strategies (DESIGN §4): what happens to the step in flight when a generation
-changes under it, and which member's state everyone takes.
+"""Rank-side hooks of the recovery strategies: what happens to the step in flight when a generation changes under
+it, and which member's state everyone takes.
 
-On joining generation ``g`` with ``recovery`` set, a rank first prepares locally, then the members agree on a
-source and settle their state (:mod:`.transfer`: only members that differ from the source receive it), then
-they settle the step that was in flight:
-
-=================== ======================================== =========================================
-recovery            before the state is settled              after it
-=================== ======================================== =========================================
-``rollback``        undo the buckets of the failed step      nothing: the training loop redoes the
-                    already applied (undoable steps)         whole step, re-split over the new members
-``forward``         keep the applied buckets                 finish the other buckets among the
-                                                             members (dead rank's share lost)
-``shrink``          nothing (no update before the whole      retry the failed allreduce among the
-                    exchange completed, as in MaTEx-Caffe)   members (dead rank's share lost)
-``reinit``          the source takes its last in-memory      nothing: training resumes at the
-                    snapshot                                 snapshot's step
-``checkpoint_       the source (a fresh rank) loads the      nothing: training resumes at the
-restart``           last HDF5 checkpoint                     checkpoint's step
-=================== ======================================== =========================================
-
-Source: the supervisor names it when it matters (reinit, restart, the first generation); otherwise the
-members allreduce a progress score (steps committed, then buckets applied) and the most advanced one wins,
-so no committed work is ever dropped. A replacement rank scores -1 and never wins. (The data-parallel trainer
-does this inside :func:`workbench.rank.transfer.agree`; gossip and pipeline still broadcast a serialised state
-to their replacements.)
+A rank joining a recovery generation prepares locally (rollback undoes the applied buckets, reinit and
+checkpoint_restart take a snapshot or checkpoint), the members agree on a source and settle their state
+(:mod:`.transfer`), then settle the step in flight (forward and shrink finish the exchange among the members).
+The source is the supervisor's choice where it matters, else the most advanced member, so no committed work is
+dropped. The table per strategy: docs/permanent-faults.md and docs/internals.md.
 """
 
 from __future__ import annotations

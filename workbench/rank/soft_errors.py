@@ -1,36 +1,11 @@
 """Rank side of soft errors: live bit flips at exact points of a step, and the detectors that look for them.
 
-Injection points (``flip:target=...``):
-  * ``weight`` / ``optimizer``: at the start of the step, in this rank's parameter / optimizer state
-    (``momentum_buffer``, ``exp_avg`` ...): this replica diverges from the others.
-  * ``buffer``: at the start of the step, in a floating-point buffer of this rank's model (batch norm's
-    ``running_mean`` / ``running_var``): used by evaluation, and in data parallel averaged into every replica's
-    at the step's update (one replica's corrupt statistics reach all of them, divided by the world size).
-  * ``grad``: in the gradient bucket before its allreduce: the corrupted sum reaches every replica.
-  * ``grad_local``: in the bucket after its allreduce, on this rank only: replicas diverge.
-  * ``activation``: in the output of module ``tensor`` (forward hook) during the step's forward pass.
-
-Detectors (``detect``), with one rule: a decision to recover must be the same on every rank, so it is taken
-only on collective information.
-  * ``guard``: a non-finite or huge (> ``guard_limit``) loss on this rank raises an alarm that rides in the first
-    gradient bucket (no extra collective); gradients are checked after their allreduce, where every rank sees
-    the same sum (their min and max, read in place once the step's updates are applied, with the alarms);
-    weights every ``detect_every`` steps: the snapshot taken then becomes the verified one only when the next
-    step's alarms, whose guard slot carries that weight check, come back clean (no extra collective), so a
-    corrupt weight never enters a verified snapshot and is caught within ``detect_every`` steps when neither the
-    loss nor a gradient showed it first. A flipped exponent bit can leave the loss finite near 1e35:
-    magnitudes count.
-  * ``spike``: this rank's loss above ``spike_factor`` x the median of its recent losses; also an alarm slot.
-  * ``fingerprint``: every ``detect_every`` steps each replica fingerprints its parameters and floating-point
-    buffers; they must be bitwise equal. The fingerprint rides in the next step's alarm slots (no extra
-    collective): four 8-bit digests h of it, each sent as h and h^2, so the sums tell whether all members agree
-    (n * sum(h^2) == sum(h)^2 exactly when every h is equal). Only on a disagreement do the replicas allgather
-    their full fingerprints to find the odd ones: a strict majority re-broadcasts its state to the others;
-    without one, all roll back to the last verified snapshot.
-On an alarm every rank returns to the last verified in-memory snapshot (taken every ``detect_every`` steps,
-after the fingerprint agreed when that detector is on). If the same detector fires at the same step again after
-that rollback, the alarm is deterministic (the replay is bit-identical), not a transient error: the step is let
-through and the event says so, rather than rolling back forever.
+Injection points (``flip:target=``): ``weight``, ``optimizer``, ``buffer``, ``grad``, ``grad_local``,
+``activation``. Detectors (``detect``): ``guard`` (non-finite or huge losses, gradients and weights), ``spike``
+(a loss above ``spike_factor`` x its recent median) and ``fingerprint`` (replicas bitwise equal). A decision to
+recover must be the same on every rank, so it is taken only on collective information, riding in the gradient
+buckets' alarm slots; on an alarm every rank returns to the last verified snapshot, and an alarm that repeats
+after that rollback is let through as deterministic. Details: docs/soft-errors.md and docs/internals.md.
 """
 
 from __future__ import annotations

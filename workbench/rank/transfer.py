@@ -1,24 +1,10 @@
 """Settling the state of a new generation: agree first, then move only what must move.
 
-Protocol (every member calls :func:`agree`, then :func:`move` with the same arguments):
-
-1. **Agree** — one allreduce of a ``size x 4`` int64 table in which each member fills its row: progress score,
-   step, a digest of its training state, and how many buckets of the step in flight it applied (-1: none). Every
-   member then knows everyone's row, so the source (the supervisor's choice, or the highest score, lowest rank
-   on ties) and the receivers are decided identically everywhere without another message.
-2. **Receivers** are the members whose (step, digest, applied) differ from the source's: newcomers, members that
-   diverged (a bit flip, a step the others did not finish). Members equal to the source receive nothing — for
-   shrink, rollback and forward with identical survivors nothing moves at all.
-3. **Move** — over a group of the source and the receivers only: a small JSON header (names, shapes, dtypes and
-   the source's metadata), then each tensor's raw buffer, broadcast straight from the source's tensor into the
-   receiver's (allocated only where the receiver has no tensor of that shape). No ``torch.save``, no pickle.
-
-The digest is a checksum, not a cryptographic hash: the sum of each tensor's raw bytes read as 64-bit words,
-mixed with its position, name and shape. Any single bit flip changes it; it costs one pass over memory (~6 ms for
-38M fp32 values here), where hashing the bytes with SHA-256 costs ~500x more.
-
-On failure: a member dying during the agreement or the move raises :class:`~.comm.GenerationChanged` in the
-others as soon as the supervisor announces the next generation (every wait here is a :class:`~.comm.Comm` wait).
+Every member calls :func:`agree` (one allreduce of a table of each member's progress, step, state digest and
+applied buckets, so source and receivers are decided identically everywhere), then :func:`move`: over a group of
+the source and the receivers only, a JSON header, then each tensor's raw buffer broadcast in place (no pickle).
+Members equal to the source receive nothing. The digest is a checksum over raw bytes (any single bit flip
+changes it). A member dying meanwhile raises :class:`~.comm.GenerationChanged`. Details: docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """*Adaptive neuron apoptosis for accelerating deep learning on large scale systems* (Siegel, Daily, Vishnu,
 arXiv 1610.00790): neurons that stop contributing are removed while training runs.
 
-The paper's finding, in our words: removing the neurons whose weights no longer contribute, with a threshold
-that adapts to the accuracy, makes the network several times smaller, and training faster, at little or no
-cost in accuracy (the paper: up to ~4x faster training on its MLPs/CNNs with accuracy within about a point).
-
-The campaign: per seed and world size, the same run without apoptosis, with it (``apoptosis="on"``: our
-reading, the threshold rule plus a group-lasso pressure in the middle of the run, docs/apoptosis.md) and with the
-threshold rule alone (``lasso=0``: the ablation that shows what the pressure adds). The rule decides on a
-validation split carved from the training data; the accuracy reported is the test set's, which the rule never
-sees. The paper's time claim is judged where fewer units can save time: the digits MLP's 1-2 ms step is
-communication and Python, so a few seeds of a compute-bound configuration (the 1024-1024 MLP) are timed too.
+The finding, in our words: the network becomes several times smaller, and trains faster, at little or no cost
+in accuracy. The campaign: per seed and world size, runs without apoptosis, with it, and with the threshold rule
+alone (``lasso=0``); the accuracy is the test set's, which the rule never sees; a compute-bound configuration is
+timed too. Details: docs/reproduce.md and docs/apoptosis.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """*Towards Low-Overhead Resilience for Data Parallel Deep Learning* (CCGrid'22): the trade-off between the
 accuracy a recovery strategy costs and the runtime it adds, under a simulated failure process.
 
-The paper's finding, in our words: checkpoint-restart loses the progress made since the last checkpoint and so
-adds the most runtime, more the longer the checkpoint interval; *immediate mini-batch rollback* redoes only the
-mini-batch in flight and loses no accuracy; *lossy forward recovery* keeps the gradient buckets already applied
-and drops the dead rank's share of the rest, so it redoes nothing and pays with a small accuracy loss.
-
-The campaign: failures drawn from an exponential process of mean ``mtbf_steps`` (several per run; the same
-failures for every strategy of a seed), each strategy run per seed and world size, and a failure-free run of
-the same seed as reference: overhead is the training time beyond it in % of it, accuracy loss its test
-accuracy minus the run's, in points. The statistics are taken over the seeds whose failure process injected at
-least one failure within the run (the same for every strategy of a seed): a seed without one compares failure-free
-runs, which says nothing of what a recovery costs and would pull every interval towards 0.
-Elastic strategies regrow to the original world size from a warm spare, so every strategy finishes at the same
-world size (checkpoint-restart restarts the whole world).
-
-The runtime checks compare the whole training time beyond the failure-free run, as the paper does, on the
-rank-time clock (:mod:`workbench.clock`): these runs put 4 or 8 ranks on the machine's cores, whose wall clock
-measures the sharing (and the host's CPU steal, which moved a small run's wall time by up to 1.5-3x), not the
-strategy. Wall-time overhead and the time lost to failures (``lost_s``: each failure's time to resume plus the
-steps it made the run redo at the run's median step time) are in every row beside it.
+The finding, in our words: checkpoint-restart adds the most runtime; rollback redoes only the mini-batch in
+flight and loses no accuracy; lossy forward recovery redoes nothing and pays with a small accuracy loss. The
+campaign: exponential failures (the same per seed for every strategy) against a failure-free run of the same
+seed; statistics over the seeds that injected a failure; runtime checks on the rank-time clock
+(:mod:`workbench.clock`). Details: docs/reproduce.md and docs/internals.md.
 """
 
 from __future__ import annotations

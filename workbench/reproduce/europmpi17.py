@@ -1,16 +1,10 @@
 """*What does fault tolerant deep learning need from MPI?* (EuroMPI'17): shrink-and-continue (ULFM), a global
 Reinit and checkpoint-restart, against 0-3 permanent failures of the ranks of a data-parallel run.
 
-The paper's finding, in our words: in data-parallel training every survivor holds a full replica of the model,
-so after a failure the job can shrink its communicator and continue — no checkpoint is needed and the accuracy
-is that of a failure-free run, even after several failures; only the throughput of the lost ranks is gone.
-Reinit and checkpoint-restart bring the world back, but return to a saved state and redo the steps since.
-
-The campaign: ``k`` ranks of a ``world``-rank run killed at evenly spaced steps (k = 0..3; off the snapshot
-steps by half an interval), under ``shrink``,
-``reinit`` and ``checkpoint_restart`` (both with the same snapshot interval), per seed; accuracy and training
-time against k, steps redone, checkpoints written. Here the MPI layer is our gloo generations, not ULFM
-(see docs/permanent-faults.md): what is compared is what each recovery semantics costs the training.
+The finding, in our words: every survivor holds a full replica, so the job can shrink and continue with the
+accuracy of a failure-free run; Reinit and checkpoint-restart bring the world back but redo the steps since the
+saved state. The campaign: ``k`` = 0..3 ranks killed at evenly spaced steps under ``shrink``, ``reinit`` and
+``checkpoint_restart``, per seed; the MPI layer is our gloo generations. Details: docs/reproduce.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """*GossipGraD* (Daily et al., arXiv 1803.05880): gossip SGD with O(1) communication per step against allreduce.
 
-The paper's finding, in our words: each rank exchanges with one partner per step (rotating partners, so
-updates diffuse to every rank within log2(p) steps), so a rank's communication per step is constant in the
-number of ranks where allreduce's grows with it, and the accuracy reached matches that of allreduce SGD
-(the paper: ResNet-50 on ImageNet, top-1 as published, ~100 % compute efficiency on 128 GPUs).
-
-The campaign: the same model, data and steps under ``parallelism="data"`` (allreduce) and ``"gossip"`` at each
-``p``, per seed: accuracy against step and training time, the consensus distance of the gossip replicas and
-the messages and bytes one rank sends per step (counted, not timed). Compute efficiency at scale is not
-comparable on a 2-core machine (p ranks share 2 cores): the time axis is shown, not judged.
+The finding, in our words: one partner per step (rotating, so updates diffuse within log2(p) steps) keeps a
+rank's communication constant in the number of ranks, at the accuracy of allreduce SGD. The campaign: the same
+run under ``parallelism="data"`` and ``"gossip"`` at each ``p``, per seed: accuracy, consensus distance,
+messages and bytes per step (counted, not timed). Details: docs/reproduce.md and docs/internals.md.
 """
 
 from __future__ import annotations

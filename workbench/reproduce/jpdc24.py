@@ -1,24 +1,11 @@
 """*A Characterization of Soft-error Sensitivity in Data-parallel and Model-parallel Distributed Deep Learning*
 (JPDC 2024): checkpoint alteration — bit flips written into a training checkpoint, which is then resumed.
 
-The paper's finding, in our words: a flip's effect depends on where it lands: the high exponent bits turn a
-weight into a huge value or a NaN and wreck training (non-finite losses or an accuracy that does not come
-back), while mantissa flips are almost always masked; more flips per checkpoint mean more damage; data- and
-model-parallel training meet the same flips with different sensitivity. The abstract gives no direction for
-the data- vs model-parallel comparison: we report it as measured, without a check.
-
-Two parts, each on every platform's *own* checkpoint, resumed *by that platform*:
-
-* **Alteration campaign** (multi-process): each platform (``data``: data-parallel, ``pipeline``: one stage per
-  rank) trains, writes its final checkpoint; the checkpoint is copied and altered with 1, 10 or 100 random flips
-  (any of the 32 bits) in one state group — weights, optimizer state (momentum) or batch-norm buffers (running
-  statistics, models that have them) — and resumed by a run of the same platform and world size for
-  ``resume_steps``; the outcome is classified against the unaltered resume (masked, degraded, non-finite,
-  crash) and the steps to divergence counted (first resumed step whose loss is non-finite or 10 % off the
-  clean resume's).
-* **Per-bit sensitivity** (in-process, :func:`workbench.faults.bit_sensitivity`): ``per_bit`` single flips of
-  each bit in random weights of each platform's checkpoint, resumed as that platform computes (a pipeline
-  micro-batch by micro-batch); outcome shares per bit and per layer with Wilson intervals.
+The finding, in our words: high exponent bits wreck training, mantissa flips are almost always masked, more
+flips do more damage, and data- and model-parallel training differ in sensitivity (reported, not checked). Two
+parts, each on every platform's own checkpoint resumed by that platform: an alteration campaign (1, 10 or 100
+flips into one state group, outcome against the unaltered resume) and per-bit sensitivity with Wilson
+intervals. Details: docs/reproduce.md and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ framing, and a wake-up for commands from other threads.
 
 ``poll(timeout)`` waits on every connection at once and returns what happened, in order: ``("hello", conn,
 messages)`` for a new connection's first message (and whatever came with it), ``("message", worker, m)`` for each
-message of a known rank, ``("closed", worker)`` when a rank's connection ends (the kernel closes it the instant
-the process dies: 20-60 ms after a SIGKILL), ``("wake", None)`` when ``wake()`` was called. A connection whose
-first message is not ``hello`` is closed.
+message of a known rank, ``("closed", worker)`` when a rank's connection ends (the kernel closes it once the
+dead process's memory is freed: docs/benchmarks.md), ``("wake", None)`` when ``wake()`` was called. A connection
+whose first message is not ``hello`` is closed.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.session.Run`.
 
-Protocol (DESIGN §3). The supervisor hosts the store (:mod:`.store`, a server for torch ``TCPStore`` clients,
-bound to 127.0.0.1 unless a hosts file names this machine's address) that the ranks' gloo groups rendezvous
-through, and the control server through which every rank says hello, heartbeats and reports steps. Membership
-is a numbered generation: the supervisor decides who is in generation ``g`` and which member's state is
-authoritative (``source``) and tells each member; ranks build their group under the store prefix ``gen{g}``
-and settle their state (:mod:`workbench.rank.transfer`).
-
-This module only wires the rooms together: :mod:`.membership` decides (a pure state machine), :mod:`.launcher`
-starts and stops processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the planned faults,
-:mod:`.recorder` keeps the figures, :mod:`workbench.peers.adapters` speaks for the peers.
-
-Failure handling. A dead rank is seen by the end of its control connection (the kernel closes it the instant
-the process dies) and by its exit status; a frozen rank by heartbeats missing for ``heartbeat_timeout``
-seconds, after which it is SIGKILLed before anything else happens; a rank that never gets ready within
-``startup_timeout`` is killed too. Each is a ``died`` event for the membership, whose decisions are carried out
-in order. A supervisor error still ends in a result, every process of the run gone.
-
-Several hosts (``RunConfig.hosts``, :mod:`workbench.hosts`): the store holds the control server's address under
-``workbench/control``; a rank of a host without a launch line joins with ``workbench rank --store ADDR:PORT
---rank-hint K`` (its slot waits, bounded by ``startup_timeout``). Remote ranks are watched like local ones and
-faults reach them as ``signal`` messages; a remote rank exits when its connection to the supervisor ends.
+It hosts the store the ranks' gloo groups rendezvous through (:mod:`.store`) and the control server every rank
+reports to, and wires the rooms together: :mod:`.membership` decides, :mod:`.launcher` starts and stops
+processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the faults, :mod:`.recorder` keeps the
+figures, :mod:`workbench.peers.adapters` speaks for the peers. Membership is a numbered generation with an
+authoritative ``source``. A dead rank is seen by its closed connection and exit status, a frozen one by missing
+heartbeats (then SIGKILLed); a supervisor error still ends in a result, every process gone. Details:
+docs/concepts.md and docs/internals.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Launcher: every process a run owns — ranks, warm spares, the peers' helpers (torchft's lighthouse, torchrun's
 agent), the rank templates of other hosts — how each is started, and how every one of them is stopped.
 
-Ranks on this machine are forked by this process's rank template (:mod:`workbench.template`, ``spawn =
-"template"``, reused by every run of the process; in a sweep's notebook kernel, the sweep worker's shared one) or
-started as fresh interpreters (``spawn = "fresh"``:
-``python -m workbench.rank``, ~1.1 s of torch import each). A rank placed on another host is started through
-that host's launch line (``ssh HOST``, ``ip netns exec NS``) — forked by a template started there for this run,
-or as a fresh interpreter — or, for a host without a launch line, waits in a slot for a process someone else
-starts (``workbench rank --store``). The peers' ranks start fresh, as their users' do.
-
-No orphans: every rank runs in a session of its own; ``kill`` SIGKILLs the session and reaps it (bounded);
-``close`` kills every process and template of the run, on every exit path of the supervisor. Fresh ranks are
-started from the supervisor's thread (their parent-death signal fires when it ends; armed before exec, so the
-peers' helpers, which run no code of ours, go too); forked ranks die with their template, and the template with
-this process; every rank also exits when its control channel closes.
+Local ranks are forked by a rank template (:mod:`workbench.template`) or started fresh (``python -m
+workbench.rank``); remote ones through their host's launch line, or awaited in a slot. No orphans: every rank
+runs in a session of its own that ``kill`` SIGKILLs and reaps; ``close`` kills every process of the run on every
+exit path; parent-death signals and the control channel's end take the rest. Details: docs/internals.md.
 """
 
 from __future__ import annotations

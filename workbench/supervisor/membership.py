@@ -1,28 +1,11 @@
-"""Membership: who is in the run, and what each strategy does when that changes (DESIGN §4) — a pure state
-machine, no sockets, no processes, no clocks.
+"""Membership: who is in the run, and what each recovery strategy does when that changes — a pure state machine,
+no sockets, no processes, no clocks.
 
-Events in: ``start()``, ``ready(id)`` (a process built its data and model, or a waiting slot was joined),
-``died(id, cause)`` (its process ended, lost its connection, was killed for freezing or for never getting
-ready), ``checkpoint(path)`` (the last complete checkpoint, where a restarted world resumes) and ``stop()``.
-Decisions out, in the order they are to be carried out: :class:`Start` a process (a rank, a warm spare, a
-waiting slot), :class:`Retire` processes (a restarted world's old members), :class:`Lost` (a member failed:
-the figures the recorder needs), :class:`Generation` (announce generation ``g`` to its members),
-:class:`Note` (an event worth recording) and :class:`End` (the run ends with an outcome and a one-line reason).
-
-Processes have ids (spawn ids, handed out here); ranks have stable numbers, labels: a replacement takes the
-label of the rank it replaces. A label is held by at most one live process at a time.
-
-A death is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it
-(:meth:`~workbench.strategies.Strategy.recovering`): ``END`` fails the run; ``REGROUP``: the survivors form
-``g+1`` with ``recovery`` set (with ``regrow`` a ready warm spare joins it, else a fresh replacement joins a later
-generation when ready); ``REPLACE``: the survivors wait for a replacement per dead member, then all form ``g+1``
-from the lowest survivor's snapshot; ``RESTART``: every member retires and a fresh world resumes from the last
-checkpoint; ``PEER``: the peer runtime reacts (torchft: the survivors go on and a replacement heals; torchrun: its
-agent restarts the world into fresh slots; ulfm: the survivors' MPI layer shrinks, no new generation).
-
-A process that dies before it is a member (a starting replacement, a spare, a restarted world's rank) is
-started anew for the same label, at most ``max_starts`` times in a row per label; a death of a first-world
-process during start-up ends the run.
+Events in: ``start()``, ``ready(id)``, ``died(id, cause)``, ``checkpoint(path)``, ``stop()``. Decisions out, in
+the order they are carried out: :class:`Start`, :class:`Retire`, :class:`Lost`, :class:`Generation`,
+:class:`Note`, :class:`End`. Processes have spawn ids; ranks have stable labels, which a replacement inherits. A
+process that dies before it is a member is started anew, at most ``max_starts`` times in a row per label. A death
+is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""Recorder: what a run leaves behind — per-step metrics, events, per-failure recovery figures — and the
-:class:`~workbench.results.RunResult` built from them.
-
-Figures of a failure (DESIGN §4):
-``detection_s`` fault to the supervisor seeing it (or to the peer's own detection); ``settle_s`` fault to the last
-member of the recovery generation holding the agreed state (detection, the survivors leaving what they were doing,
-and the recovery itself); ``join_s`` the last member entering the recovery to the last holding the agreed state (the
-recovery protocol alone: ``settle_s`` less detection, the survivors finishing what they were doing, and start-up of
-a replacement); ``resume_s`` fault to the first step committed by the recovery generation (``settle_s`` plus the
-work the strategy redoes or finishes); ``regrow_s`` fault to the replacement joining; ``steps_redone`` committed
-steps the recovery went back over; ``samples_lost`` the dead rank's share of a step finished without it;
-``bytes_moved`` state received by members and the replacement; ``world_size_after``.
-The recorder is fed by the supervisor's thread only; widgets read ``metrics``/``events``/``status`` (appends
-are atomic in CPython).
+"""Recorder: what a run leaves behind — per-step metrics, events, per-failure recovery figures (``detection_s``,
+``settle_s``, ``join_s``, ``resume_s``, ``regrow_s``, ``steps_redone``, ``samples_lost``, ``bytes_moved``,
+``world_size_after``: defined in docs/concepts.md and docs/internals.md) — and the
+:class:`~workbench.results.RunResult` built from them. Fed by the supervisor's thread only; widgets read
+``metrics``/``events``/``status`` (appends are atomic in CPython).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """The run's rendezvous store: a server for torch's ``TCPStore`` clients, written in Python so that the process that
-supervises a run (a CLI, a notebook kernel, a sweep worker) need not import torch (~1.1 s; the rank template
-imports it once for every rank).
+supervises a run (a CLI, a notebook kernel, a sweep worker) need not import torch.
 
-Wire protocol (torch's ``TCPStore``, ``c10d/TCPStoreLibUvBackend.cpp``; integers in the machine's byte order):
-a connection first sends ``VALIDATE`` with the magic number; then each query is one command byte and its
-arguments, where a key or a value is a uint64 length and its bytes, a count is a uint64 and a number an int64.
-
-  ``SET k v`` / ``APPEND k v`` / ``MULTI_SET n (k v)*`` / ``QUEUE_PUSH k v``      no reply
-  ``GET k`` -> v     ``MULTI_GET n k*`` -> v*     ``COMPARE_SET k expected desired`` -> the value after
-  ``ADD k i`` -> the new value (kept as its decimal string)    ``GETNUMKEYS`` / ``QUEUE_LEN k`` -> int64
-  ``DELETE_KEY k`` -> int64 deleted     ``CHECK n k*`` -> byte READY(0)/NOT_READY(1)     ``PING nonce`` -> nonce
-  ``WAIT n k*`` -> byte STOP_WAITING(0) once every key exists     ``CANCEL_WAIT`` -> byte WAIT_CANCELED(1)
-  ``QUEUE_POP k`` -> int64 length, then the first item if any (the client waits for the key first)
-
-One thread serves every connection (``selectors``); a client waiting for keys is answered when the last of them
-is set. A connection that breaks the protocol is closed (its rank then fails its rendezvous, as with torch's
-server). :meth:`StoreServer.close` stops the thread and closes every connection.
+It speaks torch's ``TCPStore`` wire protocol (``c10d/TCPStoreLibUvBackend.cpp``): ``VALIDATE``, then one command
+byte per query (``SET``, ``GET``, ``ADD``, ``WAIT``, ``CHECK``, ``COMPARE_SET``, ``PING``, the queue commands
+...). One thread serves every connection (``selectors``); a waiting client is answered when its last key is set;
+a connection that breaks the protocol is closed. The commands and replies: docs/internals.md.
 """
 
 from __future__ import annotations
