@@ -168,18 +168,29 @@ class BaseTrainer:
         return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 st.named_optimizer_state(self.optimizer, self.named))
 
-    def _replica_snapshot(self) -> None:
-        """Every ``checkpoint_every`` steps of a replicated mode: reinit keeps this replica's state in memory,
-        checkpoint_restart has rank 0 write its replica to HDF5."""
+    def _periodic_snapshot(self) -> None:
+        """Every ``checkpoint_every`` steps, what the strategy keeps: a snapshot in memory (reinit) or an HDF5
+        checkpoint (checkpoint_restart)."""
         every = self.config.checkpoint_every
         if every and self.step % every == 0:
             if self.strategy.memory_snapshot:
                 self.memory_snapshot = self._take_memory_snapshot()
-            elif self.strategy.writes_checkpoints and self.comm.rank == 0:
-                self._write_checkpoint()
+            elif self.strategy.writes_checkpoints:
+                self._checkpoint_now()
+
+    def _first_snapshot(self) -> None:
+        """After a join: the state every member holds is the first to return to, if there is none yet (the
+        initial or resumed state; for a replacement, the snapshot the others have just restored)."""
+        if self.strategy.memory_snapshot and self.memory_snapshot is None:
+            self.memory_snapshot = self._take_memory_snapshot()
+
+    def _checkpoint_now(self) -> None:
+        """A replica's checkpoint: rank 0 writes its own state."""
+        if self.comm.rank == 0:
+            self._write_checkpoint()
 
     def _take_memory_snapshot(self) -> Any:
-        """reinit's snapshot of this replica (copies of its tensors), restored in place by its join."""
+        """The strategy's snapshot in memory (copies of the tensors), restored in place by a join."""
         raise NotImplementedError
 
     # -- reports ------------------------------------------------------------------------------------------------

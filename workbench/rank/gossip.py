@@ -190,8 +190,7 @@ class GossipTrainer(BaseTrainer):
                           retried=bool(recovering and recovering.retries_failed_step))
         self.channel.send(report)
         self.trained = True
-        if self.strategy.memory_snapshot and self.memory_snapshot is None:
-            self.memory_snapshot = self._take_memory_snapshot()  # the first state to return to (see replicated)
+        self._first_snapshot()
 
     def _load_resumed(self, path: str) -> None:
         from workbench import checkpoint as ckpt
@@ -269,7 +268,7 @@ class GossipTrainer(BaseTrainer):
             started += time.perf_counter() - measured  # a measurement, not part of the step
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
         self._report_step(step, stats, started, extra=extra, evaluation=evaluation)
-        self._replica_snapshot()
+        self._periodic_snapshot()
 
     def consensus(self, stats: torch.Tensor) -> tuple[float, torch.Tensor]:
         """Mean L2 distance of the replicas' parameters to their mean, and the stats summed over all replicas."""

@@ -259,8 +259,7 @@ class PipelineTrainer(BaseTrainer):
             self.step = int(self.memory_snapshot["step"])
         elif a["source"] is None:
             self._settle_replicas()
-        if self.strategy.memory_snapshot and a["gen"] == 0:
-            self._snapshot_in_memory()  # the initial state is the first snapshot to return to
+        self._first_snapshot()
         report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
                                   "sync_s": time.monotonic() - started,
                                   "sync_cpu": cpu_time() - started_cpu, "bytes_in": self.bytes_in}
@@ -340,19 +339,17 @@ class PipelineTrainer(BaseTrainer):
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         evaluation = self.evaluate() if self._evaluation_due() else None  # collective: every member takes part
         self._report_step(step, stats, started, evaluation=evaluation)
-        every = self.config.checkpoint_every
-        if every and self.step % every == 0:
-            if self.strategy.memory_snapshot:
-                self._snapshot_in_memory()
-            elif self.strategy.writes_checkpoints:
-                state = self.checkpoint_state()
-                if self.comm.rank == 0:
-                    self._write_checkpoint(state=state)
+        self._periodic_snapshot()
 
-    def _snapshot_in_memory(self) -> None:
-        """reinit: every member keeps the whole model's state, so any survivor can restore any stage."""
+    def _checkpoint_now(self) -> None:
+        state = self.checkpoint_state()  # gathered from every stage
+        if self.comm.rank == 0:
+            self._write_checkpoint(state=state)
+
+    def _take_memory_snapshot(self) -> Any:
+        """Every member keeps the whole model's state, so any survivor can restore any stage."""
         model, optim = self.checkpoint_state(everyone=True)
-        self.memory_snapshot = {"step": self.step, "model": model, "optim": optim}
+        return {"step": self.step, "model": model, "optim": optim}
 
     def _share_snapshot(self, source: int) -> None:
         """reinit: the members agree on the snapshot's step (one small allreduce); only those without it (a

@@ -168,10 +168,7 @@ class Trainer(BaseTrainer):
             self._commit(self.step, stats, started=time.perf_counter())
         self.inflight = None
         self.trained = True
-        if self.strategy.memory_snapshot and self.memory_snapshot is None:
-            # the state every member holds now is the first to return to: the initial (or resumed) state, or, for
-            # reinit's replacement, the snapshot the others have just restored
-            self.memory_snapshot = self._take_memory_snapshot()
+        self._first_snapshot()
         if self.detectors.active:
             self.detectors.forget_due_checks()
             self.verified, self.tentative = self._snapshot(), None  # replicas are identical right after a sync
@@ -375,7 +372,7 @@ class Trainer(BaseTrainer):
             else:
                 self._verify_replicas()
             self.detector_s += time.thread_time() - began
-        self._replica_snapshot()
+        self._periodic_snapshot()
 
     def checkpoint_state(self) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}, self.dp.named_optimizer_state()
