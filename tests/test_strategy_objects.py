@@ -5,6 +5,7 @@ as one object, checked here on the membership machine and on a real run."""
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from workbench.config import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIE
 from workbench.errors import ConfigError
 from workbench.strategies import Reaction
 from workbench.supervisor.membership import Generation, Lost, Membership, Retire, Start
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOM = {ROOT / "workbench" / "strategies.py"}
@@ -126,3 +129,60 @@ def test_the_worked_example_runs_rollback_then_a_restart_from_the_checkpoint(tmp
     ours = checkpoint.load(result.summary["final_checkpoint"]).model
     reference = checkpoint.load(golden.summary["final_checkpoint"]).model
     assert max((ours[k] - reference[k]).abs().max().item() for k in ours) < 1e-4
+
+
+def test_a_restart_skips_checkpoints_that_do_not_verify():
+    bad = {"/c/step_000090.h5": "checksum mismatch in model/fc1.weight", "/c/step_000060.h5": "is empty (0 bytes)"}
+    m = Membership("checkpoint_restart", 2, verify=bad.get)
+    for s in m.start():
+        first = m.ready(s.id)
+    for path in ("/c/step_000030.h5", "/c/step_000060.h5", "/c/step_000090.h5"):
+        m.checkpoint(path)
+    out = m.died(first[0].holders[1], "was killed (SIGKILL)", step=100)
+    skipped = [d.detail for d in out if getattr(d, "kind", None) == "checkpoint_skipped"]
+    assert len(skipped) == 2 and "step_000090.h5 cannot be resumed from (checksum mismatch" in skipped[0]
+    assert "trying checkpoint /c/step_000030.h5" in skipped[1] and m.resume == "/c/step_000030.h5"
+    for s in [d for d in out if isinstance(d, Start)]:
+        decisions = m.ready(s.id)
+    assert [d.resume for d in decisions if isinstance(d, Generation)] == ["/c/step_000030.h5"]
+    # nothing verifies: the world starts again from step 0
+    m2 = Membership("checkpoint_restart", 2, verify=lambda path: "corrupt")
+    for s in m2.start():
+        first = m2.ready(s.id)
+    m2.checkpoint("/c/step_000030.h5")
+    out = m2.died(first[0].holders[0], "was killed (SIGKILL)", step=40)
+    assert m2.resume is None and any("resume from step 0" in getattr(d, "detail", "") for d in out)
+
+
+def test_checkpoint_restart_falls_back_from_a_corrupt_latest_checkpoint(tmp_path):
+    """Rank 2 freezes at step 95; while the supervisor waits for its heartbeat, a bit of the latest checkpoint
+    (step 90) is flipped at rest: the restart verifies it, says so, and resumes from step 60."""
+    import h5py
+
+    run = workbench.start(world_size=4, steps=140, eval_interval=140, strategy="checkpoint_restart",
+                          checkpoint_every=30, heartbeat_timeout=2.0, faults=["hang:rank=2,step=95"],
+                          out=tmp_path / "run")
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e["kind"] == "hang" for e in list(run.events)):
+            assert time.monotonic() < deadline, "the planned hang did not fire"
+            time.sleep(0.02)
+        latest = tmp_path / "run" / "checkpoints" / "step_000090.h5"
+        with h5py.File(latest, "r+") as f:  # one flipped bit in one weight, its checksum left as it was
+            weight = f["model/fc1.weight"]
+            values = weight[()]
+            values.view("uint32")[0, 0] ^= 1 << 30
+            weight[...] = values
+        result = run.wait(timeout=120)
+    except BaseException:
+        run.stop()
+        run.wait(timeout=60)
+        raise
+    assert result.completed, result.summary["reason"]
+    skipped = [e for e in result.events if e["kind"] == "checkpoint_skipped"]
+    assert len(skipped) == 1 and "step_000090.h5 cannot be resumed from (checksum mismatch in model/fc1.weight)" \
+        in skipped[0]["detail"] and "trying checkpoint" in skipped[0]["detail"]
+    (failure,) = result.failures
+    assert failure["steps_redone"] == 95 - 60
+    assert [row["step"] for row in result.metrics] == list(range(95)) + list(range(60, 140))
+    assert result.summary["replicas_identical"]

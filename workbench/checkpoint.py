@@ -109,6 +109,15 @@ def verify(path: str | os.PathLike) -> list[str]:
     return bad
 
 
+def unusable(path: str | os.PathLike) -> str | None:
+    """Why a run cannot resume from the checkpoint at ``path`` (None: it verifies)."""
+    try:
+        bad = verify(path)
+    except WorkbenchError as exc:
+        return str(exc)
+    return f"checksum mismatch in {', '.join(bad)}" if bad else None
+
+
 def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
     """Read a checkpoint; with ``check`` a checksum mismatch raises :class:`CheckpointCorrupt`; a file that is no
     checkpoint raises :class:`~workbench.h5files.FileKindError`."""

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench import checkpoint as ckpt
 from workbench import clock, provenance, strategies
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
@@ -48,7 +49,8 @@ class Supervisor:
         self.metrics, self.events, self.status = self.recorder.metrics, self.recorder.events, self.recorder.status
         self.membership = Membership(
             self.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
-            resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None)
+            resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None,
+            verify=self._unusable if config.resume_verify else None)
         self.plan = FaultPlan(config)
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.control: ControlServer | None = None
@@ -343,6 +345,13 @@ class Supervisor:
             w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
         elif kind == "error":
             self._outcome = ("failed", self.recorder.rank_error(w.label, w.steps_done, m))
+
+    def _unusable(self, path: str) -> str | None:
+        """Why a restart cannot resume from ``path``; a checkpoint another host's rank 0 wrote, which this host
+        does not see, is left to that rank's own check when it loads it."""
+        if self.placement and not Path(path).exists():
+            return None
+        return ckpt.unusable(path)
 
     # -- plumbing ----------------------------------------------------------------------------------------------------
     def _log_hint(self, name: str) -> str:

@@ -99,7 +99,8 @@ class Proc:
 
 @dataclass
 class Membership:
-    """The membership of one run. ``stage_of(label)`` (hybrid parallelism): the pipeline stage a label holds."""
+    """The membership of one run. ``stage_of(label)`` (hybrid parallelism): the pipeline stage a label holds;
+    ``verify(path)``: why a checkpoint cannot be resumed from (None: it can; a restart takes the newest that can)."""
 
     strategy: str | Strategy
     world_size: int
@@ -107,6 +108,7 @@ class Membership:
     warm_spares: int = 0
     resume: str | None = None
     stage_of: Callable[[int], int] | None = None
+    verify: Callable[[str], str | None] | None = None
     max_starts: int = 5
     gen: int = -1
     members: list[int] = field(default_factory=list)
@@ -117,11 +119,14 @@ class Membership:
     failures: int = 0  # members lost so far
     recovery: Strategy | None = None  # the strategy recovering the last failure
     ended: End | None = None
+    checkpoints: list[str] = field(default_factory=list)  # where a restart may resume, oldest first
     _starts: dict[int, int] = field(default_factory=dict)  # label -> consecutive starts that failed
 
     def __post_init__(self) -> None:
         self.plan = strategies.get(self.strategy) if isinstance(self.strategy, str) else self.strategy
         self.strategy = self.plan.name
+        if self.resume is not None:
+            self.checkpoints.append(self.resume)
 
     # -- views ----------------------------------------------------------------------------------------------------
     def holder(self, label: int) -> Proc | None:
@@ -179,6 +184,7 @@ class Membership:
 
     def checkpoint(self, path: str) -> None:
         self.resume = path
+        self.checkpoints.append(path)
 
     def stop(self, reason: str) -> list[Decision]:
         return self._end("stopped", reason)
@@ -246,11 +252,28 @@ class Membership:
         for id in retired:
             self.procs[id].alive = False
         self.restarting = True
+        skipped = self._choose_resume()
         starts = [self._new(label) for label in range(self.world_size)]
         self.pending = [s.id for s in starts]
         where = f"checkpoint {self.resume}" if self.resume else "step 0"
-        return [Retire(retired), *starts,
+        return [Retire(retired), *skipped, *starts,
                 Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}")]
+
+    def _choose_resume(self) -> list[Decision]:
+        """The newest checkpoint that verifies becomes ``resume``; a Note for each one skipped (and forgotten)."""
+        notes: list[Decision] = []
+        while self.checkpoints:
+            path = self.checkpoints[-1]
+            why = self.verify(path) if self.verify is not None else None
+            if why is None:
+                self.resume = path
+                return notes
+            self.checkpoints.pop()
+            older = f"checkpoint {self.checkpoints[-1]}" if self.checkpoints else "no older checkpoint"
+            notes.append(Note("checkpoint_skipped", f"checkpoint {path} cannot be resumed from ({why}); trying "
+                              f"{older}"))
+        self.resume = None
+        return notes
 
     def _agent_restarts(self) -> bool:
         return self.plan.peer is not None and self.plan.peer.restarts_world
