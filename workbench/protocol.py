@@ -1,44 +1,137 @@
-"""The control channel between the supervisor and its ranks: JSON lines over one TCP connection per rank.
-
-Rank -> supervisor
-    ``hello {id, pid, rank_hint}`` first message after connecting (``id``: the spawn id the supervisor gave it;
-                                   None for a rank started elsewhere that joins through the store, which asks
-                                   for rank ``rank_hint`` or, None, any free slot of a host whose ranks join)
-    ``ready {}``                   data and model built: it may be put in a generation (a warm spare waits here)
-    ``hb {}``                      heartbeat, every ``HEARTBEAT_PERIOD`` s from a thread of its own
-    ``joined {gen, step, sync_s}`` the rank is in generation ``gen`` and holds the state of ``step``; rank 0 of a
-                                   recovery generation adds ``recovery``, ``resume_step``, ``retried``
-    ``step {step, gen, ...}``      a step was committed (generation rank 0 adds loss, accuracy, samples, eval)
-    ``fault {kind, step, t}``      a planned kill/hang is about to fire in this rank (sent just before it does)
-    ``flip {step, target, tensor, index, bit, old, new}``   a bit flip was injected
-    ``detected {step, detector, detail, action, to_step}``  a soft-error detector fired (generation rank 0)
-    ``checkpoint {step, path, stall_s, write_s}``           an HDF5 checkpoint is complete on disk
-    ``done {step, fingerprint}``   the rank finished all steps
-    ``error {message, reason}``    the rank failed on its own (an exception, not a fault); it exits next.
-                                   ``reason`` (else None): the run's reason to fail, e.g. "checkpoint not
-                                   written: cannot write PATH: No space left on device" (no rank fault)
-Supervisor -> rank
-    ``start {config, store, checkpoint_dir, provenance}``  once, in answer to ``hello`` (``provenance``: the
-                                                   run's, workbench.provenance; its checkpoints keep it)
-    ``generation {gen, members, rank, size, source, recovery, resume, faults}``
-                                                   join generation ``gen``; ``source`` None: the members pick
-                                                   the most advanced one; ``faults``: this rank's pending faults
-    ``faults_add {faults}``                        live faults (``run.flip``), due at the rank's next step
-    ``stop {reason}``                              leave now (exit code 2 with ``refused``: a join was refused)
-    ``signal {name}``                              send yourself this signal (SIGKILL, SIGSTOP): faults injected
-                                                   into ranks that are not the supervisor's own children
-
-The supervisor notices a dead rank by the end of its connection (and by its exit status), a frozen one by
-missing heartbeats. A rank that loses its connection exits at once: ranks never outlive their supervisor.
+"""The workbench's two line protocols, each one table of message kinds: :data:`CONTROL` (supervisor <-> ranks, one
+TCP connection per rank) and :data:`TEMPLATE` (a rank template and its owners). A message is a JSON object whose
+``type`` is its kind. Senders build messages with :meth:`Protocol.message` (an undeclared kind or field raises
+:class:`ProtocolError`), receivers dispatch on :meth:`Protocol.received`. The run configuration travels in
+``start`` and is rebuilt by :func:`config_from_wire`, without the user-facing checks the supervisor already ran.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from typing import Any
+
+from workbench.errors import WorkbenchError
 
 HEARTBEAT_PERIOD = 0.25
 CONTROL_KEY = "workbench/control"  # store key holding the control server's HOST:PORT (for ranks that join)
+RANK, SUPERVISOR, OWNER, TEMPLATE_PROCESS = "rank", "supervisor", "owner", "template"
+
+
+class ProtocolError(WorkbenchError):
+    """A message of a kind its protocol does not declare, or without a field its kind requires."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of message: who sends it, the fields it always carries and those it may carry, what it means."""
+
+    sender: str
+    fields: tuple[str, ...]
+    meaning: str
+    optional: tuple[str, ...] = ()
+
+
+_STEP_FIGURES = ("loss", "train_acc", "samples", "step_time", "t", "messages", "bytes_sent", "test_loss", "test_acc",
+                 "val_acc", "consensus_distance", "parameters", "hidden_units", "participants", "world_size")
+_FAILED = "the rank failed on its own (an exception, not a fault) and exits next; ``reason``: the run's reason to fail"
+
+CONTROL_KINDS: dict[str, Kind] = {
+    "hello": Kind(RANK, ("id", "pid", "rank_hint"), "first message after connecting; ``id`` None: a rank started "
+                  "elsewhere, joining through the store, asks for rank ``rank_hint`` (None: any free slot)"),
+    "ready": Kind(RANK, (), "data and model built: it may be put in a generation (a warm spare waits here)",
+                  ("cpu",)),
+    "hb": Kind(RANK, (), f"heartbeat, every {HEARTBEAT_PERIOD} s from a thread of its own"),
+    "joined": Kind(RANK, ("gen", "step", "sync_s"), "the rank is in generation ``gen`` and holds the state of "
+                   "``step``; rank 0 of a recovery generation adds ``recovery``, ``resume_step``, ``retried``",
+                   ("cpu", "sync_cpu", "bytes_in", "recovery", "resume_step", "retried")),
+    "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures)",
+                 ("cpu", "sent", "msgs", *_STEP_FIGURES)),
+    "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang is about to fire in this rank", ("random",)),
+    "flip": Kind(RANK, ("step", "target", "tensor", "index", "bit", "old", "new", "planned", "t"),
+                 "a bit flip was injected"),
+    "detected": Kind(RANK, ("step", "detector", "detail", "action", "to_step"),
+                     "a soft-error detector fired (generation rank 0)"),
+    "apoptosis": Kind(RANK, ("step", "tau", "removed", "widths", "parameters", "hidden_units"),
+                      "adaptive neuron apoptosis removed units (generation rank 0)"),
+    "checkpoint": Kind(RANK, ("step", "path", "stall_s", "write_s"), "an HDF5 checkpoint is complete on disk"),
+    "quorum": Kind(RANK, ("step", "participants", "quorum_id", "t"), "torchft: a replica saw a new quorum"),
+    "discarded": Kind(RANK, ("step", "t", "error"), "torchft: a replica's step was not committed"),
+    "ulfm": Kind(RANK, ("event", "step", "t"), "ULFM: a failed MPI call (``failure``) or the shrunk communicator "
+                 "(``shrunk``)", ("error", "size", "revoke_s", "shrink_s", "agree_s", "bytes")),
+    "done": Kind(RANK, ("step", "fingerprint", "group"), "the rank finished all steps", ("detector_s",)),
+    "error": Kind(RANK, ("message", "reason"), _FAILED + " (else None)", ("traceback",)),
+    "peer_error": Kind(RANK, ("message", "reason"), "as ``error``, but only an event: the peer handles it",
+                       ("traceback",)),
+    "start": Kind(SUPERVISOR, ("config", "store", "checkpoint_dir", "provenance", "lighthouse"),
+                  "once, in answer to ``hello``: the run configuration (checked by the supervisor), the store, where "
+                  "checkpoints go, the run's provenance, torchft's lighthouse (else None)"),
+    "generation": Kind(SUPERVISOR, ("gen", "members", "rank", "size", "source", "resume", "recovery", "faults",
+                                    "random_steps"),
+                       "join generation ``gen``; ``source`` None: the members pick the most advanced one; ``resume``: "
+                       "a checkpoint the source reads; ``faults``: this rank's pending faults"),
+    "faults_add": Kind(SUPERVISOR, ("faults",), "live faults (``run.flip``), due at the rank's next step"),
+    "stop": Kind(SUPERVISOR, ("reason",), "leave now (exit code 2 with ``refused``: a join was refused)",
+                 ("refused",)),
+    "signal": Kind(SUPERVISOR, ("name",), "send yourself this signal (SIGKILL, SIGSTOP): faults injected into ranks "
+                   "that are not the supervisor's own children"),
+}
+
+TEMPLATE_KINDS: dict[str, Kind] = {
+    "fork": Kind(OWNER, ("token", "argv", "env", "cwd", "path", "log", "title"), "fork a rank running "
+                 "``workbench.rank.main.main(argv)`` (:mod:`workbench.template`)"),
+    "kill": Kind(OWNER, ("pid",), "SIGKILL that rank's session"),
+    "usage": Kind(OWNER, ("token",), "(stdin only) the CPU seconds of the ranks reaped so far"),
+    "ready": Kind(TEMPLATE_PROCESS, ("pid",), "imports done (on a connection: with its Python and workbench)",
+                  ("prefix", "executable", "workbench", "code")),
+    "forked": Kind(TEMPLATE_PROCESS, ("token", "pid"), "the rank asked for by ``token`` runs"),
+    "fork_failed": Kind(TEMPLATE_PROCESS, ("token", "message"), "the fork asked for by ``token`` failed"),
+    "exit": Kind(TEMPLATE_PROCESS, ("pid", "code"), "a forked rank ended (``code`` as ``Popen.returncode``)"),
+    "usage_answer": Kind(TEMPLATE_PROCESS, ("token", "cpu_s"), "the answer to ``usage``"),
+}
+
+
+class Protocol:
+    """One table of kinds: builds the messages senders send and checks those receivers get."""
+
+    def __init__(self, name: str, kinds: dict[str, Kind]) -> None:
+        self.name = name
+        self.kinds = kinds
+
+    def message(self, kind: str, /, **fields: Any) -> dict[str, Any]:
+        """The message of ``kind`` with ``fields``: every required field, no undeclared one."""
+        declared = self.kinds.get(kind)
+        if declared is None:
+            raise ProtocolError(f"{self.name} protocol: kind {kind!r} is not declared in workbench.protocol")
+        missing = [f for f in declared.fields if f not in fields]
+        unknown = sorted(set(fields) - set(declared.fields) - set(declared.optional))
+        if missing or unknown:
+            raise ProtocolError(f"{self.name} protocol: {kind!r} " + "; ".join(
+                part for part in (missing and f"lacks {', '.join(missing)}", unknown and f"has no {', '.join(unknown)}")
+                if part))
+        return {"type": kind, **fields}
+
+    def received(self, message: dict[str, Any], sender: str) -> str:
+        """The kind of a message that came from ``sender``; ProtocolError if that sender sends no such kind."""
+        kind = message.get("type")
+        declared = self.kinds.get(kind) if isinstance(kind, str) else None
+        if declared is None or declared.sender != sender:
+            raise ProtocolError(f"{self.name} protocol: a {sender} sent {kind!r}, which it does not send")
+        return kind
+
+    def markdown(self) -> str:
+        """The table as Markdown (docs/reference/workbench.protocol.md holds it)."""
+        rows = ["| kind | from | fields | may add | meaning |", "|---|---|---|---|---|"]
+        for kind, k in self.kinds.items():
+            rows.append(f"| `{kind}` | {k.sender} | {', '.join(k.fields)} | {', '.join(k.optional)} | "
+                        f"{k.meaning.replace('``', '`')} |")
+        return "\n".join(rows)
+
+
+CONTROL = Protocol("control", CONTROL_KINDS)
+TEMPLATE = Protocol("template", TEMPLATE_KINDS)
+message = CONTROL.message
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -55,3 +148,21 @@ class LineDecoder:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         return [json.loads(line) for line in lines if line.strip()]
+
+
+def config_from_wire(values: dict[str, Any]) -> Any:
+    """The :class:`~workbench.config.RunConfig` of a ``start`` message, as the supervisor checked and completed it
+    (``RunConfig.to_dict``): no check runs again, so a rank needs no file that only the supervisor's host has (a
+    resume checkpoint is read by the generation's source only, a hosts file was read into ``hosts``)."""
+    from workbench.config import RunConfig, parse_fault
+
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    if set(values) != set(names):
+        raise ProtocolError(f"control protocol: the configuration differs from this workbench's RunConfig (missing "
+                            f"{sorted(set(names) - set(values))}, unknown {sorted(set(values) - set(names))}): "
+                            "another version of the workbench sent it")
+    config = object.__new__(RunConfig)  # no __post_init__: the supervisor ran the checks
+    for name in names:
+        setattr(config, name, values[name])
+    config.faults = [parse_fault(f) for f in values["faults"]]
+    return config

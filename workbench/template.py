@@ -2,10 +2,10 @@
 on request, so a rank starts in milliseconds instead of paying torch's import. This module is the owner's side;
 the template's own process: :mod:`workbench.template_server`.
 
-Protocol: JSON lines over the template's stdin/stdout (``fork``, ``kill``, ``usage`` in; ``ready``, ``forked``,
-``fork_failed``, ``exit``, ``usage`` out), and the same over a shared template's Unix socket (:func:`share`,
-``WORKBENCH_TEMPLATE``). It runs no torch op and starts no thread before forking, and never imports the user's
-code. No orphans: forked ranks die with the template, the template with its owner. Details: docs/internals.md.
+Protocol: JSON lines over the template's stdin/stdout (the kinds of :data:`workbench.protocol.TEMPLATE_KINDS`),
+and the same over a shared template's Unix socket (:func:`share`, ``WORKBENCH_TEMPLATE``). It runs no torch op
+and starts no thread before forking, and never imports the user's code. No orphans: forked ranks die with the
+template, the template with its owner. Details: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from workbench.errors import WorkbenchError
 from workbench.processes import RANK_ENV_DEFAULTS, THREAD_ENV, child_env, import_path, kill_session
-from workbench.protocol import LineDecoder, encode
+from workbench.protocol import TEMPLATE, TEMPLATE_PROCESS, LineDecoder, ProtocolError, encode
 from workbench.template_server import IN_TEMPLATE, code_fingerprint, identity
 
 SHARED_VAR = "WORKBENCH_TEMPLATE"  # the address of a template this process and its children fork their ranks from
 
 
-class TemplateError(RuntimeError):
+class TemplateError(WorkbenchError, RuntimeError):
     """The template could not be started or could not fork a rank."""
 
 
@@ -54,7 +55,7 @@ class ForkedProcess:
             return
         if not self.template.remote:
             kill_session(self.pid)
-        self.template.request({"type": "kill", "pid": self.pid})
+        self.template.request(TEMPLATE.message("kill", pid=self.pid))
 
     def _end(self, code: int) -> None:
         if self.returncode is None:
@@ -126,15 +127,19 @@ class Template:
                 data = b""
             if not data:
                 return
-            for message in decoder.feed(data):
-                self._on_message(message)
+            try:
+                for message in decoder.feed(data):
+                    self._on_message(message)
+            except ProtocolError as exc:  # a template of another workbench version
+                self._fail(str(exc))
+                return
 
     def _on_message(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
+        kind = TEMPLATE.received(message, TEMPLATE_PROCESS)
         if kind == "ready":
             self.pid = message["pid"]
             self._ready.set()
-        elif kind in ("forked", "fork_failed", "usage"):
+        elif kind in ("forked", "fork_failed", "usage_answer"):
             with self._lock:
                 self._waiting[message["token"]] = message
                 if kind == "forked":
@@ -167,12 +172,12 @@ class Template:
         except (OSError, ValueError, AttributeError):
             pass  # its end is noticed by the owner thread
 
-    def _ask(self, message: dict[str, Any], deadline: float, what: str) -> dict[str, Any]:
+    def _ask(self, kind: str, deadline: float, what: str, **fields: Any) -> dict[str, Any]:
         """Send a request with a fresh token and wait for the reply that carries it (TemplateError if none)."""
         with self._lock:
             self._token += 1
             token = self._token
-        self.request({**message, "token": token})
+        self.request(TEMPLATE.message(kind, token=token, **fields))
         with self._lock:
             while token not in self._waiting:
                 if not self.alive:
@@ -189,9 +194,9 @@ class Template:
         deadline = time.monotonic() + timeout
         if not self._ready.wait(max(0.0, self.ready_timeout)):
             raise TemplateError(f"the rank template was not ready within {self.ready_timeout:g} s")
-        reply = self._ask({"type": "fork", "argv": argv, "log": log, "title": title, "cwd": os.getcwd(),
-                           "env": {**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV, **(env or {})},
-                           "path": import_path()}, deadline, f"fork within {timeout:g} s")
+        reply = self._ask("fork", deadline, f"fork within {timeout:g} s", argv=argv, log=log, title=title,
+                          cwd=os.getcwd(), env={**RANK_ENV_DEFAULTS, **os.environ, **THREAD_ENV, **(env or {})},
+                          path=import_path())
         if reply["type"] == "fork_failed":
             raise TemplateError(f"the rank template could not fork: {reply['message']}")
         with self._lock:
@@ -204,7 +209,7 @@ class Template:
         if not self._ready.is_set():
             return 0.0  # still importing: nothing forked, nothing reaped
         try:
-            return float(self._ask({"type": "usage"}, time.monotonic() + timeout, "answer")["cpu_s"])
+            return float(self._ask("usage", time.monotonic() + timeout, "answer")["cpu_s"])
         except TemplateError:
             return None
 

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from workbench.processes import die_with_parent, kill_session
-from workbench.protocol import LineDecoder, encode
+from workbench.protocol import OWNER, TEMPLATE, LineDecoder, ProtocolError, encode
 
 # not torch._dynamo (~1.6 s, more than torch itself): ranks step with workbench.rank.optim, which never imports it
 PRELOAD = ("torch", "torch.distributed", "torch.nn.functional", "numpy", "h5py",
@@ -103,7 +103,7 @@ class Server:
             self.shutdown(0)  # the owner is gone
 
     def serve(self) -> None:
-        self.send({"type": "ready", "pid": os.getpid()})
+        self.send(TEMPLATE.message("ready", pid=os.getpid()))
         decoder = LineDecoder()
         while True:
             watched = [self.inp, self.wake_r, *self.clients]
@@ -132,13 +132,13 @@ class Server:
                     self.handle(message, None)
 
     def handle(self, message: dict[str, Any], client: _Client | None) -> None:
-        kind = message["type"]
+        kind = TEMPLATE.received(message, OWNER)
         if kind == "fork":
             self.fork(message, client)
         elif kind == "kill" and message["pid"] in self.children and self.owners.get(message["pid"]) is client:
             kill_session(message["pid"])
         elif kind == "usage" and client is None:
-            self.send({"type": "usage", "token": message["token"], "cpu_s": self.reaped_cpu_s})
+            self.send(TEMPLATE.message("usage_answer", token=message["token"], cpu_s=self.reaped_cpu_s))
 
     # -- the shared socket -----------------------------------------------------------------------------------------
     def accept(self) -> None:
@@ -157,7 +157,7 @@ class Server:
         sock.settimeout(SEND_TIMEOUT_S)
         client = _Client(sock)
         self.clients[client.fd] = client
-        self.send({"type": "ready", "pid": os.getpid(), **self.identity}, client)
+        self.send(TEMPLATE.message("ready", pid=os.getpid(), **self.identity), client)
 
     def receive(self, client: _Client) -> None:
         try:
@@ -170,7 +170,7 @@ class Server:
         try:
             for message in client.decoder.feed(data):
                 self.handle(message, client)
-        except (ValueError, KeyError, TypeError):  # not the protocol: that connection goes, nothing else
+        except (ValueError, KeyError, TypeError, ProtocolError):  # not the protocol: that connection goes, nothing else
             self.drop(client)
 
     def drop(self, client: _Client) -> None:
@@ -197,14 +197,14 @@ class Server:
             owner = self.owners.pop(pid, None)
             if owner is not None:
                 owner.children.discard(pid)
-            self.send({"type": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)}, owner)
+            self.send(TEMPLATE.message("exit", pid=pid, code=os.waitstatus_to_exitcode(status)), owner)
 
     def fork(self, request: dict[str, Any], client: _Client | None) -> None:
         parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as exc:
-            self.send({"type": "fork_failed", "token": request["token"], "message": str(exc)}, client)
+            self.send(TEMPLATE.message("fork_failed", token=request["token"], message=str(exc)), client)
             return
         if pid == 0:
             code = 1
@@ -220,7 +220,7 @@ class Server:
         self.owners[pid] = client
         if client is not None:
             client.children.add(pid)
-        self.send({"type": "forked", "token": request["token"], "pid": pid}, client)
+        self.send(TEMPLATE.message("forked", token=request["token"], pid=pid), client)
 
     def _become_rank(self, request: dict[str, Any], parent: int) -> None:
         os.setsid()

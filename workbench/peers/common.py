@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from workbench import protocol
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset, shard
 from workbench.models import build_model
@@ -48,15 +49,14 @@ class PeerRank:
         """A planned kill/hang of this step fires here: after the gradient exchange, before the update."""
         fault = self.step_faults.pop(step, None)
         if fault is not None:
-            self.channel.send({"type": "fault", "kind": fault.kind, "step": step, "t": time.time()})
+            self.channel.send(protocol.message("fault", kind=fault.kind, step=step, t=time.time()))
             os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
     def report(self, step: int, gen: int, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor, started: float,
                **extra: Any) -> None:
-        report = {"type": "step", "step": step, "gen": gen, "loss": loss.item(),
-                  "train_acc": (out.argmax(1) == y).float().mean().item(), "samples": len(y),
-                  "step_time": time.perf_counter() - started, "t": time.time(), **extra}
+        figures = {"loss": loss.item(), "train_acc": (out.argmax(1) == y).float().mean().item(), "samples": len(y),
+                   "step_time": time.perf_counter() - started, "t": time.time(), **extra}
         if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.config.steps:
-            report.update(evaluate(self.model, self.data))
-        self.channel.send(report)
+            figures.update(evaluate(self.model, self.data))
+        self.channel.send(protocol.message("step", step=step, gen=gen, **figures))
 

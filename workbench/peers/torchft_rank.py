@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workbench.config import RunConfig
+from workbench import protocol
 from workbench.peers.common import PeerRank
 from workbench.rank.channel import Channel
 from workbench.rank.data_parallel import make_optimizer
@@ -30,7 +30,7 @@ class TorchftReplica(PeerRank):
     def run(self, lighthouse: str) -> None:
         import torchft
 
-        self.channel.send({"type": "ready"})
+        self.channel.send(protocol.message("ready"))
         assignment = self.wait_generation()
         label = assignment["members"][assignment["rank"]]
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -63,8 +63,8 @@ class TorchftReplica(PeerRank):
             participants = manager.num_participants()  # waits for this step's quorum
             if manager._quorum_id != quorum_id:  # read only: a new quorum means torchft saw membership change
                 quorum_id = manager._quorum_id
-                self.channel.send({"type": "quorum", "step": step, "participants": participants,
-                                   "quorum_id": quorum_id, "t": time.time()})
+                self.channel.send(protocol.message("quorum", step=step, participants=participants,
+                                                   quorum_id=quorum_id, t=time.time()))
             self.fault_point(step)
             wrapped.step()
             gen = self.channel.latest_generation["gen"]
@@ -72,10 +72,11 @@ class TorchftReplica(PeerRank):
                 self.report(manager.current_step() - 1, gen, loss, out, y, started, participants=participants)
             else:
                 error = manager.errored()
-                self.channel.send({"type": "discarded", "step": step, "t": time.time(),
-                                   "error": None if error is None else str(error.original_exception)[:200]})
-        self.channel.send({"type": "done", "step": self.config.steps, "fingerprint": fingerprint(self.model),
-                           "group": 0})
+                self.channel.send(protocol.message(
+                    "discarded", step=step, t=time.time(),
+                    error=None if error is None else str(error.original_exception)[:200]))
+        self.channel.send(protocol.message("done", step=self.config.steps, fingerprint=fingerprint(self.model),
+                                           group=0))
         manager.shutdown(wait=False)
 
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs ~6 INFO lines a step otherwise
     host, _, port = args.control.rpartition(":")
     channel = Channel(host, int(port), args.id)
-    serve(channel, lambda start: TorchftReplica(RunConfig.from_dict(start["config"]), channel).run(
+    serve(channel, lambda start: TorchftReplica(protocol.config_from_wire(start["config"]), channel).run(
         start["lighthouse"]), "error")  # a torchft error on a survivor is that peer's outcome
 
 if __name__ == "__main__":

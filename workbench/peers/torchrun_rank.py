@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
-from workbench.config import RunConfig
+from workbench import protocol
 from workbench.peers.common import PeerRank
 from workbench.rank import state as st
 from workbench.rank.data_parallel import make_optimizer
@@ -48,7 +48,7 @@ class TorchrunWorker(PeerRank):
         ddp = torch.nn.parallel.DistributedDataParallel(self.model, bucket_cap_mb=config.bucket_cap_mb)
         named = list(self.model.named_parameters())
         optimizer = make_optimizer(config.optimizer, [p for _, p in named], config.lr, config.momentum)
-        self.channel.send({"type": "ready"})
+        self.channel.send(protocol.message("ready"))
         assignment = self.wait_generation()
         began, step = time.perf_counter(), 0
         if assignment.get("resume"):
@@ -56,10 +56,11 @@ class TorchrunWorker(PeerRank):
             self.model.load_state_dict(saved.model)
             st.load_named_optimizer_state(optimizer, named, saved.optimizer)
             step = saved.step
-        joined = {"type": "joined", "gen": assignment["gen"], "step": step, "sync_s": time.perf_counter() - began}
+        recovered = {}
         if rank == 0 and assignment.get("recovery"):
-            joined.update(recovery=assignment["recovery"], resume_step=step, retried=False)
-        self.channel.send(joined)
+            recovered = {"recovery": assignment["recovery"], "resume_step": step, "retried": False}
+        self.channel.send(protocol.message("joined", gen=assignment["gen"], step=step,
+                                           sync_s=time.perf_counter() - began, **recovered))
         gen = assignment["gen"]
         while step < config.steps:
             started = time.perf_counter()
@@ -73,11 +74,11 @@ class TorchrunWorker(PeerRank):
             if rank == 0:
                 self.report(step, gen, loss, out, y, started)
             else:
-                self.channel.send({"type": "step", "step": step, "gen": gen})
+                self.channel.send(protocol.message("step", step=step, gen=gen))
             step += 1
             if rank == 0 and config.checkpoint_every and step % config.checkpoint_every == 0:
                 self._checkpoint(step, named, optimizer, checkpoint_dir)
-        self.channel.send({"type": "done", "step": step, "fingerprint": fingerprint(self.model), "group": 0})
+        self.channel.send(protocol.message("done", step=step, fingerprint=fingerprint(self.model), group=0))
 
     def _checkpoint(self, step: int, named: list, optimizer: torch.optim.Optimizer, directory: Path) -> None:
         began = time.perf_counter()
@@ -87,7 +88,7 @@ class TorchrunWorker(PeerRank):
                                          torch.get_rng_state(), self.config.seed, self.config.to_dict(),
                                          provenance=self.provenance))
         spent = time.perf_counter() - began
-        self.channel.send({"type": "checkpoint", "step": step, "path": str(path), "stall_s": spent, "write_s": spent})
+        self.channel.send(protocol.message("checkpoint", step=step, path=str(path), stall_s=spent, write_s=spent))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     start_rank_process()  # the agent stops the world with SIGTERM: each worker a dead rank
     channel, _ = _join_from_store(args.store, int(os.environ["RANK"]), 60.0)
     def train(start: dict) -> None:
-        worker = TorchrunWorker(RunConfig.from_dict(start["config"]), channel)
+        worker = TorchrunWorker(protocol.config_from_wire(start["config"]), channel)
         worker.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
         worker.run(Path(start["checkpoint_dir"]))
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.config import RunConfig
+from workbench import protocol
 from workbench.data import shard
 from workbench.peers.common import PeerRank
 from workbench.rank.base import evaluate, fingerprint
@@ -46,9 +46,9 @@ class UlfmRank(PeerRank):
         size = sum(t.numel() for t in self.params + self.buffers) + STATS
         self.flat = np.zeros(size, dtype=np.float32)  # one allreduce a step: gradients, buffers, statistics
         self.optimizer = make_optimizer(config.optimizer, self.params, config.lr, config.momentum)
-        self.channel.send({"type": "ready"})
+        self.channel.send(protocol.message("ready"))
         gen = self.wait_generation()["gen"]
-        self.channel.send({"type": "joined", "gen": gen, "step": 0, "sync_s": 0.0})
+        self.channel.send(protocol.message("joined", gen=gen, step=0, sync_s=0.0))
         step = 0
         while step < config.steps:
             started = time.perf_counter()
@@ -59,7 +59,7 @@ class UlfmRank(PeerRank):
                 continue
             self._report(comm, step, gen, totals, started)
             step += 1
-        self.channel.send({"type": "done", "step": step, "fingerprint": fingerprint(self.model), "group": 0})
+        self.channel.send(protocol.message("done", step=step, fingerprint=fingerprint(self.model), group=0))
         MPI.Finalize()
 
     def _train_step(self, MPI: Any, comm: Any, step: int) -> np.ndarray:
@@ -93,20 +93,19 @@ class UlfmRank(PeerRank):
 
     def _report(self, comm: Any, step: int, gen: int, totals: np.ndarray, started: float) -> None:
         if comm.Get_rank() != 0:
-            self.channel.send({"type": "step", "step": step, "gen": gen})
+            self.channel.send(protocol.message("step", step=step, gen=gen))
             return
         loss_sum, correct, samples = (float(v) for v in totals)
-        report = {"type": "step", "step": step, "gen": gen, "loss": loss_sum / samples, "train_acc": correct / samples,
-                  "samples": int(samples), "step_time": time.perf_counter() - started, "t": time.time(),
-                  "world_size": comm.Get_size()}
+        figures = {"loss": loss_sum / samples, "train_acc": correct / samples, "samples": int(samples),
+                   "step_time": time.perf_counter() - started, "t": time.time(), "world_size": comm.Get_size()}
         if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.config.steps:
-            report.update(evaluate(self.model, self.data))
-        self.channel.send(report)
+            figures.update(evaluate(self.model, self.data))
+        self.channel.send(protocol.message("step", step=step, gen=gen, **figures))
 
     def _recover(self, MPI: Any, comm: Any, exc: Any, step: int) -> tuple[Any, int]:
         """Revoke, shrink, agree; then the survivors take the most advanced one's state (module docstring)."""
-        self.channel.send({"type": "ulfm", "event": "failure", "step": step, "error": exc.Get_error_string(),
-                           "t": time.time()})
+        self.channel.send(protocol.message("ulfm", event="failure", step=step, error=exc.Get_error_string(),
+                                           t=time.time()))
         for _ in range(self.config.world_size):
             t0 = time.perf_counter()
             comm.Revoke()
@@ -123,9 +122,9 @@ class UlfmRank(PeerRank):
                 comm = locals().get("shrunk", comm)  # another process failed meanwhile: recover again
                 continue
             if shrunk.Get_rank() == 0:
-                self.channel.send({"type": "ulfm", "event": "shrunk", "step": max(steps), "size": shrunk.Get_size(),
-                                   "revoke_s": t1 - t0, "shrink_s": t2 - t1, "agree_s": t3 - t2, "bytes": moved,
-                                   "t": time.time()})
+                self.channel.send(protocol.message(
+                    "ulfm", event="shrunk", step=max(steps), size=shrunk.Get_size(), revoke_s=t1 - t0,
+                    shrink_s=t2 - t1, agree_s=t3 - t2, bytes=moved, t=time.time()))
             return shrunk, max(steps)
         raise RuntimeError(f"ULFM recovery failed {self.config.world_size} times in a row at step {step}")
 
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     start_rank_process()
     channel, _ = _join_from_store(args.store, int(os.environ["OMPI_COMM_WORLD_RANK"]), 60.0)
-    serve(channel, lambda start: UlfmRank(RunConfig.from_dict(start["config"]), channel).run(), "error")
+    serve(channel, lambda start: UlfmRank(protocol.config_from_wire(start["config"]), channel).run(), "error")
 
 
 if __name__ == "__main__":

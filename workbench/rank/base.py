@@ -20,14 +20,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
-from workbench import strategies
+from workbench import protocol, strategies
 from workbench.config import FaultSpec, RunConfig
 from workbench.data import BatchSequence, load_dataset
 from workbench.h5files import OutputError
 from workbench.models import build_model
 from workbench.rank import staging
 from workbench.rank import state as st
-from workbench.rank.channel import Channel
+from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.optim import make_optimizer
 from workbench.rank.recovery import InFlight
@@ -109,17 +109,17 @@ class BaseTrainer:
             # a checkpoint write under way finishes first: a planned experiment's restart point must not depend
             # on how fast the disk was (live kills land wherever they land, inside writes included)
             self._writer.join()
-        self.channel.send({"type": "fault", "kind": fault.kind, "step": self.inflight.step, "t": time.time(),
-                           "random": self.inflight.step in self.random_steps})
+        self.channel.send(protocol.message("fault", kind=fault.kind, step=self.inflight.step, t=time.time(),
+                                           random=self.inflight.step in self.random_steps))
         os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
     def _before_fault(self) -> None:
         """Let the communication this step already started complete everywhere: the fault lands mid-exchange."""
 
     def _report_flip(self, fault: FaultSpec, flip: Any, step: int) -> None:
-        self.channel.send({"type": "flip", "step": step, "target": fault.target, "tensor": flip.target,
-                           "index": flip.index, "bit": flip.bits[0] if flip.bits else -1, "old": flip.old,
-                           "new": flip.new, "planned": fault.step, "t": time.time()})
+        self.channel.send(protocol.message("flip", step=step, target=fault.target, tensor=flip.target,
+                                           index=flip.index, bit=flip.bits[0] if flip.bits else -1, old=flip.old,
+                                           new=flip.new, planned=fault.step, t=time.time()))
 
     def _take_live_faults(self) -> None:
         if self.channel.live_faults:
@@ -197,8 +197,7 @@ class BaseTrainer:
     def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,
                      evaluation: dict[str, float] | None = None) -> None:
         """Rank 0 of the generation reports the step's global figures (stats: loss sum, correct, samples)."""
-        report: dict[str, Any] = {"type": "step", "step": step, "gen": self.comm.gen, "sent": self.traffic[1],
-                                  "msgs": self.traffic[0]}
+        report: dict[str, Any] = {"step": step, "gen": self.comm.gen, "sent": self.traffic[1], "msgs": self.traffic[0]}
         if self.comm.rank == 0:
             samples = max(stats[2].item(), 1.0)
             report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
@@ -206,7 +205,16 @@ class BaseTrainer:
                           bytes_sent=self.traffic[1], **(extra or {}))
             if evaluation:
                 report.update(evaluation)
-        self.channel.send(report)
+        self.channel.send(protocol.message("step", **report))
+
+    def _report_joined(self, started: float, started_cpu: float, received: int, recovery: str | None,
+                       retried: bool) -> None:
+        """The state of this generation is settled: ``joined`` (rank 0 of a recovery generation says how)."""
+        fields: dict[str, Any] = {"sync_cpu": cpu_time() - started_cpu, "bytes_in": received}
+        if recovery and self.comm.rank == 0:
+            fields.update(recovery=recovery, resume_step=self.step, retried=retried)
+        self.channel.send(protocol.message("joined", gen=self.comm.gen, step=self.step,
+                                           sync_s=time.monotonic() - started, **fields))
 
     def _evaluation_due(self) -> bool:
         return self.step % self.config.eval_interval == 0 or self.step == self.config.steps
@@ -262,11 +270,11 @@ class BaseTrainer:
             try:
                 ckpt.save(path, snapshot)
             except OutputError as exc:  # a full disk, a read-only place: the run fails as such, not as a fault
-                self.channel.send({"type": "error", "message": str(exc), "reason": f"checkpoint not written: {exc}"})
+                self.channel.send(protocol.message("error", message=str(exc), reason=f"checkpoint not written: {exc}"))
                 os._exit(1)
             stall = taken[0] + (staged.waited() if staged is not None else 0.0)
-            self.channel.send({"type": "checkpoint", "step": snapshot.step, "path": str(path), "stall_s": stall,
-                               "write_s": time.perf_counter() - began})
+            self.channel.send(protocol.message("checkpoint", step=snapshot.step, path=str(path), stall_s=stall,
+                                               write_s=time.perf_counter() - began))
 
         self._writer = self._writer or staging.Writer()
         if staged is not None:
@@ -300,7 +308,7 @@ class BaseTrainer:
         raise NotImplementedError
 
     def run(self) -> None:
-        self.channel.send({"type": "ready"})
+        self.channel.send(protocol.message("ready"))
         assignment = self._wait_assignment()
         while True:
             try:
@@ -318,8 +326,8 @@ class BaseTrainer:
                 assignment = self.channel.latest_generation
         if self._writer is not None:
             self._writer.join()
-        self.channel.send({"type": "done", "step": self.step, "fingerprint": fingerprint(self.model),
-                           "group": self.replica_group(), "detector_s": self.detector_s})
+        self.channel.send(protocol.message("done", step=self.step, fingerprint=fingerprint(self.model),
+                                           group=self.replica_group(), detector_s=self.detector_s))
 
     def replica_group(self) -> int:
         """Members with the same group hold replicas of the same parameters (a pipeline stage's replicas)."""

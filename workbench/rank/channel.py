@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from workbench.protocol import HEARTBEAT_PERIOD, LineDecoder, encode
+from workbench.protocol import CONTROL, HEARTBEAT_PERIOD, SUPERVISOR, LineDecoder, ProtocolError, encode, message
 
 CLOCKED = frozenset({"ready", "joined", "step"})
 
@@ -78,14 +78,15 @@ class Channel:
         self.latest_generation: dict[str, Any] | None = None
         self.stop_reason: str | None = None
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
-        self.send({"type": "hello", "id": worker_id, "pid": os.getpid(), "rank_hint": rank_hint})
+        self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
 
-    def send(self, message: dict[str, Any]) -> None:
-        if message.get("type") in CLOCKED:
-            message["cpu"] = cpu_time()
-        data = encode(message)
+    def send(self, sent: dict[str, Any]) -> None:
+        """Send a message built by :func:`workbench.protocol.message`."""
+        if sent["type"] in CLOCKED:
+            sent["cpu"] = cpu_time()
+        data = encode(sent)
         try:
             with self._send_lock:
                 self.sock.sendall(data)
@@ -104,25 +105,30 @@ class Channel:
                 data = b""
             if not data:
                 os._exit(3)  # the supervisor closed the channel or died: never outlive it
-            for message in decoder.feed(data):
-                if message["type"] == "generation":
-                    self.latest_generation = message
+            for got in decoder.feed(data):
+                try:
+                    kind = CONTROL.received(got, SUPERVISOR)
+                except ProtocolError as exc:  # a supervisor of another workbench version: no way to follow it
+                    print(f"workbench rank: {exc}", file=sys.stderr, flush=True)
+                    os._exit(2)
+                if kind == "generation":
+                    self.latest_generation = got
                     self.wake.set()
-                elif message["type"] == "faults_add":
-                    self.live_faults.extend(message["faults"])
+                elif kind == "faults_add":
+                    self.live_faults.extend(got["faults"])
                     continue
-                elif message["type"] == "stop":
-                    self.stop_reason = message.get("reason", "stopped")
-                    if message.get("refused"):
+                elif kind == "stop":
+                    self.stop_reason = got.get("reason", "stopped")
+                    if got.get("refused"):
                         print(f"workbench rank: {self.stop_reason}", file=sys.stderr, flush=True)
                         os._exit(2)
                     os._exit(0)
-                elif message["type"] == "signal":
-                    os.kill(os.getpid(), getattr(signal, message["name"]))
+                elif kind == "signal":
+                    os.kill(os.getpid(), getattr(signal, got["name"]))
                     continue
-                self.inbox.put(message)
+                self.inbox.put(got)
 
     def _beat(self) -> None:
         while True:
             time.sleep(HEARTBEAT_PERIOD)
-            self.send({"type": "hb"})
+            self.send(message("hb"))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.errors import WorkbenchError
 from workbench.rank.channel import Channel
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
@@ -42,11 +43,11 @@ def _gloo_options(address: str) -> dist.ProcessGroupGloo._Options:
     return options
 
 
-class GenerationChanged(Exception):
+class GenerationChanged(WorkbenchError):
     """The supervisor announced a newer generation while this rank was waiting."""
 
 
-class CommError(Exception):
+class CommError(WorkbenchError):
     """A collective failed or timed out and no new generation came to replace the group."""
 
 

@@ -182,13 +182,8 @@ class GossipTrainer(BaseTrainer):
         self.comm.prepare_links([q for q in peers if q is not None])  # out of the steps' timings
         self.partition = LocalPartition(len(self.data.y_train), self.comm.rank, self.comm.size, self.local_batch,
                                         self.config.seed, self.comm.gen)
-        report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started,
-                                  "sync_cpu": cpu_time() - started_cpu, "bytes_in": self.bytes_in}
-        if recovery and self.comm.rank == 0:
-            report.update(recovery=recovery, resume_step=self.step,
-                          retried=bool(recovering and recovering.retries_failed_step))
-        self.channel.send(report)
+        self._report_joined(started, started_cpu, self.bytes_in, recovery,
+                            bool(recovering and recovering.retries_failed_step))
         self.trained = True
         self._first_snapshot()
 

@@ -151,11 +151,11 @@ def _show(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class _NotAStore(Exception):
+class _NotAStore(WorkbenchError):
     """Another program answered: waiting longer will not make it a run's store."""
 
 
-class _Closed(Exception):
+class _Closed(WorkbenchError):
     """The peer closed the connection without a word (a store going down, a program that refuses): retried."""
 
 

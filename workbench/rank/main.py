@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from workbench import protocol
 from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.processes import die_with_parent
@@ -51,9 +52,8 @@ def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
         code = 1
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         output = isinstance(exc, OutputError)
-        channel.send({"type": "error" if output else error_kind, "message": detail,
-                      "reason": str(exc) if output else None,
-                      "traceback": traceback.format_exc(limit=8)})
+        channel.send(protocol.message("error" if output else error_kind, message=detail,
+                                      reason=str(exc) if output else None, traceback=traceback.format_exc(limit=8)))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
         channel = Channel(host, int(port), args.id)
 
     def train(start: dict[str, Any]) -> None:
-        config = RunConfig.from_dict(start["config"])
+        config = protocol.config_from_wire(start["config"])  # checked by the supervisor
         store_host, _, store_port = start["store"].rpartition(":")
         store = dist.TCPStore(store_host, int(store_port), is_master=False,
                               timeout=timedelta(seconds=config.startup_timeout))

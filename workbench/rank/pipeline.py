@@ -260,12 +260,7 @@ class PipelineTrainer(BaseTrainer):
         elif a["source"] is None:
             self._settle_replicas()
         self._first_snapshot()
-        report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started,
-                                  "sync_cpu": cpu_time() - started_cpu, "bytes_in": self.bytes_in}
-        if recovery and self.comm.rank == 0:
-            report.update(recovery=recovery, resume_step=self.step, retried=False)
-        self.channel.send(report)
+        self._report_joined(started, started_cpu, self.bytes_in, recovery, False)
         self.inflight = None
         self.trained = True
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
-from workbench import strategies
+from workbench import protocol, strategies
 from workbench.config import RunConfig
 from workbench.data import BatchSequence, shard
 from workbench.rank import staging, transfer
@@ -120,10 +120,11 @@ class Trainer(BaseTrainer):
         self.injector.refresh()
         self.detectors.refresh()
         if self.comm.rank == 0:
-            self.channel.send({"type": "apoptosis", "step": self.step - 1, "tau": self.apoptosis.tau,
-                               "removed": {layer: len(gone) for layer, gone in removals.items()},
-                               "widths": {layer: [widths[layer], widths[layer] - len(gone)]
-                                          for layer, gone in removals.items()}, **self.size})
+            self.channel.send(protocol.message(
+                "apoptosis", step=self.step - 1, tau=self.apoptosis.tau,
+                removed={layer: len(gone) for layer, gone in removals.items()},
+                widths={layer: [widths[layer], widths[layer] - len(gone)] for layer, gone in removals.items()},
+                **self.size))
 
     # -- generations --------------------------------------------------------------------------------------------
     def join(self, a: dict[str, Any]) -> None:
@@ -154,13 +155,8 @@ class Trainer(BaseTrainer):
                                          self._state_meta() if source else None, self._place)
         if header is not None and not source:
             self._adopt_received(header["meta"])
-        report: dict[str, Any] = {"type": "joined", "gen": self.comm.gen, "step": self.step,
-                                  "sync_s": time.monotonic() - started,
-                                  "sync_cpu": cpu_time() - started_cpu, "bytes_in": received}
         retry = bool(recovering and recovering.retries_failed_step) and agreement.applied >= 0
-        if recovery and self.comm.rank == 0:
-            report.update(recovery=recovery, resume_step=self.step, retried=retry)
-        self.channel.send(report)  # the state is settled: training resumes here
+        self._report_joined(started, started_cpu, received, recovery, retry)  # settled: training resumes here
         if retry:
             # the failed step: finish its exchange among the members with the gradients they kept
             mine = self.inflight is not None and self.inflight.step == self.step
@@ -270,8 +266,8 @@ class Trainer(BaseTrainer):
             action = "rollback; the alarm repeats on replay (deterministic, not transient): the step is let through"
         self._detections.add((at, detected.detector))
         if self.comm.rank == 0:
-            self.channel.send({"type": "detected", "step": at, "detector": detected.detector,
-                               "detail": detected.detail, "action": action, "to_step": self.step})
+            self.channel.send(protocol.message("detected", step=at, detector=detected.detector,
+                                               detail=detected.detail, action=action, to_step=self.step))
 
     def _verify_replicas(self) -> None:
         """Every ``detect_every`` steps: a snapshot of this state, verified (it becomes the one to return to) when
@@ -314,9 +310,9 @@ class Trainer(BaseTrainer):
             self._restore(self.verified)
             action = "rollback"
         if self.comm.rank == 0:
-            self.channel.send({"type": "detected", "step": self.step - 1, "detector": "fingerprint",
-                               "detail": f"replicas at generation ranks {odd} differ", "action": action,
-                               "to_step": self.step})
+            self.channel.send(protocol.message("detected", step=self.step - 1, detector="fingerprint",
+                                               detail=f"replicas at generation ranks {odd} differ", action=action,
+                                               to_step=self.step))
 
     # -- training -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:

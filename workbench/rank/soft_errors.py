@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from workbench.config import FaultSpec, RunConfig
+from workbench.errors import WorkbenchError
 from workbench.faults.bitflip import Flip, apply_masks, width
 from workbench.rank.state import float_buffers
 
@@ -28,7 +29,7 @@ ALARM_SLOTS = 2 + 2 * DIGESTS  # guard, spike, then the fingerprint's digests
 NO_DIGESTS = (0.0,) * (2 * DIGESTS)
 
 
-class Detected(Exception):
+class Detected(WorkbenchError):
     """Corruption seen on collective information: every rank raises this at the same point."""
 
     def __init__(self, detector: str, detail: str) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import RunStartError
-from workbench.protocol import LineDecoder, encode
+from workbench.protocol import CONTROL, RANK, LineDecoder, ProtocolError, encode, message
 from workbench.supervisor.launcher import Worker
 from workbench.supervisor.store import StoreServer
 
@@ -35,6 +35,14 @@ def open_store(host: str, port: int) -> tuple[StoreServer, socket.socket]:
                             "a --bind address of this machine") from None
     listen.listen(256)
     return StoreServer(listen), listen
+
+
+def _says_hello(first: dict[str, Any]) -> bool:
+    try:
+        kind = CONTROL.received(first, RANK)
+    except ProtocolError:
+        return False
+    return kind == "hello"
 
 
 @dataclass
@@ -95,7 +103,7 @@ class ControlServer:
             data = b""
         if isinstance(who, Pending):
             messages = who.decoder.feed(data) if data else []
-            if not data or (messages and messages[0].get("type") != "hello"):
+            if not data or (messages and not _says_hello(messages[0])):
                 self.drop(conn)
                 return []
             return [("hello", who, messages)] if messages else []
@@ -122,11 +130,12 @@ class ControlServer:
             messages += worker.decoder.feed(data)
         return messages
 
-    def send(self, worker: Worker | None, message: dict[str, Any]) -> None:
+    def send(self, worker: Worker | None, sent: dict[str, Any]) -> None:
+        """Send ``worker`` a message built by :func:`workbench.protocol.message`."""
         if worker is None or worker.conn is None:
             return
         try:
-            worker.conn.sendall(encode(message))
+            worker.conn.sendall(encode(sent))
         except OSError:
             pass  # its death is noticed by the watch loop
 
@@ -136,7 +145,7 @@ class ControlServer:
         reads it; the rank exits on reading it and the socket is closed with the server."""
         self.forget(pending.conn)
         try:
-            pending.conn.sendall(encode({"type": "stop", "reason": reason, "refused": True}))
+            pending.conn.sendall(encode(message("stop", reason=reason, refused=True)))
             pending.conn.shutdown(socket.SHUT_WR)
         except OSError:
             pass

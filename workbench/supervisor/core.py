@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoint as ckpt
-from workbench import clock, provenance, strategies
+from workbench import clock, protocol, provenance, strategies
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
 from workbench.hosts import Host, placement
 from workbench.peers.adapters import adapter
-from workbench.protocol import CONTROL_KEY
+from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
@@ -223,10 +223,9 @@ class Supervisor:
     def _announce(self, d: Generation) -> None:
         members = list(d.members)
         for i, (label, id) in enumerate(zip(d.members, d.holders)):
-            self.control.send(self.launcher.workers[id], {
-                "type": "generation", "gen": d.gen, "members": members, "rank": i, "size": len(members),
-                "source": d.source, "resume": d.resume, "recovery": d.recovery,
-                **self.plan.for_member(label, members)})
+            self.control.send(self.launcher.workers[id], protocol.message(
+                "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
+                resume=d.resume, recovery=d.recovery, **self.plan.for_member(label, members)))
         if d.gen == 0:
             self.status.update(state="running")
         self.recorder.generation(d)
@@ -248,7 +247,7 @@ class Supervisor:
                 if w is None or arg.rank not in self.membership.members:
                     self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
                 else:
-                    self.control.send(w, {"type": "faults_add", "faults": [str(arg)]})
+                    self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
 
     def _inject(self, kind: str, label: int, source: str) -> None:
         w = self.worker(label)
@@ -296,14 +295,14 @@ class Supervisor:
             return
         self.control.attach(worker, pending)
         worker.last_heard = time.monotonic()
-        self.control.send(worker, {"type": "start", "config": self.config.to_dict(),
-                                   "lighthouse": self.lighthouse_address, "store": self.store_address,
-                                   "checkpoint_dir": str(self.checkpoint_dir), "provenance": self.provenance})
+        self.control.send(worker, protocol.message(
+            "start", config=self.config.to_dict(), lighthouse=self.lighthouse_address, store=self.store_address,
+            checkpoint_dir=str(self.checkpoint_dir), provenance=self.provenance))
         for message in messages[1:]:
             self._handle(worker, message)
 
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
-        kind = m["type"]
+        kind = CONTROL.received(m, RANK)
         if kind == "hb":
             return
         if kind == "step":
@@ -366,7 +365,7 @@ class Supervisor:
         if self.launcher is not None:
             for w in self.launcher.workers.values():
                 if w.conn is not None and w.alive:
-                    self.control.send(w, {"type": "stop", "reason": "run ended"})
+                    self.control.send(w, protocol.message("stop", reason="run ended"))
             self.launcher.close(self.control.send if self.control else None)
             for w in self.launcher.workers.values():
                 if w.conn is not None:

@@ -23,7 +23,7 @@ from typing import Any
 from workbench.errors import RunStartError
 from workbench.hosts import Host
 from workbench.processes import child_env, die_with_parent, kill_session
-from workbench.protocol import LineDecoder
+from workbench.protocol import LineDecoder, message
 from workbench.template import ForkedProcess, Template, TemplateError, local_template
 
 TITLE = "workbench.rank"  # forked ranks' command line starts with this: `ps` and the leak checks find them
@@ -163,7 +163,7 @@ class Launcher:
         if worker.pid is not None:
             _kill_pid(worker.pid, signal.SIGKILL)  # a stopped (hung) process cannot act on a message
         elif worker.remote and send is not None:
-            send(worker, {"type": "signal", "name": "SIGKILL"})  # and it exits when its connection closes
+            send(worker, message("signal", name="SIGKILL"))  # and it exits when its connection closes
         if worker.proc is not None:
             kill_process(worker.proc)
 
@@ -172,7 +172,7 @@ class Launcher:
         if worker.pid is not None:
             _kill_pid(worker.pid, getattr(signal, name))
         elif worker.remote:
-            send(worker, {"type": "signal", "name": name})  # not our child: it signals itself
+            send(worker, message("signal", name=name))  # not our child: it signals itself
         else:
             os.kill(worker.proc.pid, getattr(signal, name))
 

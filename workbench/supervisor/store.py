@@ -16,6 +16,8 @@ import sys
 import threading
 from collections import defaultdict, deque
 
+from workbench.errors import WorkbenchError
+
 MAGIC = 0x3C85F7CE
 KEY_PREFIX = "/"  # torch's TCPStore client puts this before every key it sends
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
@@ -27,7 +29,7 @@ _U32, _U64, _I64 = struct.Struct(_ORDER + "I"), struct.Struct(_ORDER + "Q"), str
 _MAX_LEN = 1 << 30  # a key or value longer than this is a broken client, not a rendezvous
 
 
-class _Incomplete(Exception):
+class _Incomplete(WorkbenchError):
     """The buffer holds only part of the next query: wait for more bytes."""
 
 
