@@ -1,7 +1,9 @@
 """Typed errors of the workbench, one clear message each.
 
 Every error a user can cause is raised before any rank process starts and says what was wrong and what is
-allowed; the CLI prints ``str(error)`` as one line and exits 2.
+allowed; the CLI prints ``str(error)`` as one line and exits 2. Every exception class of the workbench derives
+from :class:`WorkbenchError`: these, those of the rooms (``TemplateError``, ``JoinError``, ``CommError``,
+``ProtocolError``, ...) and the signals a rank's loop raises to itself (``GenerationChanged``, ``Detected``).
 """
 
 from __future__ import annotations
