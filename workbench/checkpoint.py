@@ -109,8 +109,11 @@ def verify(path: str | os.PathLike) -> list[str]:
     return bad
 
 
-def unusable(path: str | os.PathLike) -> str | None:
-    """Why a run cannot resume from the checkpoint at ``path`` (None: it verifies)."""
+def unusable(path: str | os.PathLike, elsewhere: bool = False) -> str | None:
+    """Why a run cannot resume from the checkpoint at ``path`` (None: it verifies). ``elsewhere``: ranks run on
+    other hosts too, so a file missing here may be on the disk of the rank that loads it (which checks it)."""
+    if elsewhere and not Path(path).exists():
+        return None
     try:
         bad = verify(path)
     except WorkbenchError as exc:

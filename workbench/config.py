@@ -81,6 +81,7 @@ class RunConfig:
     bucket_cap_mb: float = 1.0
     buckets: int | None = None
     heartbeat_timeout: float = 2.0
+    progress_timeout: float | None = None
     startup_timeout: float = 120.0
     spawn: str = "template"
     op_timeout: float = 60.0
@@ -149,6 +150,8 @@ class RunConfig:
         self._check_apoptosis()
         for name in ("bucket_cap_mb", "heartbeat_timeout", "startup_timeout", "op_timeout"):
             _positive(name, getattr(self, name))
+        if self.progress_timeout is not None:
+            _positive("progress_timeout", self.progress_timeout)
         _int_in("buckets", 1 if self.buckets is None else self.buckets, 1, 100_000)
         self._check_hosts()
         self._check_peer()
@@ -223,7 +226,8 @@ class RunConfig:
             return
         unsupported = {"regrow": self.regrow, "detect": self.detect, "apoptosis": self.apoptosis,
                        "hosts": self.hosts, "resume": self.resume,
-                       "flip faults": [f for f in self.faults if isinstance(f, FaultSpec) and f.kind == "flip"]}
+                       "flip faults": [f for f in self.faults if isinstance(f, FaultSpec) and f.kind == "flip"],
+                       "stall faults": [f for f in self.faults if isinstance(f, FaultSpec) and f.kind == "stall"]}
         for name, value in unsupported.items():
             if value:
                 raise ConfigError("strategy", f"{self.strategy!r} runs the peer system as its users do; {name} is "

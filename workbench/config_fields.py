@@ -98,6 +98,10 @@ SETTINGS: dict[str, Setting] = {
                        docs="two, so that `forward` differs from `shrink` on every model: [Permanent faults]"
                        "(permanent-faults.md)"),
     "heartbeat_timeout": Setting("seconds without heartbeat before a rank counts as frozen"),
+    "progress_timeout": Setting("seconds with no step committed before the rank that holds the run up counts as "
+                                "stalled and is killed (default: 20 times the slowest gap between two commits so "
+                                "far, at least heartbeat_timeout)",
+                                docs="[Stalls](permanent-faults.md#stalls-the-progress-watchdog)"),
     "startup_timeout": Setting("seconds a rank may take to start and report ready before it counts as dead",
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "

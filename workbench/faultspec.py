@@ -18,7 +18,7 @@ from typing import Any
 from workbench.errors import ConfigError
 
 DISTRIBUTIONS = ("exponential", "weibull")
-FAULT_KINDS = ("kill", "hang", "flip")
+FAULT_KINDS = ("kill", "hang", "stall", "flip")
 FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimizer")
 
 
@@ -26,7 +26,8 @@ FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimiz
 class FaultSpec:
     """One planned fault: ``kind`` hits ``rank`` at training ``step`` or ``time`` seconds after the first step.
 
-    ``kill`` sends SIGKILL, ``hang`` sends SIGSTOP (the rank freezes; only heartbeats can tell). A step fault
+    ``kill`` sends SIGKILL, ``hang`` sends SIGSTOP (the rank freezes; only heartbeats can tell), ``stall`` blocks
+    the rank's training thread while its heartbeat goes on (only the progress watchdog can tell). A step fault
     fires inside the rank, in the middle of that step's gradient exchange (just before the rank hands its last
     gradient bucket to the allreduce), so it is exactly reproducible. A time fault is sent by the supervisor.
     """
@@ -67,7 +68,7 @@ class FaultSpec:
             raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
         if (self.step is None) == (self.time is None):
             raise ConfigError("fault", f"{self.kind}:rank={self.rank} needs exactly one of step=N or time=SECONDS")
-        next_step = self.kind == "flip" and self.step == -1  # a live flip: at the rank's next step
+        next_step = self.kind in ("flip", "stall") and self.step == -1  # a live flip or stall: at the next step
         if self.step is not None and not next_step and (not isinstance(self.step, int) or self.step < 0):
             raise ConfigError("fault", f"step={self.step!r} must be an integer >= 0")
         if self.time is not None and not (isinstance(self.time, (int, float)) and self.time >= 0):

@@ -13,7 +13,8 @@ from workbench import clock as clocks
 if TYPE_CHECKING:
     from workbench.results import RunResult
 
-FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "failure": ("x-thin", "crimson"),
+FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "stall": ("hourglass", "goldenrod"),
+                 "failure": ("x-thin", "crimson"),
                  "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
                  "restart": ("circle-open", "purple"), "regrow": ("star", "teal")}
 

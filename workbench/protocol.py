@@ -42,13 +42,15 @@ CONTROL_KINDS: dict[str, Kind] = {
                   "elsewhere, joining through the store, asks for rank ``rank_hint`` (None: any free slot)"),
     "ready": Kind(RANK, (), "data and model built: it may be put in a generation (a warm spare waits here)",
                   ("cpu",)),
-    "hb": Kind(RANK, (), f"heartbeat, every {HEARTBEAT_PERIOD} s from a thread of its own"),
+    "hb": Kind(RANK, (), f"heartbeat, every {HEARTBEAT_PERIOD} s from a thread of its own; ``waiting``: the "
+               "training thread waits in a collective, ``ops``: collectives it waited for (the watchdog's clues)",
+               ("waiting", "ops")),
     "joined": Kind(RANK, ("gen", "step", "sync_s"), "the rank is in generation ``gen`` and holds the state of "
                    "``step``; rank 0 of a recovery generation adds ``recovery``, ``resume_step``, ``retried``",
                    ("cpu", "sync_cpu", "bytes_in", "recovery", "resume_step", "retried")),
     "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures)",
                  ("cpu", "sent", "msgs", *_STEP_FIGURES)),
-    "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang is about to fire in this rank", ("random",)),
+    "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang/stall is about to fire in this rank", ("random",)),
     "flip": Kind(RANK, ("step", "target", "tensor", "index", "bit", "old", "new", "planned", "t"),
                  "a bit flip was injected"),
     "detected": Kind(RANK, ("step", "detector", "detail", "action", "to_step"),

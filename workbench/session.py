@@ -100,6 +100,14 @@ class Run:
         self._supervisor.command("hang", live_rank(rank, "hang", self.status, self.events, self.config.world_size,
                                                    self.done))
 
+    def stall(self, rank: int) -> None:
+        """Block ``rank``'s training thread at its next step while its heartbeat goes on (a deadlock, a stuck
+        loop): the progress watchdog finds it. ConfigError as for :meth:`kill`."""
+        from workbench.live_ranks import live_rank
+
+        self._supervisor.command("stall", live_rank(rank, "stall", self.status, self.events, self.config.world_size,
+                                                    self.done))
+
     def flip(self, rank: int, target: str, tensor: str, index: int | None = None, bit: int | None = None,
              seed: int | None = None) -> None:
         """Flip a bit on ``rank`` at its next step (index/bit drawn from ``seed`` when left out)."""

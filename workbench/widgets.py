@@ -1,6 +1,6 @@
 """The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
 
-``Lab()`` shows the run's configuration, Start / Stop, Kill and Hang buttons per rank, a bit-flip form, a status
+``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang and Stall buttons per rank, a bit-flip form, a status
 line and a live plotly ``FigureWidget`` (loss, accuracy, world size, fault and recovery markers). The run's
 monitor thread only appends to the panel's buffers; a refresher thread redraws at most ``REFRESH_HZ`` times a
 second. Stop, a kernel interrupt and a kernel restart all end the run.
@@ -27,7 +27,7 @@ REFRESH_HZ = 5
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
-MARKED = ("kill", "hang", "flip", "failure", "detected", "recovered", "generation")
+MARKED = ("kill", "hang", "stall", "flip", "failure", "detected", "recovered", "generation")
 MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
 
 
@@ -171,6 +171,9 @@ class Lab:
     def hang(self, rank: int) -> None:
         self._live_fault("hang", rank)
 
+    def stall(self, rank: int) -> None:
+        self._live_fault("stall", rank)
+
     def _live_fault(self, kind: str, rank: int) -> None:
         """A button of a rank that died (or of an ended run) before the panel greyed it: said in the status line."""
         try:
@@ -222,9 +225,11 @@ class Lab:
         for rank in range(world_size):
             kill = w.Button(description=f"Kill {rank}", button_style="danger", layout={"width": "80px"})
             hang = w.Button(description=f"Hang {rank}", button_style="warning", layout={"width": "80px"})
+            stall = w.Button(description=f"Stall {rank}", button_style="info", layout={"width": "80px"})
             kill.on_click(lambda _b, r=rank: self.kill(r))
             hang.on_click(lambda _b, r=rank: self.hang(r))
-            buttons.append(w.VBox([kill, hang]))
+            stall.on_click(lambda _b, r=rank: self.stall(r))
+            buttons.append(w.VBox([kill, hang, stall]))
         self.rank_buttons.children = buttons
 
     def _make_figure(self) -> go.FigureWidget:

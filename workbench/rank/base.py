@@ -94,13 +94,13 @@ class BaseTrainer:
 
     def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
         faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
-        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang")}
+        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang", "stall")}
         self.random_steps = set(a.get("random_steps", []))
         return faults
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _fault_point(self) -> None:
-        """Planned kill/hang of this step fires here, at the mode's mid-step point."""
+        """Planned kill/hang/stall of this step fires here, at the mode's mid-step point."""
         fault = self.step_faults.pop(self.inflight.step, None)
         if fault is None:
             return
@@ -111,6 +111,10 @@ class BaseTrainer:
             self._writer.join()
         self.channel.send(protocol.message("fault", kind=fault.kind, step=self.inflight.step, t=time.time(),
                                            random=self.inflight.step in self.random_steps))
+        if fault.kind == "stall":
+            # the training thread blocks for good while the heartbeat goes on: the supervisor's progress watchdog
+            # kills this process (and a rank whose supervisor is gone exits with its connection)
+            threading.Event().wait()
         os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
 
     def _before_fault(self) -> None:
@@ -124,7 +128,10 @@ class BaseTrainer:
     def _take_live_faults(self) -> None:
         if self.channel.live_faults:
             live, self.channel.live_faults[:] = list(self.channel.live_faults), []
-            self.injector.pending += [FaultSpec.parse(f) for f in live]
+            faults = [FaultSpec.parse(f) for f in live]
+            for fault in (f for f in faults if f.kind == "stall"):
+                self.step_faults[self.step] = fault  # at this step's fault point
+            self.injector.pending += [f for f in faults if f.kind != "stall"]
 
     def _begin_step(self) -> tuple[int, float]:
         """Mark the step in flight and fire the flips due at its start; returns (step, start time)."""

@@ -77,6 +77,8 @@ class Channel:
         self.wake = threading.Event()  # set on every membership change; waits in comm.py watch it
         self.latest_generation: dict[str, Any] | None = None
         self.stop_reason: str | None = None
+        self.waiting = False  # the training thread waits in a collective (Comm.wait); sent with each heartbeat
+        self.ops = 0  # collectives it waited for
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
         self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
@@ -131,4 +133,4 @@ class Channel:
     def _beat(self) -> None:
         while True:
             time.sleep(HEARTBEAT_PERIOD)
-            self.send(message("hb"))
+            self.send(message("hb", waiting=self.waiting, ops=self.ops))

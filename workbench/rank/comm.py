@@ -133,8 +133,17 @@ class Comm:
 
         The wait itself happens in C++ (``Work.wait`` with a short timeout, GIL released): a Python-side wait on a
         completion callback cost ~0.2 ms of thread wake-up per collective, 10 % of a small model's step. A timed
-        out wait leaves the work intact; between slices the rank looks for a newer generation.
+        out wait leaves the work intact; between slices the rank looks for a newer generation. The heartbeat says
+        the rank waits meanwhile (the progress watchdog's clue).
         """
+        self.channel.ops += 1
+        self.channel.waiting = True
+        try:
+            self._wait(work, grace)
+        finally:
+            self.channel.waiting = False
+
+    def _wait(self, work: dist.Work, grace: float) -> None:
         deadline = time.monotonic() + self.op_timeout
         while True:
             if self.newer_generation():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
 from workbench.supervisor.membership import Assign, Decision, End, Generation, Lost, Membership, Note, Retire, Start
 from workbench.supervisor.recorder import EventCallback, Recorder
+from workbench.supervisor.watchdog import Watchdog
 
 
 class Supervisor:
@@ -50,8 +52,9 @@ class Supervisor:
         self.membership = Membership(
             self.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
             resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None,
-            verify=self._unusable if config.resume_verify else None)
+            verify=partial(ckpt.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
         self.plan = FaultPlan(config)
+        self.watchdog = Watchdog(config.progress_timeout, config.heartbeat_timeout)
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.control: ControlServer | None = None
         self.launcher: Launcher | None = None
@@ -169,6 +172,22 @@ class Supervisor:
                 self._on_death(w, f"was not ready within {self.config.startup_timeout:g} s" + self._join_hint(w))
             if self._outcome:
                 return
+        if self.membership.started and not self.membership.restarting:
+            self._stalled(now)
+
+    def _stalled(self, now: float) -> None:
+        """Members alive but holding the run up (no step committed for the progress timeout): killed, and
+        recovered from like a death; the stall dates from the last step committed."""
+        members = [w for w in self.member_workers if w is not None and w.alive and not w.done]
+        if len(members) < len(self.membership.members):
+            return
+        for id, idle in self.watchdog.check([w.spawn_id for w in members], self.membership.gen, now):
+            w = self.launcher.workers[id]
+            w.fault = w.fault or {"kind": "stall", "step": w.steps_done, "t": time.time() - idle}
+            self.launcher.kill(w, self.control.send)
+            self._on_death(w, f"stalled (alive, but no step committed for {self.watchdog.limit:.3g} s)")
+            if self._outcome:
+                return
 
     def _all_done(self) -> bool:
         members = self.member_workers
@@ -240,7 +259,7 @@ class Supervisor:
             if name == "stop":
                 self._apply(self.membership.stop(str(arg or "stopped by the user")))
                 self._outcome = self._outcome or ("stopped", str(arg or "stopped by the user"))
-            elif name in ("kill", "hang"):
+            elif name in ("kill", "hang", "stall"):
                 self._inject(name, arg, source="live")
             elif name == "flip":
                 w = self.worker(arg.rank)
@@ -253,6 +272,9 @@ class Supervisor:
         w = self.worker(label)
         if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
             self.recorder.event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
+            return
+        if kind == "stall":  # the rank blocks its own training thread at its next step and says so
+            self.control.send(w, protocol.message("faults_add", faults=[f"stall:rank={label},step=-1"]))
             return
         w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
         self.launcher.signal(w, "SIGKILL" if kind == "kill" else "SIGSTOP", self.control.send)
@@ -304,8 +326,10 @@ class Supervisor:
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
         kind = CONTROL.received(m, RANK)
         if kind == "hb":
+            self.watchdog.heartbeat(w.spawn_id, m, time.monotonic())
             return
         if kind == "step":
+            self.watchdog.committed(w.spawn_id, m["gen"], time.monotonic())
             self.recorder.rank_time.on_step(w.spawn_id, m)
             members = self.membership.members
             if self.peer is not None:
@@ -322,6 +346,7 @@ class Supervisor:
             self._apply(self.membership.ready(w.spawn_id))
         elif kind == "joined":
             w.steps_done = m["step"]
+            self.watchdog.joined(w.spawn_id, m["gen"], time.monotonic())
             self.recorder.joined(w.spawn_id, w.label, m)
         elif kind == "checkpoint":
             if self.recorder.checkpoint(m):
@@ -344,13 +369,6 @@ class Supervisor:
             w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
         elif kind == "error":
             self._outcome = ("failed", self.recorder.rank_error(w.label, w.steps_done, m))
-
-    def _unusable(self, path: str) -> str | None:
-        """Why a restart cannot resume from ``path``; a checkpoint another host's rank 0 wrote, which this host
-        does not see, is left to that rank's own check when it loads it."""
-        if self.placement and not Path(path).exists():
-            return None
-        return ckpt.unusable(path)
 
     # -- plumbing ----------------------------------------------------------------------------------------------------
     def _log_hint(self, name: str) -> str:
