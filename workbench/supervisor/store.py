@@ -12,6 +12,7 @@ arguments, where a key or a value is a uint64 length and its bytes, a count is a
   ``DELETE_KEY k`` -> int64 deleted     ``CHECK n k*`` -> byte READY(0)/NOT_READY(1)     ``PING nonce`` -> nonce
   ``WAIT n k*`` -> byte STOP_WAITING(0) once every key exists     ``CANCEL_WAIT`` -> byte WAIT_CANCELED(1)
   ``QUEUE_POP k`` -> int64 length, then the first item if any (the client waits for the key first)
+  ``LIST_KEYS`` -> int64 count, then every key     ``BARRIER k n`` -> byte STOP_WAITING(0) once n clients called it
 
 One thread serves every connection (``selectors``); a client waiting for keys is answered when the last of them
 is set. A connection that breaks the protocol is closed (its rank then fails its rendezvous, as with torch's
@@ -30,7 +31,7 @@ from collections import defaultdict, deque
 MAGIC = 0x3C85F7CE
 KEY_PREFIX = "/"  # torch's TCPStore client puts this before every key it sends
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
- CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN) = range(17)
+ CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
 READY, NOT_READY = 0, 1
 STOP_WAITING, WAIT_CANCELED = 0, 1
 _ORDER = "<" if sys.byteorder == "little" else ">"
@@ -242,7 +243,38 @@ class StoreServer:
             value = int(self.data.get(key, b"0")) + amount
             self._set(key, str(value).encode())
             client.outbox += _I64.pack(value)
-        elif command in (CHECK, WAIT):
+        elif command in (CHECK, WAIT, CANCEL_WAIT, BARRIER):
+            self._query_wait(client, command, r)
+        elif command == GETNUMKEYS:
+            client.outbox += _I64.pack(len(self.data))
+        elif command == LIST_KEYS:  # the keys as sent (torch's client keeps those under its own prefix)
+            client.outbox += _I64.pack(len(self.data)) + b"".join(_blob(k.encode()) for k in self.data)
+        elif command == DELETE_KEY:
+            client.outbox += _I64.pack(1 if self.data.pop(r.blob().decode(), None) is not None else 0)
+        elif command == QUEUE_LEN:
+            client.outbox += _I64.pack(len(self.queues.get(r.blob().decode(), ())))
+        elif command == QUEUE_POP:  # the client waited for the queue's key first: answer at once
+            queue = self.queues[r.blob().decode()]
+            client.outbox += _I64.pack(len(queue)) + (_blob(queue.popleft()) if queue else b"")
+        else:
+            raise ValueError(f"unknown store command {command}")
+
+    def _query_wait(self, client: _Client, command: int, r: _Reader) -> None:
+        """``CHECK``, ``WAIT``, ``CANCEL_WAIT`` and ``BARRIER``: the queries that may leave a client waiting."""
+        if command == CANCEL_WAIT:
+            self._forget(client)
+            client.outbox += bytes([WAIT_CANCELED])
+        elif command == BARRIER:  # as torch's server: the key counts the callers; the last one releases them all
+            key, world = r.blob().decode(), r.i64()
+            count = int(self.data.get(key, b"0")) + 1
+            self.data[key] = str(count).encode()  # no wake-up before the last caller
+            if count >= world:
+                self._wake_waiters(key)
+                client.outbox += bytes([STOP_WAITING])
+            else:
+                client.awaited = 1
+                self._waiting[key].append(client)
+        else:
             keys = [r.blob().decode() for _ in range(r.u64())]
             ready = all(k in self.data or self.queues.get(k) for k in keys)  # a non-empty queue counts
             if command == CHECK:
@@ -254,20 +286,6 @@ class StoreServer:
                 client.awaited = len(missing)
                 for key in missing:
                     self._waiting[key].append(client)
-        elif command == CANCEL_WAIT:
-            self._forget(client)
-            client.outbox += bytes([WAIT_CANCELED])
-        elif command == GETNUMKEYS:
-            client.outbox += _I64.pack(len(self.data))
-        elif command == DELETE_KEY:
-            client.outbox += _I64.pack(1 if self.data.pop(r.blob().decode(), None) is not None else 0)
-        elif command == QUEUE_LEN:
-            client.outbox += _I64.pack(len(self.queues.get(r.blob().decode(), ())))
-        elif command == QUEUE_POP:  # the client waited for the queue's key first: answer at once
-            queue = self.queues[r.blob().decode()]
-            client.outbox += _I64.pack(len(queue)) + (_blob(queue.popleft()) if queue else b"")
-        else:
-            raise ValueError(f"unknown store command {command}")
 
     def _set(self, key: str, value: bytes) -> None:
         self.data[key] = value
