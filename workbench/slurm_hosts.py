@@ -3,7 +3,8 @@ file (:mod:`workbench.hosts`).
 
 Protocol of :func:`allocation_hosts`:
 - **The allocation** is read from the environment Slurm gives a job: ``SLURM_JOB_NODELIST`` (its nodes, in
-  order) and ``SLURM_TASKS_PER_NODE`` (its tasks on each). Outside an allocation: ``ConfigError``.
+  order, expanded by ``scontrol show hostnames``) and ``SLURM_TASKS_PER_NODE`` (its tasks on each). Outside an
+  allocation: ``ConfigError``.
 - **Where the supervisor runs.** Inside a job step or a batch script (``SLURMD_NODENAME`` is set) this machine is
   that node: it is the first host, its ranks are forked here. Otherwise (``salloc`` from a login node) this
   machine holds no rank (0 slots) and every node is launched.
@@ -41,9 +42,9 @@ def allocation_hosts(ranks: int | None = None, environ: Mapping[str, str] | None
         raise ConfigError("slurm", "not inside a Slurm allocation (no SLURM_JOB_NODELIST): run it under salloc, "
                           "in an sbatch script, or give a hosts file")
     try:
-        nodes = slurm.expand_nodelist(nodelist)
+        nodes = slurm.expand_nodelist(nodelist)  # scontrol show hostnames; without scontrol, read here
         tasks = slurm.expand_tasks_per_node(env.get("SLURM_TASKS_PER_NODE", ",".join("1" for _ in nodes)))
-    except slurm.SlurmError as exc:
+    except (slurm.SlurmError, slurm.SlurmUnavailable) as exc:
         raise ConfigError("slurm", str(exc)) from None
     try:
         cpus = slurm.expand_tasks_per_node(env["SLURM_JOB_CPUS_PER_NODE"])  # same format: 4(x2),2
