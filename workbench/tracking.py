@@ -1,4 +1,4 @@
-"""MLflow tracking of runs (optional: ``pip install -e .[tracking]``, which brings ``mlflow-skinny``).
+"""MLflow tracking of runs (optional: ``pip install -e .[tracking]``: ``mlflow-skinny``, SQLAlchemy, Alembic).
 
 ``workbench run --track URI`` and ``workbench.run(..., track=URI)`` log the run as one MLflow run **after it
 ended**, from its :class:`~workbench.results.RunResult` (so tracking never slows training, and MLflow — ~2 s of
@@ -15,10 +15,10 @@ imports — is imported only then, only when asked for):
   ``FAILED``;
 - artifacts: ``result.h5``, the final checkpoint (when the run kept one), ``events.json`` and ``failures.json``.
 
-``URI``: an MLflow tracking URI — ``http://HOST:PORT`` (a tracking server), ``sqlite:///FILE.db`` (needs the full
-``mlflow`` package), ``file:///DIR`` — or a plain directory path such as ``./mlruns``: MLflow's file store there,
-made absolute (works offline with ``mlflow-skinny``; MLflow 3 keeps the file store in maintenance mode and asks
-for ``MLFLOW_ALLOW_FILE_STORE=true``, which tracking sets for this process when it writes one). The experiment is
+``URI``: an MLflow tracking URI — ``http://HOST:PORT`` (a tracking server), ``sqlite:///FILE.db`` (a local
+database, the one to prefer offline), ``file:///DIR`` — or a plain directory path such as ``./mlruns``: MLflow's
+file store there, made absolute (MLflow 3 keeps the file store in maintenance mode and its readers refuse it
+unless ``MLFLOW_ALLOW_FILE_STORE=true``, which tracking sets for this process when it writes one). The experiment is
 MLflow's usual choice: ``$MLFLOW_EXPERIMENT_ID``, else ``$MLFLOW_EXPERIMENT_NAME`` (created if missing), else
 ``Default``.
 
@@ -80,7 +80,7 @@ def require(uri: str | os.PathLike) -> str:
     it — that MLflow can be imported. Raises :class:`TrackingUnavailable` (one line, with the install command)."""
     text = os.fspath(uri).strip()
     if not text:
-        raise TrackingUnavailable("--track needs a tracking URI or a directory, e.g. --track ./mlruns")
+        raise TrackingUnavailable("--track needs a tracking URI or a directory, e.g. --track sqlite:///mlflow.db")
     try:
         found = importlib.util.find_spec("mlflow") is not None
     except (ImportError, ValueError):
