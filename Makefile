@@ -1,22 +1,34 @@
-# Every target does its own set-up: `make setup` is idempotent and re-runs only when pyproject.toml changes.
+# Every target does its own set-up, sized to it, in two idempotent steps that re-run only when pyproject.toml changes:
+# `make setup` (demo, reproduce, lab) is the virtualenv, torch==2.13.0 first (this machine's pip serves a CPU build
+# of 2.13.0; a newer or open range pulls CUDA wheels), then the package and its runtime dependencies; `make
+# setup-dev` (test, lint, docs, bench) adds the dev extras (pytest, the peers' and MPI's wheels, MLflow with its
+# server, mkdocs, Playwright). Each install names the torch pin again, so no extra can move torch.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: setup setup-browser demo reproduce test lint lab bench docs clean
+.PHONY: setup setup-dev setup-browser demo reproduce test lint lab bench docs clean
 
 setup: $(STAMP)
+
+setup-dev: $(DEV_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip >/dev/null
-	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e . $(TORCH)
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-# Debian's Chromium for tests/browser (Playwright drives it; no browser download). Needs root and apt.
-setup-browser: setup
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[dev]' $(TORCH)
+	touch $(DEV_STAMP)
+
+# Debian's Chromium for tests/browser (Playwright, a dev extra, drives it; no browser download). Needs root and apt.
+setup-browser: setup-dev
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 # A one-node Slurm cluster on this machine (tools/slurm_cluster.py says how): Debian's slurm-wlm and munge, then a
@@ -71,12 +83,12 @@ reproduce: setup
 # kernel), tests/cluster's tests with their one Slurm cluster, every other test on its own; under CI=true a skip
 # fails. The notebooks first: the longest scopes start early. tests/notebooks holds fixtures, not notebooks to
 # check. --durations: to keep the suite within its budget.
-test: setup
+test: setup-dev
 	$(VENV)/bin/pytest -q -rs -n 2 --durations=15 --nbval-lax --ignore=tests/notebooks notebooks tests
 
 # ruff, then tools/check_structure.py: no import cycles in workbench/, no module over 400 lines, no function over
 # 80 (unless its docstring says why in "One piece: ...")
-lint: setup
+lint: setup-dev
 	$(VENV)/bin/ruff check workbench tests benchmarks tools
 	$(PY) tools/check_structure.py
 	$(PY) tools/check_docstrings.py
@@ -84,13 +96,13 @@ lint: setup
 lab: setup
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks
 
-bench: setup
+bench: setup-dev
 	$(PY) benchmarks/bench_overhead.py
 	$(PY) benchmarks/bench_sweep.py
 
 # The documentation site (mkdocs-material; mkdocs.yml says why) into site/: offline, strict (a broken link or anchor
 # fails the build). NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner, which is not a build warning.
-docs: setup
+docs: setup-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:

@@ -36,7 +36,7 @@ def test_relative_links_finds_only_files():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
-                    reason="mkdocs is not installed (pip install -e .[docs]; make setup installs it)")
+                    reason="mkdocs is not installed (pip install -e .[docs]; make setup-dev installs it)")
 def test_site_builds_strictly(tmp_path):
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # mkdocs-material's end-of-life banner, not a build warning
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],

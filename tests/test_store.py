@@ -63,6 +63,49 @@ def test_a_wait_ends_when_the_key_is_set_and_a_timed_out_wait_is_cancelled(serve
     assert c.get("after") == b"fine"
 
 
+def _list_keys_then_barriers(port, name, out):
+    """In a process of its own, as a rank: torch's client holds the GIL through list_keys and barrier (a server
+    thread in the same process could not answer)."""
+    c = client(port)
+    keys = sorted(c.list_keys()) if name == 2 else None  # the last caller: the first two wait in barrier "b"
+    c.barrier("b", 3)  # three callers: the last releases all
+    released = time.time()
+    try:
+        c.barrier("never", 4, timedelta(seconds=0.2))
+        cancelled = False
+    except dist.DistStoreError as exc:
+        cancelled = "barrier timeout" in str(exc)
+    c.set(f"after{name}", "fine")  # the connection is still in step after the cancelled barrier
+    out.put((name, keys, released, cancelled, c.get(f"after{name}")))
+
+
+def test_list_keys_and_barrier_are_answered(server):
+    """The two queries torch 2.13's client adds to the older ones: every key (under the client's prefix), and a
+    barrier that releases its callers when the n-th arrives (a timed-out one is cancelled, the connection goes on)."""
+    store, port = server
+    store.set("workbench/control", "127.0.0.1:1234")
+    store.set("a", "1")
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    first = [context.Process(target=_list_keys_then_barriers, args=(port, n, results)) for n in range(2)]
+    for p in first:
+        p.start()
+    deadline = time.monotonic() + 30
+    while store.data.get("/b") != b"2":  # the first two wait in the barrier
+        assert time.monotonic() < deadline, "the first two callers did not reach the barrier"
+        time.sleep(0.05)
+    late = context.Process(target=_list_keys_then_barriers, args=(port, 2, results))
+    late_began = time.time()
+    late.start()  # the third caller
+    got = sorted(results.get(timeout=30) for _ in range(3))
+    for p in (*first, late):
+        p.join(10)
+    assert got[2][1] == ["a", "b", "workbench/control"]  # the supervisor's keys and the barrier's count
+    assert all(released >= late_began for _, _, released, _, _ in got)  # the first two waited for the third
+    assert all(cancelled and after == b"fine" for _, _, _, cancelled, after in got)
+    assert store.get("b") == b"3" and store.get("never") == b"3"
+
+
 def _allreduce(port, rank, out):
     pg = dist.ProcessGroupGloo(dist.PrefixStore("gen0", client(port, 20)), rank, 3)
     tensor = torch.ones(4) * (rank + 1)

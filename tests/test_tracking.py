@@ -1,6 +1,7 @@
 """MLflow tracking: a real ``mlflow server`` on 127.0.0.1 (one for the module, stopped at its end) receives a 2-rank
-run and a 2-point sweep, read back through the MLflow client; ``--track ./mlruns`` with no server; a server gone
-or wrong leaves the run complete with a warning; without MLflow, ``--track`` exits 2 with the install command."""
+run and a 2-point sweep, read back through the MLflow client; ``--track sqlite:///mlflow.db`` and ``./mlruns`` with
+no server; a server gone or wrong leaves the run complete with a warning; without MLflow, ``--track`` exits 2 with
+the install command."""
 
 import json
 import os
@@ -151,25 +152,41 @@ def test_sweep_is_a_parent_run_with_a_child_per_point(server, tmp_path):
     assert all("sweep" in c and "--track" in c for c in frame["prov.command"])
 
 
-def test_track_a_directory_with_no_server(tmp_path, mlflow_installed):
-    """Acceptance: `workbench run ... --track ./mlruns`, then MLflow's search finds the run with its metrics."""
+def _search(tmp_path, **env_vars):
+    """``mlflow.search_runs()`` in a fresh process in ``tmp_path``, as a user would, with ``env_vars`` and no other
+    MLFLOW_ variable; its runs (JSON of the frame)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")} | env_vars
+    read = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.search_runs().to_json())"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr
+    return json.loads(read.stdout.splitlines()[-1])
+
+
+def test_track_the_readme_example_and_a_directory_with_no_server(tmp_path, mlflow_installed):
+    """Acceptance: the README's `workbench run ... --track sqlite:///mlflow.db`, then a plain MLflow search finds the
+    run with its metrics (no MLFLOW_ALLOW_FILE_STORE: MLflow 3 readers take the database as it is). The same result
+    tracked to a directory (MLflow's file store; not ./mlruns, where MLflow keeps the database's artifacts) reads
+    back once the reader allows that store."""
     proc = subprocess.run([sys.executable, "-m", "workbench", "run", "--world-size", "2", "--steps", "30", "--out",
-                           str(tmp_path / "run"), "--json", "--track", "./mlruns"], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+                           str(tmp_path / "run"), "--json", "--track", "sqlite:///mlflow.db"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.splitlines()[-1])
-    assert summary["tracking"]["uri"] == (tmp_path / "mlruns").as_uri() and summary["tracking"]["error"] is None
-    assert f"workbench: tracked: MLflow run {summary['tracking']['run_id']} at file://" in proc.stderr
+    assert summary["tracking"]["uri"] == "sqlite:///mlflow.db" and summary["tracking"]["error"] is None
+    assert f"workbench: tracked: MLflow run {summary['tracking']['run_id']} at sqlite:///mlflow.db" in proc.stderr
     assert len(proc.stdout.splitlines()) == 1  # stdout: the --json summary alone
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow 3's file store asks for it (docs/settings.md)
-    read = subprocess.run([sys.executable, "-c", "import mlflow; print(mlflow.search_runs().to_json())"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)  # a plain search, as a user would
-    assert read.returncode == 0, read.stderr
-    runs = json.loads(read.stdout.splitlines()[-1])
+    runs = _search(tmp_path, MLFLOW_TRACKING_URI="sqlite:///mlflow.db")
     assert list(runs["run_id"].values()) == [summary["tracking"]["run_id"]]
     assert runs["metrics.final_test_accuracy"]["0"] == pytest.approx(summary["final_test_accuracy"])
     assert runs["metrics.loss"]["0"] > 0 and runs["params.steps"]["0"] == "30"
+    again = subprocess.run([sys.executable, "-c", "from workbench import tracking; from workbench.results import "
+                            "RunResult; print(tracking.track_result(tracking.require('./store'), "
+                            "RunResult.load('run'))['run_id'])"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    runs = _search(tmp_path, MLFLOW_ALLOW_FILE_STORE="true", MLFLOW_TRACKING_URI=(tmp_path / "store").as_uri())
+    assert list(runs["run_id"].values()) == [again.stdout.split()[-1]]
+    assert runs["metrics.final_test_accuracy"]["0"] == pytest.approx(summary["final_test_accuracy"])
 
 
 @pytest.mark.parametrize("where", ["gone", "wrong"])

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--overwrite", action="store_true", help="replace the run in --out (its result.h5, checkpoints "
                      "and logs are removed first; nothing else there)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
-    run.add_argument("--track", metavar="URI", help="log the run to MLflow (http://HOST:PORT, ./mlruns) once it ended")
+    run.add_argument("--track", metavar="URI",
+                     help="log the run to MLflow (http://HOST:PORT, sqlite:///mlflow.db) once it ended")
     add_file_parsers(sub)
     rank = sub.add_parser("rank", help="join a run started elsewhere as one of its ranks",
                           description="Start one rank process that joins the run whose store listens at --store "

@@ -182,7 +182,7 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     files is refused (ConfigError) unless ``overwrite``, which removes those files first (only the run's:
     :mod:`workbench.outdir`); one that cannot be written is refused too.
 
-    ``track``: an MLflow tracking URI or directory (``./mlruns``): the run is logged there once it ended
+    ``track``: an MLflow tracking URI (``sqlite:///mlflow.db``) or directory: the run is logged there once it ended
     (:mod:`workbench.tracking`; a logging failure is a warning, recorded in ``result.summary["tracking"]``).
     Without MLflow installed it raises ``TrackingUnavailable`` here, before any process starts."""
     if track is not None:

@@ -1,6 +1,6 @@
 """Slurm's client commands, as the workbench uses them: submit an array (``sbatch``), tell whether a job is still
 queued or running (``squeue``), cancel it (``scancel``), read how its tasks ended (``scontrol``, else ``sacct``),
-and expand a node list (``node[01-03],gpu7``).
+and expand a node list (``node[01-03],gpu7``, through ``scontrol show hostnames``).
 
 Protocol: every command runs with a bounded timeout (``COMMAND_TIMEOUT_S``) and with the caller's environment
 (``SLURM_CONF`` included). A command that cannot be run or times out raises ``SlurmUnavailable`` (one line); a
@@ -11,6 +11,7 @@ whether the job has ended.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -141,24 +142,48 @@ def _indices(spec: str) -> list[int]:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host list, expanded in order: ``node[01-03,7],gpu1`` -> node01 node02 node03 node7 gpu1.
-    A ``SlurmError`` on a malformed list."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
-        match = re.fullmatch(r"([^\[\]]*)\[([^\]]*)\]([^\[\]]*)", part)
-        if match is None:
-            if "[" in part or "]" in part or not part:
-                raise SlurmError(f"cannot read the node list {nodelist!r}")
-            names.append(part)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            if not low.isdigit() or (high and not high.isdigit()):
-                raise SlurmError(f"cannot read the node list {nodelist!r}")
-            for k in range(int(low), int(high or low) + 1):
-                names.append(f"{prefix}{str(k).zfill(len(low))}{suffix}")
+    """Slurm's compressed host list, expanded in order by Slurm itself (``scontrol show hostnames``):
+    ``node[01-03,7],gpu1`` -> node01 node02 node03 node7 gpu1, ``rack[1-2]-node[01-02]`` -> rack1-node01
+    rack1-node02 rack2-node01 rack2-node02. Where ``scontrol`` is not on PATH (a container inside a job), the same
+    syntax is read here (:func:`expand_nodelist_here`). A ``SlurmError`` on a list Slurm cannot read; a
+    ``SlurmUnavailable`` when ``scontrol`` does not answer."""
+    if shutil.which("scontrol") is None:
+        return expand_nodelist_here(nodelist)
+    done = run(["scontrol", "show", "hostnames", nodelist])
+    names = done.stdout.split()
+    # scontrol says "Invalid hostlist" on stderr and still exits 0; an unclosed bracket comes back as a name
+    if done.returncode != 0 or not names or done.stderr.strip() or any(c in n for n in names for c in "[],"):
+        why = re.sub(r"^(scontrol: error: )?(_\w+: )?", "", first_line(done.stderr))  # no internal function name
+        raise SlurmError(f"cannot read the node list {nodelist!r}" + (f": {why}" if why else ""))
     return names
+
+
+def expand_nodelist_here(nodelist: str) -> list[str]:
+    """:func:`expand_nodelist` without Slurm: names separated by commas outside brackets, each bracket a list of
+    numbers and ranges (``01-03,7``: zero-padded to the width of the first number), every bracket of a name
+    expanded, the first varying slowest. A ``SlurmError`` on a malformed list."""
+    name = r"(?:[^\[\],]+|\[[^\[\]]*\])+"
+    if not re.fullmatch(rf"{name}(?:,{name})*", nodelist):
+        raise SlurmError(f"cannot read the node list {nodelist!r}")
+    names: list[str] = []
+    for part in re.findall(name, nodelist):
+        choices: list[list[str]] = []
+        for text, ranges in re.findall(r"([^\[]+)|\[([^\]]*)\]", part):
+            choices.append([text] if text else _expand_ranges(ranges, nodelist))
+        names += ["".join(pieces) for pieces in itertools.product(*choices)]
+    return names
+
+
+def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
+    """``01-03,7`` -> 01 02 03 7 (a bracket of :func:`expand_nodelist_here`)."""
+    found: list[str] = []
+    for item in ranges.split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+        if match is None or int(match.group(2) or match.group(1)) < int(match.group(1)):
+            raise SlurmError(f"cannot read the node list {nodelist!r}: {item!r} is no number or range")
+        low = match.group(1)
+        found += [str(k).zfill(len(low)) for k in range(int(low), int(match.group(2) or low) + 1)]
+    return found
 
 
 def expand_tasks_per_node(spec: str) -> list[int]:

@@ -1,9 +1,9 @@
-"""``workbench run --slurm [N]``: the hosts of a run placed on the Slurm allocation it runs in, instead of a hosts
-file (:mod:`workbench.hosts`).
+"""``workbench run --slurm [N]``: the hosts of a run placed on the Slurm allocation it runs in, instead of a hosts file
+(:mod:`workbench.hosts`).
 
-:func:`allocation_hosts` reads the allocation from Slurm's environment (``SLURM_JOB_NODELIST``,
-``SLURM_TASKS_PER_NODE``); this node is the first host when the supervisor runs inside the job, else it holds no
-rank. One rank per task (or the first ``N``), this node's first; every other node is launched with ``srun
+:func:`allocation_hosts` reads the allocation from Slurm's environment (``SLURM_JOB_NODELIST`` expanded by ``scontrol
+show hostnames``, ``SLURM_TASKS_PER_NODE``); this node is the first host when the supervisor runs inside the job, else
+it holds no rank. One rank per task (or the first ``N``), this node's first; every other node is launched with ``srun
 --overlap -N1 -n1 -w NODE``; addresses are the nodes' ``NodeAddr``. Mistakes are a ``ConfigError``. Details:
 docs/sweeps-and-clusters.md and docs/internals.md.
 """
@@ -31,9 +31,9 @@ def allocation_hosts(ranks: int | None = None, environ: Mapping[str, str] | None
         raise ConfigError("slurm", "not inside a Slurm allocation (no SLURM_JOB_NODELIST): run it under salloc, "
                           "in an sbatch script, or give a hosts file")
     try:
-        nodes = slurm.expand_nodelist(nodelist)
+        nodes = slurm.expand_nodelist(nodelist)  # scontrol show hostnames; without scontrol, read here
         tasks = slurm.expand_tasks_per_node(env.get("SLURM_TASKS_PER_NODE", ",".join("1" for _ in nodes)))
-    except slurm.SlurmError as exc:
+    except (slurm.SlurmError, slurm.SlurmUnavailable) as exc:
         raise ConfigError("slurm", str(exc)) from None
     try:
         cpus = slurm.expand_tasks_per_node(env["SLURM_JOB_CPUS_PER_NODE"])  # same format: 4(x2),2

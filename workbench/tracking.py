@@ -1,9 +1,9 @@
-"""MLflow tracking of runs (optional: ``pip install -e .[tracking]``, which brings ``mlflow-skinny``).
+"""MLflow tracking of runs (optional: ``pip install -e .[tracking]``: ``mlflow-skinny``, SQLAlchemy, Alembic).
 
-``workbench run --track URI`` and ``workbench.run(..., track=URI)`` log the run as one MLflow run **after it
-ended**, from its :class:`~workbench.results.RunResult`: parameters, per-step metrics, summary figures, tags
-(outcome, failures, provenance) and artifacts. ``URI`` is an MLflow tracking URI or a plain directory. Logging
-never fails the run: an error ends it with a :class:`TrackingWarning` recorded in the summary; without MLflow,
+``workbench run --track URI`` and ``workbench.run(..., track=URI)`` log the run as one MLflow run **after it ended**,
+from its :class:`~workbench.results.RunResult`: parameters, per-step metrics, summary figures, tags (outcome, failures,
+provenance) and artifacts. ``URI`` is an MLflow tracking URI (``sqlite:///mlflow.db`` offline) or a plain directory.
+Logging never fails the run: an error ends it with a :class:`TrackingWarning` recorded in the summary; without MLflow,
 :func:`require` raises :class:`TrackingUnavailable`. Sweeps: :mod:`workbench.tracking_sweep`. Details:
 docs/internals.md.
 """
@@ -56,7 +56,7 @@ def require(uri: str | os.PathLike) -> str:
     it — that MLflow can be imported. Raises :class:`TrackingUnavailable` (one line, with the install command)."""
     text = os.fspath(uri).strip()
     if not text:
-        raise TrackingUnavailable("--track needs a tracking URI or a directory, e.g. --track ./mlruns")
+        raise TrackingUnavailable("--track needs a tracking URI or a directory, e.g. --track sqlite:///mlflow.db")
     try:
         found = importlib.util.find_spec("mlflow") is not None
     except (ImportError, ValueError):

@@ -1,6 +1,6 @@
 """tools/slurm_cluster.py itself: a cluster of its own (beside the session's), a job that ignores SIGTERM running
 on it (its shell dies on scancel, the job's process outlives it, out of the step's process tree), then ``down``: no
-daemon, no slurmstepd, no process of the job is left."""
+daemon, no slurmstepd, no process of the job is left. And Slurm's node lists against our reader's."""
 
 import subprocess
 import sys
@@ -42,3 +42,13 @@ def test_why_a_cluster_cannot_run_is_said(monkeypatch):
     monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 0)
     monkeypatch.setattr(slurm_cluster.shutil, "which", lambda name, path=None: None if name == "slurmd" else name)
     assert slurm_cluster.missing() == "Slurm is not installed (slurmd missing): make setup-cluster (root, apt)"
+
+
+def test_node_lists_read_without_scontrol_as_slurm_reads_them(slurm):
+    """``workbench.slurm.expand_nodelist`` asks Slurm's ``scontrol show hostnames``; its fallback where scontrol
+    is absent reads the same lists the same way."""
+    from workbench.slurm import expand_nodelist, expand_nodelist_here
+
+    for nodelist in ("rack[1-2]-node[01-02]", "node[01-03,7],gpu1", "n[1-2],m[5,7]-k[1-2]", "n[009-011]",
+                     "x[1-10]", "foo[1-2][3-4]", slurm.node):
+        assert expand_nodelist(nodelist) == expand_nodelist_here(nodelist), nodelist

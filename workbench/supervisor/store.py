@@ -1,10 +1,10 @@
 """The run's rendezvous store: a server for torch's ``TCPStore`` clients, written in Python so that the process that
 supervises a run (a CLI, a notebook kernel, a sweep worker) need not import torch.
 
-It speaks torch's ``TCPStore`` wire protocol (``c10d/TCPStoreLibUvBackend.cpp``): ``VALIDATE``, then one command
-byte per query (``SET``, ``GET``, ``ADD``, ``WAIT``, ``CHECK``, ``COMPARE_SET``, ``PING``, the queue commands
-...). One thread serves every connection (``selectors``); a waiting client is answered when its last key is set;
-a connection that breaks the protocol is closed. The commands and replies: docs/internals.md.
+It speaks torch's ``TCPStore`` wire protocol (``c10d/TCPStoreLibUvBackend.cpp``): ``VALIDATE``, then one command byte
+per query (``SET``, ``GET``, ``ADD``, ``WAIT``, ``CHECK``, ``COMPARE_SET``, ``PING``, ``LIST_KEYS``, ``BARRIER``, the
+queue commands ...). One thread serves every connection (``selectors``); a waiting client is answered when its last key
+is set; a connection that breaks the protocol is closed. The commands and replies: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from workbench.errors import WorkbenchError
 MAGIC = 0x3C85F7CE
 KEY_PREFIX = "/"  # torch's TCPStore client puts this before every key it sends
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
- CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN) = range(17)
+ CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
 READY, NOT_READY = 0, 1
 STOP_WAITING, WAIT_CANCELED = 0, 1
 _ORDER = "<" if sys.byteorder == "little" else ">"
@@ -233,7 +233,38 @@ class StoreServer:
             value = int(self.data.get(key, b"0")) + amount
             self._set(key, str(value).encode())
             client.outbox += _I64.pack(value)
-        elif command in (CHECK, WAIT):
+        elif command in (CHECK, WAIT, CANCEL_WAIT, BARRIER):
+            self._query_wait(client, command, r)
+        elif command == GETNUMKEYS:
+            client.outbox += _I64.pack(len(self.data))
+        elif command == LIST_KEYS:  # the keys as sent (torch's client keeps those under its own prefix)
+            client.outbox += _I64.pack(len(self.data)) + b"".join(_blob(k.encode()) for k in self.data)
+        elif command == DELETE_KEY:
+            client.outbox += _I64.pack(1 if self.data.pop(r.blob().decode(), None) is not None else 0)
+        elif command == QUEUE_LEN:
+            client.outbox += _I64.pack(len(self.queues.get(r.blob().decode(), ())))
+        elif command == QUEUE_POP:  # the client waited for the queue's key first: answer at once
+            queue = self.queues[r.blob().decode()]
+            client.outbox += _I64.pack(len(queue)) + (_blob(queue.popleft()) if queue else b"")
+        else:
+            raise ValueError(f"unknown store command {command}")
+
+    def _query_wait(self, client: _Client, command: int, r: _Reader) -> None:
+        """``CHECK``, ``WAIT``, ``CANCEL_WAIT`` and ``BARRIER``: the queries that may leave a client waiting."""
+        if command == CANCEL_WAIT:
+            self._forget(client)
+            client.outbox += bytes([WAIT_CANCELED])
+        elif command == BARRIER:  # as torch's server: the key counts the callers; the last one releases them all
+            key, world = r.blob().decode(), r.i64()
+            count = int(self.data.get(key, b"0")) + 1
+            self.data[key] = str(count).encode()  # no wake-up before the last caller
+            if count >= world:
+                self._wake_waiters(key)
+                client.outbox += bytes([STOP_WAITING])
+            else:
+                client.awaited = 1
+                self._waiting[key].append(client)
+        else:
             keys = [r.blob().decode() for _ in range(r.u64())]
             ready = all(k in self.data or self.queues.get(k) for k in keys)  # a non-empty queue counts
             if command == CHECK:
@@ -245,20 +276,6 @@ class StoreServer:
                 client.awaited = len(missing)
                 for key in missing:
                     self._waiting[key].append(client)
-        elif command == CANCEL_WAIT:
-            self._forget(client)
-            client.outbox += bytes([WAIT_CANCELED])
-        elif command == GETNUMKEYS:
-            client.outbox += _I64.pack(len(self.data))
-        elif command == DELETE_KEY:
-            client.outbox += _I64.pack(1 if self.data.pop(r.blob().decode(), None) is not None else 0)
-        elif command == QUEUE_LEN:
-            client.outbox += _I64.pack(len(self.queues.get(r.blob().decode(), ())))
-        elif command == QUEUE_POP:  # the client waited for the queue's key first: answer at once
-            queue = self.queues[r.blob().decode()]
-            client.outbox += _I64.pack(len(queue)) + (_blob(queue.popleft()) if queue else b"")
-        else:
-            raise ValueError(f"unknown store command {command}")
 
     def _set(self, key: str, value: bytes) -> None:
         self.data[key] = value
