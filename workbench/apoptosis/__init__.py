@@ -1,0 +1,1 @@
+"""Adaptive neuron apoptosis: the rule and the model surgery."""

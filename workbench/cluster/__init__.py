@@ -1,0 +1,1 @@
+"""Where a run's ranks live beyond one machine: hosts files and Slurm."""

@@ -1,0 +1,1 @@
+"""Studies built on runs: injection campaigns and per-bit sensitivity."""

@@ -1,0 +1,1 @@
+"""Sweeps of a notebook over a grid of parameters."""

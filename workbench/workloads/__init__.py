@@ -1,0 +1,1 @@
+"""What a run trains: models, architectures, data, datasets, pipeline stages."""
