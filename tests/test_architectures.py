@@ -1,15 +1,15 @@
-"""The seed papers' models (workbench/architectures.py) and pipeline stages cut by measured cost."""
+"""The seed papers' models (workbench/workloads/architectures.py) and pipeline stages cut by measured cost."""
 
 import pytest
 import torch
 from torch import nn
+from workbench.workloads.stages import check_model, model_tensors
 
-from workbench.architectures import ARCHITECTURES, BasicBlock, conv_bn_pairs
 from workbench.cli import _config_from_args, build_parser
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
-from workbench.faults.targets import check_model, model_tensors
-from workbench.models import (
+from workbench.workloads.architectures import ARCHITECTURES, BasicBlock, conv_bn_pairs
+from workbench.workloads.models import (
     block_costs,
     build_model,
     cuts_of,

@@ -16,11 +16,11 @@ from sweep_fixtures import fake_result, fake_sweep, fake_trials
 import workbench
 from workbench import cli
 from workbench.errors import SweepError
-from workbench.faults import load_trials, save_trials
 from workbench.report import report
 from workbench.results import load_table
-from workbench.sweep import grid_points, is_complete, load_sweep, notebook_parameters, parse_value, point_id, sweep
-from workbench.sweep_point import alive, descendants, write_json
+from workbench.studies.sensitivity import load_trials, save_trials
+from workbench.sweeps.point import alive, descendants, write_json
+from workbench.sweeps.run import grid_points, is_complete, load_sweep, notebook_parameters, parse_value, point_id, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"

@@ -4,8 +4,8 @@ A :class:`RunConfig` is built from keyword arguments, from a dict (papermill par
 Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.errors.ConfigError` naming the
 field and what is allowed before any rank process starts.
 
-The fault plan's entries (:class:`~workbench.faultspec.FaultSpec`, :class:`~workbench.faultspec.RandomFailures`)
-live in :mod:`workbench.faultspec`, user models and datasets named by import path in :mod:`workbench.callables`;
+The fault plan's entries (:class:`~workbench.faults.spec.FaultSpec`, :class:`~workbench.faults.spec.RandomFailures`)
+live in :mod:`workbench.faults.spec`, user models and datasets named by import path in :mod:`workbench.callables`;
 both are re-exported here (``from workbench.config import FaultSpec, resolve_callable`` keeps working).
 """
 
@@ -19,16 +19,16 @@ from typing import Any
 
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.config_types import as_floats, coerce_types
-from workbench.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 from workbench.errors import ConfigError
-from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
 from workbench.peers import PEER_STRATEGIES, require_peer
+from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
            "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
            "SHUFFLES", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig", "parse_fault", "resolve_callable"]
 
-MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/architectures.py
+MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/workloads/architectures.py
 OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = ("none", "checkpoint_restart", "shrink", "rollback", "forward", "reinit", *PEER_STRATEGIES)
 REGROW_STRATEGIES = ("shrink", "rollback", "forward")
@@ -84,7 +84,7 @@ class RunConfig:
     gossip_sync: bool = False  # gossip: blocking exchange after the update instead of overlapping the step
     shuffle: str = "ring"  # gossip: ring sample shuffle between neighbours, or none (fixed local partitions)
     consensus_every: int = 1  # gossip: steps between measurements of the consensus distance (a measurement only)
-    # adaptive neuron apoptosis (workbench/apoptosis.py): None/"off", "on" (tuned defaults) or "tol=..,window=..";
+    # adaptive neuron apoptosis (workbench/apoptosis/rule.py): None/"off", "on" (tuned defaults) or "tol=..,window=..";
     # kept as the canonical "key=value,..." text of every setting so ranks and result files read the same rule
     apoptosis: str | None = None
     bucket_cap_mb: float = 1.0
@@ -93,7 +93,8 @@ class RunConfig:
     startup_timeout: float = 120.0
     spawn: str = "template"  # forked by this process's rank template (ms; workbench/template.py), "fresh": ~1.1 s
     op_timeout: float = 60.0
-    # where the ranks live (workbench/hosts.py): None = every rank on this machine; else hosts in file order
+    # where the ranks live (workbench/cluster/hosts_file.py): None = every rank on this machine; else hosts in
+    # file order
     hosts: list[dict[str, Any]] | None = None
     bind: str | None = None  # address of the store and control server; default the first host's, or 127.0.0.1
     store_port: int = 0  # 0: any free port (ranks started elsewhere need a known one: workbench rank --store)
@@ -118,7 +119,7 @@ class RunConfig:
             raise ConfigError("hidden", f"{self.hidden!r} must be a non-empty list of layer widths 1..65536")
         if not (isinstance(self.width, (int, float)) and not isinstance(self.width, bool) and 0 < self.width <= 4):
             raise ConfigError("width", f"{self.width!r} is out of range: allowed numbers in (0, 4]")
-        self.dataset = check_dataset(self.dataset, self.augment, self.synthetic_size)  # workbench/dataset_files.py
+        self.dataset = check_dataset(self.dataset, self.augment, self.synthetic_size)  # workloads/dataset_files.py
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("spawn", self.spawn, ("template", "fresh"))
@@ -245,7 +246,7 @@ class RunConfig:
         require_peer(self.strategy)
 
     def _check_hosts(self) -> None:
-        from workbench.hosts import Host, check_address
+        from workbench.cluster.hosts_file import Host, check_address
 
         _int_in("store_port", self.store_port, 0, 65535)
         if self.hosts is None:
@@ -268,7 +269,7 @@ class RunConfig:
         if self.apoptosis is None or self.apoptosis is False or self.apoptosis == "off":
             self.apoptosis = None
             return
-        from workbench.apoptosis import ApoptosisConfig
+        from workbench.apoptosis.rule import ApoptosisConfig
 
         rule = ApoptosisConfig.parse(self.apoptosis)
         self.apoptosis = None if rule is None else str(rule)
@@ -279,10 +280,10 @@ class RunConfig:
 
     @property
     def apoptosis_rule(self) -> Any:
-        """The parsed :class:`~workbench.apoptosis.ApoptosisConfig`, or None when apoptosis is off."""
+        """The parsed :class:`~workbench.apoptosis.rule.ApoptosisConfig`, or None when apoptosis is off."""
         if self.apoptosis is None:
             return None
-        from workbench.apoptosis import ApoptosisConfig
+        from workbench.apoptosis.rule import ApoptosisConfig
 
         return ApoptosisConfig.parse(self.apoptosis)
 

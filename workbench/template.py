@@ -20,7 +20,7 @@ What it guarantees. It imports torch, torch.distributed, numpy, h5py and the ran
 starts no thread, so each fork is a copy-on-write copy of a single-threaded process. It never imports the
 user's model or dataset code: the forked rank does that itself, so a template outlives the user's edits.
 
-Shared templates. A sweep worker (:mod:`workbench.sweep_point`) starts one template with :func:`share` for its
+Shared templates. A sweep worker (:mod:`workbench.sweeps.point`) starts one template with :func:`share` for its
 whole life and puts its address (an abstract Unix socket, ``@workbench-template-...``) in ``WORKBENCH_TEMPLATE``;
 the notebook kernels it starts inherit it, and :func:`local_template` in such a kernel connects there
 (:class:`SharedTemplate`) instead of starting a template that imports torch again. Only processes of the same

@@ -29,7 +29,7 @@ minutes, tracking sets ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, ``MLFLOW_HTTP_REQU
 ``MLFLOW_HTTP_REQUEST_TIMEOUT=10`` for this process unless they are set already (and
 ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=true``: stdout belongs to the command, ``--json``).
 Without MLflow installed, :func:`require` raises :class:`TrackingUnavailable` (exit 2 on the command line) with
-the install command, before any process starts. Sweeps: :mod:`workbench.tracking_sweep`.
+the install command, before any process starts. Sweeps: :mod:`workbench.sweeps.tracking`.
 """
 
 from __future__ import annotations

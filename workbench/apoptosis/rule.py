@@ -18,7 +18,7 @@ systems" (arXiv 1610.00790). The paper's exact rule is not available to us; this
 * τ adapts: it is multiplied by ``grow`` while the *validation* accuracy holds within ``delta`` of its best so
   far, and by ``shrink`` when it falls further (removals that hurt make the rule more careful). The validation
   split is ``val`` (10 %) of the training data, held out of training while the rule decides
-  (:meth:`workbench.datasets.Dataset.carve_validation`); the test set never steers the rule.
+  (:meth:`workbench.workloads.datasets.Dataset.carve_validation`); the test set never steers the rule.
 * Pressure (part of OUR reading, stated plainly): with plain SGD the weights of units the loss does not need do
   not fade by themselves in a few hundred steps (measured: no unit fell below any useful τ on digits), so with
   apoptosis on, training steps end with the proximal step of a reweighted group-lasso penalty on each unit's
@@ -46,7 +46,7 @@ with every state (generation changes, checkpoints, in-memory snapshots): :func:`
 model (a fresh or replacement rank) match them before the state is loaded.
 
 This module holds the rule (:class:`ApoptosisConfig`, :class:`Apoptosis`); the model surgery it drives — which
-units a model has, their norms, the group-lasso pressure and the shrinking — is :mod:`workbench.apoptosis_surgery`,
+units a model has, their norms, the group-lasso pressure and the shrinking — is :mod:`workbench.apoptosis.surgery`,
 whose names are re-exported here (``apo.find_pairs``, ``apo.shrink``, ``apo.group_lasso_`` ...).
 """
 
@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from workbench.apoptosis_surgery import (
+from workbench.apoptosis.surgery import (
     Pair,
     apply_plan,
     find_pairs,

@@ -1,4 +1,4 @@
-"""The model surgery of adaptive neuron apoptosis (:mod:`workbench.apoptosis` holds the rule that drives it).
+"""The model surgery of adaptive neuron apoptosis (:mod:`workbench.apoptosis.rule` holds the rule that drives it).
 
 Which units a model has (:func:`find_pairs`: producer/consumer layer pairs of an ``nn.Sequential``), their
 incoming and outgoing norms (:func:`unit_norms`), the group-lasso pressure that makes unneeded units fade

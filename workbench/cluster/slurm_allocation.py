@@ -1,5 +1,5 @@
 """``workbench run --slurm [N]``: the hosts of a run placed on the Slurm allocation it runs in, instead of a hosts
-file (:mod:`workbench.hosts`).
+file (:mod:`workbench.cluster.hosts_file`).
 
 Protocol of :func:`allocation_hosts`:
 - **The allocation** is read from the environment Slurm gives a job: ``SLURM_JOB_NODELIST`` (its nodes, in
@@ -26,7 +26,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench import slurm
+from workbench.cluster import slurm_commands as slurm
 from workbench.errors import ConfigError
 
 

@@ -13,8 +13,8 @@ from workbench.faults.bitflip import width
 
 def _built(config: RunConfig) -> tuple[torch.nn.Module, tuple[int, ...]]:
     """(the run's model, the dataset's input shape), built here without touching the caller's RNG."""
-    from workbench.data import load_dataset
-    from workbench.models import build_model
+    from workbench.workloads.data import load_dataset
+    from workbench.workloads.models import build_model
 
     data = load_dataset(config)
     with torch.random.fork_rng():
@@ -26,12 +26,12 @@ def _model(config: RunConfig) -> torch.nn.Module:
 
 
 # measured cuts by (model structure, input shape, stages): one measurement per model in this process, so the
-# start, the flip checks and a campaign's flip plan (workbench.faults.campaign) agree on where each tensor lives
+# start, the flip checks and a campaign's flip plan (workbench.studies.campaign) agree on where each tensor lives
 _measured_cuts: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
 
 
 def _cuts(config: RunConfig, model: torch.nn.Module, input_shape: tuple[int, ...]) -> list[int]:
-    from workbench.models import block_costs, cuts_of, split_stages, stages_from_cuts
+    from workbench.workloads.models import block_costs, cuts_of, split_stages, stages_from_cuts
 
     if config.stage_cuts is not None:
         stages_from_cuts(model, config.stage_cuts)  # in range of the model, each stage holding parameters
@@ -47,7 +47,7 @@ def _cuts(config: RunConfig, model: torch.nn.Module, input_shape: tuple[int, ...
 def stage_cuts(config: RunConfig) -> list[int] | None:
     """Where a pipeline or hybrid run's model is cut into stages (None for other modes): ``config.stage_cuts``
     when given (checked against the model), else a cut balanced by measured forward+backward time of each
-    top-level module (:func:`workbench.models.block_costs`), measured once per model in this process."""
+    top-level module (:func:`workbench.workloads.models.block_costs`), measured once per model in this process."""
     if config.parallelism not in ("pipeline", "hybrid"):
         return None
     model, input_shape = _built(config)
@@ -56,7 +56,7 @@ def stage_cuts(config: RunConfig) -> list[int] | None:
 
 def _held_model(config: RunConfig, rank: int | None) -> torch.nn.Module:
     """The run's model, or the pipeline stage ``rank`` holds."""
-    from workbench.models import stage_module, stages_from_cuts
+    from workbench.workloads.models import stage_module, stages_from_cuts
 
     model, input_shape = _built(config)
     if rank is not None and config.parallelism in ("pipeline", "hybrid"):
@@ -85,7 +85,7 @@ def check_model(config: RunConfig) -> RunConfig:
         config = copy.copy(config)  # validated already: no second __post_init__ (it re-verifies a resume file)
         config.stage_cuts = cuts
     if config.apoptosis is not None:
-        from workbench.apoptosis import require_pairs
+        from workbench.apoptosis.rule import require_pairs
 
         require_pairs(_model(config), name=f"--model {config.model}")
     return config

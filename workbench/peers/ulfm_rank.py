@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config import RunConfig
-from workbench.data import shard
 from workbench.peers.common import PeerRank
 from workbench.rank.base import evaluate, fingerprint
 from workbench.rank.main import _join_from_store, serve, start_rank_process
 from workbench.rank.optim import make_optimizer
+from workbench.workloads.data import shard
 
 STATS = 3  # loss sum, correct predictions, samples: last in the allreduce buffer
 

@@ -1,7 +1,7 @@
 """Model-parallel pipeline (GPipe) and hybrid parallelism: stages of the model on different ranks.
 
 Layout. The model (an ``nn.Sequential``) is split into ``S`` contiguous stages at ``config.stage_cuts``, the cut
-the run's start balanced by measured forward+backward time (:func:`workbench.models.run_stages`). Rank number
+the run's start balanced by measured forward+backward time (:func:`workbench.workloads.models.run_stages`). Rank number
 ``k`` holds stage ``k // R`` where ``R`` is the number of replicas per stage (1 for ``pipeline``, ``world/S``
 for ``hybrid``). The global batch is split into ``R`` lanes, each lane into ``M`` micro-batches; lane ``l`` of
 stage ``s`` is computed by the stage's member ``l mod n_s`` (``n_s`` = the stage's live members), so when a
@@ -44,7 +44,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import FaultSpec, RunConfig
-from workbench.models import boundary_shapes, run_stages, stage_module
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
@@ -52,6 +51,7 @@ from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
+from workbench.workloads.models import boundary_shapes, run_stages, stage_module
 
 
 class Layout:

@@ -14,15 +14,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
+from workbench.apoptosis import rule as apo
 from workbench.config import RunConfig
-from workbench.data import BatchSequence, shard
 from workbench.rank import staging, transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.data_parallel import DataParallel, _clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors, Injector
+from workbench.workloads.data import BatchSequence, shard
 
 NO_ALARMS = [0.0] * ALARM_SLOTS
 

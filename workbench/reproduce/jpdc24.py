@@ -16,9 +16,9 @@ Two parts, each on every platform's *own* checkpoint, resumed *by that platform*
   ``resume_steps``; the outcome is classified against the unaltered resume (masked, degraded, non-finite,
   crash) and the steps to divergence counted (first resumed step whose loss is non-finite or 10 % off the
   clean resume's).
-* **Per-bit sensitivity** (in-process, :func:`workbench.faults.bit_sensitivity`): ``per_bit`` single flips of
-  each bit in random weights of each platform's checkpoint, resumed as that platform computes (a pipeline
-  micro-batch by micro-batch); outcome shares per bit and per layer with Wilson intervals.
+* **Per-bit sensitivity** (in-process, :func:`workbench.studies.sensitivity.bit_sensitivity`): ``per_bit``
+  single flips of each bit in random weights of each platform's checkpoint, resumed as that platform computes
+  (a pipeline micro-batch by micro-batch); outcome shares per bit and per layer with Wilson intervals.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
     """(alteration trials, per-bit trials): one row per altered-checkpoint resume, one per single-bit trial."""
     import pandas as pd
 
-    from workbench.faults import alter_checkpoint, bit_sensitivity
-    from workbench.faults.hdf5 import float_datasets
+    from workbench.faults.hdf5 import alter_checkpoint, float_datasets
+    from workbench.studies.sensitivity import bit_sensitivity
 
     settings = scale_settings(SCALES, scale, overrides)
     out = Path(out)
@@ -107,7 +107,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
 
 
 def _outcome(result: Any, clean: Any, tolerance: float, start: int) -> dict[str, Any]:
-    from workbench.faults import classify
+    from workbench.faults.outcomes import classify
 
     outcome = classify(result, clean, tolerance)
     golden = {r["step"]: r["loss"] for r in clean.metrics}

@@ -22,7 +22,8 @@ def flip_plan(config: RunConfig, tensors: Iterable[str], bits: Iterable[int], st
     """The same flips for any parallel mode: for each tensor (a parameter name, or a module name for its output
     activation) and bit, ``per_bit`` flips of seeded random elements at ``step``, each on the rank that holds
     the tensor (rank 0 of a data-parallel run, the owning stage's rank in a pipeline)."""
-    from workbench.faults.targets import model_tensors, rank_holding
+    from workbench.faults.targets import rank_holding
+    from workbench.workloads.stages import model_tensors
 
     params, _ = model_tensors(config)
     plan = []

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
-from workbench.apoptosis import resize_to
+from workbench.apoptosis.rule import resize_to
 from workbench.config import RunConfig
-from workbench.data import BatchSequence, load_dataset
 from workbench.faults.bitflip import apply_masks, bit_field
 from workbench.faults.outcomes import classify_values, wilson
-from workbench.models import build_model
 from workbench.rank.optim import make_optimizer
+from workbench.workloads.data import BatchSequence, load_dataset
+from workbench.workloads.models import build_model
 
 SENSITIVITY_FILE = "sensitivity.h5"
 

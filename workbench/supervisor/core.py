@@ -17,9 +17,9 @@ seconds, after which it is SIGKILLed before anything else happens; a rank that n
 ``startup_timeout`` is killed too. Each is a ``died`` event for the membership, whose decisions are carried out
 in order. A supervisor error still ends in a result, every process of the run gone.
 
-Several hosts (``RunConfig.hosts``, :mod:`workbench.hosts`): the store holds the control server's address under
-``workbench/control``; a rank of a host without a launch line joins with ``workbench rank --store ADDR:PORT
---rank-hint K`` (its slot waits, bounded by ``startup_timeout``). Remote ranks are watched like local ones and
+Several hosts (``RunConfig.hosts``, :mod:`workbench.cluster.hosts_file`): the store holds the control server's
+address under ``workbench/control``; a rank of a host without a launch line joins with ``workbench rank --store
+ADDR:PORT --rank-hint K`` (its slot waits, bounded by ``startup_timeout``). Remote ranks are watched like local ones and
 faults reach them as ``signal`` messages; a remote rank exits when its connection to the supervisor ends.
 """
 
@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench import clock, provenance
+from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
-from workbench.hosts import Host, placement
 from workbench.peers import AGENT_PEERS, PEER_STRATEGIES
 from workbench.peers import supervision as peers
 from workbench.protocol import CONTROL_KEY

@@ -1,7 +1,7 @@
 """What a sweep runs: its points (``-p`` products and grid files), their ids, the parameters a notebook declares,
 the default number of jobs, and the sweep directory's record of its points (``DIR/sweep.json``).
 
-Protocol: :mod:`workbench.sweep` (Points, Ids, Jobs). Nothing here starts a process.
+Protocol: :mod:`workbench.sweeps.run` (Points, Ids, Jobs). Nothing here starts a process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from workbench.errors import SweepError
 from workbench.h5files import FileKindError, make_directory, read_json, remove_directories
-from workbench.sweep_point import write_json
+from workbench.sweeps.point import write_json
 
 SWEEP_FILE = "sweep.json"
 
@@ -200,7 +200,7 @@ def prepare(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]]
 
 def point_task(directory: Path, notebook: Path, declared: Mapping[str, Any], point: dict[str, Any],
                kernel_name: str | None, timeout: float | None) -> dict[str, Any]:
-    """What a worker (:mod:`workbench.sweep_point`) is sent to run one point: its id, directory, notebook and
+    """What a worker (:mod:`workbench.sweeps.point`) is sent to run one point: its id, directory, notebook and
     parameters (with ``out`` when the notebook declares it)."""
     pid = point_id(point)
     params = {**point, "out": str(directory / pid)} if "out" in declared else dict(point)

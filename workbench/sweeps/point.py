@@ -1,6 +1,6 @@
 """A sweep worker: executes sweep points with papermill, one after another, in this process.
 
-Started by :func:`workbench.sweep.sweep` as ``python -m workbench.sweep_point --events FD --parent PID``, in a
+Started by :func:`workbench.sweeps.run.sweep` as ``python -m workbench.sweeps.point --events FD --parent PID``, in a
 session of its own, one worker per job slot (so papermill's imports — 2–3 s on this machine — are paid once per
 worker, not once per point); it gets SIGTERM when the sweep's process dies. It starts one shared rank template
 (:func:`workbench.template.share`) for its whole life, at once (its torch import overlaps papermill's), and

@@ -11,14 +11,14 @@ Protocol of ``sweep(notebook, parameters, grid, out, jobs)``:
   canonical JSON (``seed=0,strategy=shrink-1a2b3c4d``): stable across invocations and orderings of ``-p``.
   The point runs with ``out=DIR/<id>`` and leaves there the executed notebook, ``result.h5``, ``point.json``
   (its status) and ``point.log``.
-- **Resume.** A point is complete when its ``point.json`` says ``completed``, which :mod:`workbench.sweep_point`
+- **Resume.** A point is complete when its ``point.json`` says ``completed``, which :mod:`workbench.sweeps.point`
   writes only after the notebook ran to its end and its ``result.h5`` (written atomically by
   ``RunResult.save``) is there — ``DIR/<id>/result.h5``, or for a notebook that saves several runs under
   ``out`` (``gossip_vs_allreduce``), one below it; such a point's row has no run summary.
   Every other point — never run, interrupted, or failed — runs on the next
   invocation (failed points are retried since a failure may have been an interruption; ``retry_failed=False``
   skips them). A point whose notebook fails is recorded as ``failed`` with a one-line error; the others go on.
-- **Processes.** Points run in worker processes (``python -m workbench.sweep_point``), each in a session of its
+- **Processes.** Points run in worker processes (``python -m workbench.sweeps.point``), each in a session of its
   own, at most ``jobs`` at a time; each worker owns one rank template, from which the kernels of its points fork
   their ranks (:mod:`workbench.template`: shared templates). On KeyboardInterrupt (Ctrl-C, or SIGTERM through the
   CLI) every worker is sent SIGTERM, kills its kernel, its template and the ranks and exits; anything still alive
@@ -34,10 +34,10 @@ Protocol of ``sweep(notebook, parameters, grid, out, jobs)``:
   (:func:`load_sweep`).
 
 This module holds :func:`sweep`, the entry point, and re-exports the public names of the modules that do the
-work, one role each: :mod:`workbench.sweep_plan` (the points, their ids, the notebook's parameters, ``sweep.json``),
-:mod:`workbench.sweep_executor` (worker processes, ``--jobs``, progress, stopping), :mod:`workbench.sweep_point`
-(the worker: one point's notebook run), :mod:`workbench.sweep_table` (point status, the table ``results.h5``) and
-:mod:`workbench.sweep_slurm` (Slurm job arrays).
+work, one role each: :mod:`workbench.sweeps.plan` (the points, their ids, the notebook's parameters, ``sweep.json``),
+:mod:`workbench.sweeps.workers` (worker processes, ``--jobs``, progress, stopping), :mod:`workbench.sweeps.point`
+(the worker: one point's notebook run), :mod:`workbench.sweeps.table` (point status, the table ``results.h5``) and
+:mod:`workbench.sweeps.slurm_array` (Slurm job arrays).
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import provenance
 from workbench.errors import SweepError
-from workbench.sweep_executor import STOP_WAIT_S, Scheduler, progress_enabled
-from workbench.sweep_plan import (
+from workbench.sweeps.plan import (
     SWEEP_FILE,
     default_jobs,
     grid_points,
@@ -59,9 +58,10 @@ from workbench.sweep_plan import (
     point_task,
     prepare,
 )
-from workbench.sweep_point import LOG_FILE
-from workbench.sweep_slurm import ARRAY_FILE, SLURM_FILE, emit_slurm, run_array_task
-from workbench.sweep_table import TABLE_FILE, aggregate, is_complete, load_sweep, point_status
+from workbench.sweeps.point import LOG_FILE
+from workbench.sweeps.slurm_array import ARRAY_FILE, SLURM_FILE, emit_slurm, run_array_task
+from workbench.sweeps.table import TABLE_FILE, aggregate, is_complete, load_sweep, point_status
+from workbench.sweeps.workers import STOP_WAIT_S, Scheduler, progress_enabled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,7 +83,7 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     ``executed``, ``completed``, ``failed`` (ids) and ``skipped`` (already complete) of this invocation.
     Raises ``SweepError`` on bad input before running anything; KeyboardInterrupt after stopping every point.
     ``track``: an MLflow tracking URI or directory: once the points ran, the sweep is logged there as a parent run
-    with a child per point (:mod:`workbench.tracking_sweep`; ``TrackingUnavailable`` before anything runs when
+    with a child per point (:mod:`workbench.sweeps.tracking`; ``TrackingUnavailable`` before anything runs when
     MLflow is not installed; a logging failure is a warning, in ``attrs["tracking"]`` and ``DIR/tracking.json``).
     """
     if timeout is not None and not 0 < timeout < float("inf"):
@@ -110,7 +110,7 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     finally:
         frame = aggregate(directory)
     if track is not None:
-        from workbench.tracking_sweep import track_sweep
+        from workbench.sweeps.tracking import track_sweep
 
         record = track_sweep(track, directory, started, frame)
         frame = aggregate(directory)  # the table's attributes now hold the record

@@ -13,10 +13,10 @@ from typing import Any
 
 from workbench.errors import SweepError
 from workbench.h5files import FileKindError, atomic_output, read_json
-from workbench.sweep_executor import Scheduler
-from workbench.sweep_plan import SWEEP_FILE, point_id, point_task, prepare, read_sweep_spec, slug
-from workbench.sweep_point import write_json
-from workbench.sweep_table import is_complete
+from workbench.sweeps.plan import SWEEP_FILE, point_id, point_task, prepare, read_sweep_spec, slug
+from workbench.sweeps.point import write_json
+from workbench.sweeps.table import is_complete
+from workbench.sweeps.workers import Scheduler
 
 ARRAY_FILE = "array.json"  # the points of a Slurm job array, in task order
 SLURM_FILE = "sweep.slurm"

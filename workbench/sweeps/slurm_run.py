@@ -5,7 +5,7 @@ Protocol of :func:`sweep_slurm`:
 - **Before anything starts**: ``sbatch``, ``squeue`` and ``scancel`` must be on PATH, the input is checked as for a
   local sweep, and an earlier array of the same directory (``DIR/slurm.json``) must have ended; else
   ``SweepError`` (the CLI: one line, exit 2). ``sbatch`` refusing the array is a ``SweepError`` too.
-- **Submit**: :func:`~workbench.sweep_slurm.emit_slurm` writes ``DIR/sweep.slurm`` and ``DIR/array.json`` (all
+- **Submit**: :func:`~workbench.sweeps.slurm_array.emit_slurm` writes ``DIR/sweep.slurm`` and ``DIR/array.json`` (all
   points, in order); ``sbatch --array=I,J,...[%jobs]`` submits only the indices of incomplete points (failed ones
   unless ``retry_failed=False``). Each task asks for the points' largest ``world_size`` in CPUs, capped at the
   CPUs of the partition's largest node (a task that asks for more than any node has would never start); the job
@@ -43,13 +43,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench import slurm
+from workbench.cluster import slurm_commands as slurm
 from workbench.errors import SweepError
-from workbench.sweep_executor import progress_enabled
-from workbench.sweep_plan import point_id, prepare
-from workbench.sweep_point import POINT_FILE, write_json
-from workbench.sweep_slurm import ARRAY_FILE, emit_slurm
-from workbench.sweep_table import aggregate, is_complete, point_status
+from workbench.sweeps.plan import point_id, prepare
+from workbench.sweeps.point import POINT_FILE, write_json
+from workbench.sweeps.slurm_array import ARRAY_FILE, emit_slurm
+from workbench.sweeps.table import aggregate, is_complete, point_status
+from workbench.sweeps.workers import progress_enabled
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,7 +71,7 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
                 progress: bool | None = None, kernel_name: str | None = None,
                 timeout: float | None = None) -> pd.DataFrame:
     """Run the incomplete points of the grid as a Slurm job array and wait for it (see the module docstring);
-    return the table (:func:`~workbench.sweep.load_sweep`). ``sbatch``: options for every task (each item may
+    return the table (:func:`~workbench.sweeps.run.load_sweep`). ``sbatch``: options for every task (each item may
     hold several, split as a shell would: ``"--partition=cpu --time=10"``); ``jobs``: at most this many tasks at
     once (``%jobs``). The frame's ``attrs``: ``executed``, ``completed``, ``failed``, ``skipped`` (ids, as for a
     local sweep), ``job`` (the array's id, None when nothing was submitted) and ``report`` (its path or None)."""

@@ -1,7 +1,7 @@
 """What a sweep ran: each point's status (``DIR/<id>/point.json``), whether it is complete, and the sweep's table
 (``DIR/results.h5``, one row per point) built from the point directories.
 
-Protocol: :mod:`workbench.sweep` (Resume, Aggregation).
+Protocol: :mod:`workbench.sweeps.run` (Resume, Aggregation).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from workbench.errors import ResultsError
 from workbench.h5files import FileKindError, read_json
 from workbench.provenance import columns as provenance_columns
 from workbench.results import RESULT_FILE, RunResult, load_table, save_table
-from workbench.sweep_plan import SWEEP_FILE, read_sweep_spec
-from workbench.sweep_point import POINT_FILE, has_result
+from workbench.sweeps.plan import SWEEP_FILE, read_sweep_spec
+from workbench.sweeps.point import POINT_FILE, has_result
 
 if TYPE_CHECKING:
     import pandas as pd
 
 TABLE_FILE = "results.h5"
-TRACKING_FILE = "tracking.json"  # the last MLflow logging of the sweep (workbench.tracking_sweep)
+TRACKING_FILE = "tracking.json"  # the last MLflow logging of the sweep (workbench.sweeps.tracking)
 
 
 def point_status(directory: str | os.PathLike) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ tag ``skipped``).
 
 Failure: never raises. An error stops the logging with a :class:`~workbench.tracking.TrackingWarning`; the
 record ``{uri, run_id, experiment_id, error, points: {id: run id}}`` is written to ``DIR/tracking.json`` (and is
-in the table's attributes, :func:`workbench.sweep_table.aggregate`). A report that cannot be built is noted in
+in the table's attributes, :func:`workbench.sweeps.table.aggregate`). A report that cannot be built is noted in
 the parent's tag ``report_error`` and does not stop the rest.
 """
 
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import provenance
 from workbench.results import RESULT_FILE, RunResult
-from workbench.sweep_plan import SWEEP_FILE
-from workbench.sweep_point import LOG_FILE, write_json
-from workbench.sweep_table import TABLE_FILE, TRACKING_FILE, load_sweep, point_status
+from workbench.sweeps.plan import SWEEP_FILE
+from workbench.sweeps.point import LOG_FILE, write_json
+from workbench.sweeps.table import TABLE_FILE, TRACKING_FILE, load_sweep, point_status
 from workbench.tracking import (
     TrackingWarning,
     _ms,

@@ -1,7 +1,7 @@
-"""How a sweep's points run: worker processes (``python -m workbench.sweep_point``), at most ``jobs`` at a time,
+"""How a sweep's points run: worker processes (``python -m workbench.sweeps.point``), at most ``jobs`` at a time,
 fed one point after another, with a progress bar of points and cells; stopped and reaped on interruption.
 
-Protocol: :mod:`workbench.sweep` (Processes); the worker's side: :mod:`workbench.sweep_point`.
+Protocol: :mod:`workbench.sweeps.run` (Processes); the worker's side: :mod:`workbench.sweeps.point`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.provenance import COMMAND_VAR, command
-from workbench.sweep_point import POINT_FILE, descendants, kill_all, write_json
-from workbench.sweep_table import point_status
+from workbench.sweeps.point import POINT_FILE, descendants, kill_all, write_json
+from workbench.sweeps.table import point_status
 
 STOP_WAIT_S = 10.0
 
@@ -33,13 +33,13 @@ def progress_enabled(progress: bool | None) -> bool:
 
 
 class _WorkerProc:
-    """One ``python -m workbench.sweep_point`` process and the thread reading its events."""
+    """One ``python -m workbench.sweeps.point`` process and the thread reading its events."""
 
     def __init__(self, events: queue.Queue) -> None:
         read, write = os.pipe()
         # the sweep's command line: the provenance of its points and of their runs (workbench.provenance)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", COMMAND_VAR: command()}
-        self.proc = subprocess.Popen([sys.executable, "-m", "workbench.sweep_point", "--events", str(write),
+        self.proc = subprocess.Popen([sys.executable, "-m", "workbench.sweeps.point", "--events", str(write),
                                       "--parent", str(os.getpid())],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      pass_fds=(write,), start_new_session=True, env=env, text=True)
@@ -83,7 +83,7 @@ class _WorkerProc:
 
 
 class Scheduler:
-    """Runs tasks (:func:`~workbench.sweep_plan.point_task`) on ``jobs`` workers; :meth:`run` fills ``done``
+    """Runs tasks (:func:`~workbench.sweeps.plan.point_task`) on ``jobs`` workers; :meth:`run` fills ``done``
     (id -> status and error) as points finish, so an interrupted run still tells what finished."""
 
     def __init__(self, tasks: list[dict[str, Any]], jobs: int, progress: bool) -> None:

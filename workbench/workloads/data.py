@@ -6,8 +6,8 @@ regains ranks therefore still walks the same data in the same order, and a resta
 ``s`` resumes it exactly (the data cursor is the step).
 
 :class:`Dataset` and the image datasets (uint8 storage, normalisation and augmentation in
-:meth:`Dataset.train_batch`, the on-disk formats) live in :mod:`workbench.datasets`; ``workbench.data.Dataset``
-is the same class.
+:meth:`Dataset.train_batch`, the on-disk formats) live in :mod:`workbench.workloads.datasets`;
+``workbench.workloads.data.Dataset`` is the same class.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from workbench.config import RunConfig, resolve_callable
-from workbench.dataset_files import is_file_dataset
-from workbench.datasets import Dataset, load_file_dataset, synthetic_image
 from workbench.errors import ConfigError
+from workbench.workloads.dataset_files import is_file_dataset
+from workbench.workloads.datasets import Dataset, load_file_dataset, synthetic_image
 
 _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
 DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
@@ -28,7 +28,7 @@ DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
 
 def load_dataset(config: RunConfig) -> Dataset:
     """The run's dataset, with its augmentation setting; image datasets (``synthetic_image``, ``cifar10:DIR``,
-    ...: :mod:`workbench.datasets`) keep uint8 images and normalise them in :meth:`Dataset.train_batch`."""
+    ...: :mod:`workbench.workloads.datasets`) keep uint8 images and normalise them in :meth:`Dataset.train_batch`."""
     if config.dataset == "digits":
         data = digits()
     elif config.dataset == "synthetic":
@@ -44,7 +44,7 @@ def load_dataset(config: RunConfig) -> Dataset:
                           f"shape {data.input_shape}")
     data.augment, data.seed = config.augment, config.seed
     if config.apoptosis:  # the rule decides on a validation split of the training data, never on the test set
-        from workbench.apoptosis import ApoptosisConfig
+        from workbench.apoptosis.rule import ApoptosisConfig
 
         data.carve_validation(ApoptosisConfig.parse(config.apoptosis).val)
     return data

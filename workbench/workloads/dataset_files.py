@@ -1,6 +1,6 @@
 """What the configuration checks about a dataset before any process starts, without importing torch (the process
 that starts a run need not): the built-in names, the on-disk forms ``PREFIX:DIR`` and the files each needs, and
-where the user gets them. :mod:`workbench.datasets` reads the files.
+where the user gets them. :mod:`workbench.workloads.datasets` reads the files.
 """
 
 from __future__ import annotations

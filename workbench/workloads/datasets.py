@@ -4,7 +4,8 @@ the CIFAR binary version; ``mnist:DIR``, ``fashion_mnist:DIR``: IDX files, plain
 (CIFAR-10's training set: 150 MB, 600 MB as float32, in every rank process); :meth:`Dataset.train_batch`
 normalises per channel and, with ``augment="crop_flip"``, crops and flips each sample as a hash of (seed, step,
 sample index) decides: the same whatever the world size. The config checks dataset settings with
-:mod:`workbench.dataset_files` (no torch); :mod:`workbench.data` (which imports the config) loads through this one.
+:mod:`workbench.workloads.dataset_files` (no torch); :mod:`workbench.workloads.data` (which imports the config)
+loads through this one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.dataset_files import (
+from workbench.errors import ConfigError
+from workbench.workloads.dataset_files import (
     CIFAR,
     IDX_FILES,
     IDX_SOURCE,
@@ -31,10 +33,9 @@ from workbench.dataset_files import (
     idx_path,
     images_in,
 )
-from workbench.errors import ConfigError
 
 PAD = 4  # crop_flip: pixels of zero padding on each side, as in the CIFAR ResNet papers
-_SPLIT_SEED = 20240601  # the same as workbench.data's: held-out splits must not move with the run's seed
+_SPLIT_SEED = 20240601  # the same as workbench.workloads.data's: held-out splits must not move with the run's seed
 _IDX_TYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -50,7 +51,7 @@ class Dataset:
     y_test: torch.Tensor
     mean: torch.Tensor | None = None  # per channel, of the uint8 training images
     std: torch.Tensor | None = None
-    augment: str = "none"  # RunConfig.augment, set by workbench.data.load_dataset
+    augment: str = "none"  # RunConfig.augment, set by workbench.workloads.data.load_dataset
     seed: int = 0  # the run's seed: augmentation depends on it
     x_val: torch.Tensor | None = None  # a validation split carved from the training data (float32, normalised)
     y_val: torch.Tensor | None = None

@@ -1,5 +1,6 @@
-"""Models: a small MLP and CNN sized for 8x8 digits, the seed papers' CNNs (:mod:`workbench.architectures`), or
-the user's own ``nn.Module`` factory; and how a model is cut into pipeline stages (by parameters or measured cost).
+"""Models: a small MLP and CNN sized for 8x8 digits, the seed papers' CNNs
+(:mod:`workbench.workloads.architectures`), or the user's own ``nn.Module`` factory; and how a model is cut into
+pipeline stages (by parameters or measured cost).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from workbench.architectures import ARCHITECTURES, WIDTH_KNOB
 from workbench.config import RunConfig, resolve_callable
 from workbench.errors import ConfigError
+from workbench.workloads.architectures import ARCHITECTURES, WIDTH_KNOB
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (128, 64)) -> nn.Module:
@@ -179,7 +180,7 @@ def stages_from_cuts(model: nn.Module, cuts: Sequence[int]) -> list[list[str]]:
 
 def run_stages(model: nn.Module, config: RunConfig) -> list[list[str]]:
     """The stages of a pipeline or hybrid run: cut at ``config.stage_cuts`` (measured where the run starts,
-    :func:`workbench.faults.targets.stage_cuts`), or balanced by parameters when the config has no cut."""
+    :func:`workbench.workloads.stages.stage_cuts`), or balanced by parameters when the config has no cut."""
     if config.stage_cuts is not None:
         return stages_from_cuts(model, config.stage_cuts)
     return split_stages(model, config.pipeline_stages)
