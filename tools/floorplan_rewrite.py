@@ -1,14 +1,14 @@
 """Rewrite the tree for the package floor plan (issue 30, item 2): old module names -> new ones, everywhere.
 
-Idempotent: run it again after merging a branch that still names the old modules. ``--move`` also ``git mv``\\ s
-any old file still present (and its ``docs/reference`` page). It rewrites, in every tracked text file but this one:
-``from OLD import a, b`` (split per target module when the names moved apart), ``from workbench import old`` (kept
-under its local name: ``from workbench.cluster import slurm_commands as slurm``), dotted names in code, strings and
-prose (``python -m workbench.sweep_point``, ``:mod:``, ``::: workbench.x``, mock targets), file paths
-(``workbench/sweep.py``) and notebook code cells (JSON kept as nbformat writes it). Then ``ruff --fix --select I``
-sorts the imports it touched. It prints bare old names it left alone (``"sweep_point" in cmd``): check those.
+Idempotent: re-run it after merging a branch that still names the old modules. In every tracked text file but this
+one it rewrites ``from OLD import a, b`` (split when the names moved apart), ``from workbench import old`` (kept
+under its local name), dotted names in code, strings and prose (``python -m workbench.sweep_point``, ``:mod:``,
+``::: workbench.x``, mock targets), file paths (``workbench/sweep.py``), notebook cells (JSON as nbformat writes
+it) and the private names made public (:data:`RENAMES`); then ``ruff --fix --select I`` sorts the imports it
+touched, and it prints the bare old names it left alone (``"sweep_point" in cmd``) for a reader to judge.
 
-Usage: ``python tools/floorplan_rewrite.py [--move] [--dry-run] [PATH ...]`` (default: the whole repository).
+Usage: ``python tools/floorplan_rewrite.py [--move] [--dry-run] [PATH ...]`` (default: the whole repository);
+``--move`` first runs ``git mv`` on any old module file (and its ``docs/reference`` page) still present.
 """
 
 from __future__ import annotations
@@ -59,6 +59,15 @@ SYMBOLS = {("workbench.faults", name): module for module, names in _FAULTS.items
 SYMBOLS |= {("workbench.faults.targets", name): "workbench.workloads.stages"
             for name in ("stage_cuts", "check_model", "model_tensors", "buffer_tensors")}
 SYMBOLS[("workbench.supervisor", "Supervisor")] = "workbench.supervisor.core"
+
+# private names that crossed modules, now public (issue 30, item 4): old -> (new, files it is renamed in; None: all
+# Python files and notebooks)
+RENAMES = {
+    "_check_bit": ("check_bit", None),
+    "_join_from_store": ("join_from_store", None),
+    "_clone_state": ("clone_state", None),
+    "_ms": ("epoch_ms", ("workbench/tracking.py", "workbench/sweeps/tracking.py")),
+}
 
 # old names that are also public attributes of ``workbench`` (the function ``workbench.sweep``): rewritten only
 # where they name the module (an attribute after them, an import, ``:mod:``, ``:::``, a quoted module name)
@@ -166,11 +175,19 @@ def rewrite(text: str) -> str:
     return _paths("".join(pieces))
 
 
+def rename(text: str, relative: str) -> str:
+    """Private names made public (:data:`RENAMES`) in a Python file or a notebook's cells."""
+    for old, (new, scope) in RENAMES.items():
+        if scope is None or relative in scope:
+            text = re.sub(r"(?<!\w)" + re.escape(old) + r"(?!\w)", new, text)
+    return text
+
+
 def rewrite_notebook(text: str) -> str:
     notebook = json.loads(text)
     for cell in notebook.get("cells", []):
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        new = rewrite(source)
+        new = rename(rewrite(source), "")
         if new != source:
             cell["source"] = new.splitlines(keepends=True)
     return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
@@ -232,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         except UnicodeDecodeError:
             continue
         new = rewrite_notebook(text) if path.suffix == ".ipynb" else rewrite(text)
+        if path.suffix == ".py":
+            new = rename(new, path.relative_to(ROOT).as_posix())
         if new != text:
             changed.append(path)
             if not args.dry_run:

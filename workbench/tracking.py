@@ -190,7 +190,7 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
                                 f"{f.get('detection_s')} s, resume {f.get('resume_s')} s (rank-time "
                                 f"{f.get('rank_resume_s')} s), steps redone "
                                 f"{f.get('steps_redone')}, samples lost {f.get('samples_lost')}")[:5000]
-    run = mlflow_client.create_run(experiment, start_time=_ms(prov.get("started_utc")), tags=tags, run_name=name)
+    run = mlflow_client.create_run(experiment, start_time=epoch_ms(prov.get("started_utc")), tags=tags, run_name=name)
     run_id = run.info.run_id
     if record is not None:
         record["run_id"] = run_id
@@ -204,7 +204,7 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
         if path is not None and Path(path).is_file():
             mlflow_client.log_artifact(run_id, str(path))
     mlflow_client.set_terminated(run_id, "FINISHED" if result.completed else "FAILED",
-                                 end_time=_ms(prov.get("ended_utc")))
+                                 end_time=epoch_ms(prov.get("ended_utc")))
     return run_id
 
 
@@ -221,7 +221,7 @@ def abandon(mlflow_client: Any, run_id: str | None) -> None:
 
 def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:
     """(key, value, timestamp in ms, step) of every finite per-step value and of the summary's numbers."""
-    start = _ms(result.provenance.get("started_utc")) or 0
+    start = epoch_ms(result.provenance.get("started_utc")) or 0
     found = []
     for row in result.metrics:
         at = start + int(1000 * row["time"]) if _finite(row.get("time")) else start
@@ -229,7 +229,7 @@ def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:
             if key not in ("step", "time") and _finite(row.get(key)):
                 found.append((key, float(row[key]), at, int(row["step"])))
     last = max((int(r["step"]) for r in result.metrics), default=0)
-    end = _ms(result.provenance.get("ended_utc")) or start
+    end = epoch_ms(result.provenance.get("ended_utc")) or start
     found += [(key, float(result.summary[key]), end, last) for key in _SUMMARY_METRICS
               if _finite(result.summary.get(key))]
     found.append(("n_failures", float(len(result.failures)), end, last))
@@ -270,7 +270,7 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _ms(iso: str | None) -> int | None:
+def epoch_ms(iso: str | None) -> int | None:
     if not iso:
         return None
     try:

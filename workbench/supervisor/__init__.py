@@ -5,9 +5,7 @@
 * :mod:`.control` — the control channel's sockets and framing;
 * :mod:`.faultplan` — planned faults until they fire;
 * :mod:`.recorder` — metrics, events, failure figures, and the :class:`~workbench.results.RunResult`;
-* :mod:`.core` — :class:`Supervisor`, which wires them together on a run's monitor thread.
+* :mod:`.core` — :class:`~.core.Supervisor`, which wires them together on a run's monitor thread.
+
+Imports nothing: a module that needs one room loads that room.
 """
-
-from workbench.supervisor.core import Supervisor
-
-__all__ = ["Supervisor"]

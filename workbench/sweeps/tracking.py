@@ -34,9 +34,9 @@ from workbench.sweeps.point import LOG_FILE, write_json
 from workbench.sweeps.table import TABLE_FILE, TRACKING_FILE, load_sweep, point_status
 from workbench.tracking import (
     TrackingWarning,
-    _ms,
     abandon,
     client,
+    epoch_ms,
     experiment_id,
     failure_text,
     for_command_line,
@@ -62,7 +62,7 @@ def track_sweep(uri: str, directory: str | os.PathLike, started: dict[str, Any],
         experiment = record["experiment_id"] = experiment_id(mlflow_client)
         spec = json.loads((directory / SWEEP_FILE).read_text())
         prov = provenance.finish(started)
-        parent = mlflow_client.create_run(experiment, start_time=_ms(prov["started_utc"]), run_name=directory.name,
+        parent = mlflow_client.create_run(experiment, start_time=epoch_ms(prov["started_utc"]), run_name=directory.name,
                                           tags={**{f"prov.{k}": str(v) for k, v in prov.items()},
                                                 "mlflow.source.name": spec["notebook"], "sweep": str(directory),
                                                 **({"mlflow.source.git.commit": prov["commit"]}
@@ -83,7 +83,7 @@ def track_sweep(uri: str, directory: str | os.PathLike, started: dict[str, Any],
         _attach(mlflow_client, record["run_id"], directory)
         done = bool(len(frame)) and set(frame.status) == {"completed"}
         mlflow_client.set_terminated(record["run_id"], "FINISHED" if done else "FAILED",
-                                     end_time=_ms(prov["ended_utc"]))
+                                     end_time=epoch_ms(prov["ended_utc"]))
     except Exception as exc:  # noqa: BLE001 - tracking must never fail the sweep
         record["error"] = failure_text(exc)
         abandon(mlflow_client, record["run_id"])
@@ -111,7 +111,7 @@ def _log_point(mlflow_client: Any, experiment: str, parent: str, directory: Path
     else:
         prov = status.get("provenance") or {}
         run = mlflow_client.create_run(
-            experiment, start_time=_ms(prov.get("started_utc")), run_name=pid,
+            experiment, start_time=epoch_ms(prov.get("started_utc")), run_name=pid,
             tags={"mlflow.parentRunId": parent, "skipped": str(skipped).lower(),
                   "outcome": "error" if status.get("status") == "failed" else str(status.get("status", "pending")),
                   "error": str(status.get("error"))[:5000], **{f"prov.{k}": str(v) for k, v in prov.items()}})
@@ -121,7 +121,7 @@ def _log_point(mlflow_client: Any, experiment: str, parent: str, directory: Path
         for path in artifacts:
             mlflow_client.log_artifact(run_id, str(path))
         mlflow_client.set_terminated(run_id, "FINISHED" if status.get("status") == "completed" else "FAILED",
-                                     end_time=_ms(prov.get("ended_utc")))
+                                     end_time=epoch_ms(prov.get("ended_utc")))
     for below in sorted(point.rglob(RESULT_FILE)):
         if below != own:  # a notebook that saved several runs: each a child of the point's run
             log_result(mlflow_client, experiment, RunResult.load(below), below,
