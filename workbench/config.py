@@ -93,8 +93,7 @@ class RunConfig:
     startup_timeout: float = 120.0
     spawn: str = "template"  # forked by this process's rank template (ms; workbench/template.py), "fresh": ~1.1 s
     op_timeout: float = 60.0
-    # where the ranks live (workbench/cluster/hosts_file.py): None = every rank on this machine; else hosts in
-    # file order
+    # where the ranks live (cluster/hosts_file.py): None = every rank on this machine; else hosts in file order
     hosts: list[dict[str, Any]] | None = None
     bind: str | None = None  # address of the store and control server; default the first host's, or 127.0.0.1
     store_port: int = 0  # 0: any free port (ranks started elsewhere need a known one: workbench rank --store)

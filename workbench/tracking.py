@@ -271,6 +271,7 @@ def _finite(value: Any) -> bool:
 
 
 def epoch_ms(iso: str | None) -> int | None:
+    """An ISO 8601 time as milliseconds since the epoch (MLflow's times); None for none."""
     if not iso:
         return None
     try:

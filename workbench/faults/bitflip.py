@@ -122,6 +122,7 @@ def field_bits(dtype: Any, field: str) -> list[int]:
 
 
 def check_bit(name: str, bit: int) -> None:
+    """FlipError unless ``bit`` is a bit position (LSB-0) of the dtype named ``name``."""
     w = _FLOAT_LAYOUT[name][0] if name in _FLOAT_LAYOUT else _INT_WIDTH[name]
     if not isinstance(bit, (int, np.integer)) or not 0 <= bit < w:
         raise FlipError(f"bit {bit!r} is out of range for {name}: allowed 0..{w - 1} (LSB-0)")
