@@ -3,8 +3,8 @@
 A data-parallel apoptosis run computes, on every replica, a full-batch SGD step (the ranks' gradients summed by
 the allreduce), the group-lasso pressure, and at each evaluation the rule's decision on rank 0's validation
 accuracy. This script replays that computation in one process with the workbench's own pieces (dataset and
-validation split, batch sequence, model, :class:`workbench.apoptosis.Apoptosis`, ``group_lasso_``, ``shrink``,
-the phases of :class:`~workbench.apoptosis.ApoptosisConfig`), about a second per run instead of a multi-process
+validation split, batch sequence, model, :class:`workbench.apoptosis.rule.Apoptosis`, ``group_lasso_``, ``shrink``,
+the phases of :class:`~workbench.apoptosis.rule.ApoptosisConfig`), about a second per run instead of a multi-process
 run's several. It gave the same parameters and accuracies as ``workbench.run`` at world 2 on 19 of seeds 10-29
 (seed 29: another reduction, the allreduce sums the gradients in another order), so it is for exploring
 settings; the reported figures come from ``workbench.run`` (``make reproduce``).
@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench import apoptosis as apo
+from workbench.apoptosis import rule as apo
 from workbench.config import RunConfig
-from workbench.data import BatchSequence, load_dataset
-from workbench.models import build_model
 from workbench.rank.base import evaluate
+from workbench.workloads.data import BatchSequence, load_dataset
+from workbench.workloads.models import build_model
 
 
 def replay(seed: int, spec: str | None, steps: int = 400, hidden: tuple[int, ...] = (128, 64)) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Bit flips into an HDF5 checkpoint: this project vs the peer's method, and the detectors' cost per step.
 
-(a) ``workbench.faults.alter_checkpoint``: vectorised XOR through a memory map at the dataset's file offset.
+(a) ``workbench.faults.hdf5.alter_checkpoint``: vectorised XOR through a memory map at the dataset's file offset.
 (b) the peer's method (``hdf5_corrupter``): per value, an h5py element read, ``struct`` to reinterpret the float
     as an integer, XOR, ``struct`` back, an h5py element write.
 Both flip random bits of random elements of the same >= 10 MB float32 checkpoint, in one run. Then each
@@ -31,7 +31,7 @@ import torch
 
 import workbench
 from workbench import checkpoint
-from workbench.faults import alter_checkpoint
+from workbench.faults.hdf5 import alter_checkpoint
 
 
 def make_checkpoint(path: Path, megabytes: float) -> None:

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 import workbench
 from workbench.config import RunConfig
-from workbench.data import BatchSequence, load_dataset, shard
-from workbench.models import build_model
 from workbench.processes import RANK_ENV_DEFAULTS
+from workbench.workloads.data import BatchSequence, load_dataset, shard
+from workbench.workloads.models import build_model
 
 WARMUP = 50
 

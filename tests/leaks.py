@@ -5,7 +5,7 @@ A process belongs to the project when its command line is one of: a rank (``work
 workbench.rank`` and a rank forked by a template, whose title says so), a rank template (``workbench.template``),
 a peer's rank (``workbench.peers``), torchft's ``torchft_lighthouse``, torchrun's agent (``torch.distributed.run``
 or ``torchrun`` with ``workbench`` in its arguments), the CLI (``python -m workbench ...``, the ``workbench``
-script, ``workbench.sweep_point`` workers), papermill, a Jupyter kernel (``ipykernel_launcher``), a JupyterLab
+script, ``workbench.sweeps.point`` workers), papermill, a Jupyter kernel (``ipykernel_launcher``), a JupyterLab
 server, or an MLflow tracking server a test started (``mlflow server`` and its uvicorn or gunicorn workers and
 job runners, whose command lines name ``mlflow.server``). The calling process is never listed.
 
@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 TAG_VAR = "WORKBENCH_LEAK_TAG"
 _PROC = Path("/proc")
-_SUBSTRINGS = ("workbench.rank", "workbench.template", "workbench.peers", "workbench.sweep_point",
+_SUBSTRINGS = ("workbench.rank", "workbench.template", "workbench.peers", "workbench.sweeps.point",
                "torchft_lighthouse", "ipykernel_launcher", "mlflow.server")
 _SCRIPTS = {"workbench", "papermill", "jupyter-lab", "torchrun", "mlflow"}
 _MODULES = {"workbench", "papermill", "jupyterlab"}

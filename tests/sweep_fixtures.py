@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.faults import save_trials
 from workbench.results import RunResult
-from workbench.sweep import point_id
+from workbench.studies.sensitivity import save_trials
+from workbench.sweeps.run import point_id
 
 STRATEGIES = ("shrink", "rollback", "checkpoint_restart")
 

@@ -11,9 +11,9 @@ from torch import nn
 
 import workbench
 from workbench import ConfigError, RunConfig, checkpoint
-from workbench import apoptosis as apo
-from workbench.models import cnn, mlp
+from workbench.apoptosis import rule as apo
 from workbench.results import model_size
+from workbench.workloads.models import cnn, mlp
 
 
 # -- the spec -------------------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def test_a_units_contribution_is_the_geometric_mean_of_its_incoming_and_outgoing
 
 # -- the validation split, then every sample ------------------------------------------------------------------------
 def test_the_validation_split_folds_back_into_training_and_out_again():
-    from workbench.data import load_dataset
+    from workbench.workloads.data import load_dataset
 
     plain, carved = load_dataset(RunConfig()), load_dataset(RunConfig(apoptosis="on"))
     held_out = carved.x_val.clone()
@@ -294,7 +294,7 @@ def test_summary_sizes_from_the_rows():
 
 # -- the validation split the rule decides on ------------------------------------------------------------------------
 def test_apoptosis_holds_out_a_validation_split_of_the_training_data_never_the_test_set():
-    from workbench.data import load_dataset
+    from workbench.workloads.data import load_dataset
 
     plain = load_dataset(RunConfig())
     carved = load_dataset(RunConfig(apoptosis="val=0.2"))
@@ -313,7 +313,7 @@ def test_apoptosis_holds_out_a_validation_split_of_the_training_data_never_the_t
 
 
 def test_an_image_dataset_validation_split_is_normalised_like_the_test_set():
-    from workbench.datasets import synthetic_image
+    from workbench.workloads.datasets import synthetic_image
 
     data = synthetic_image(200)
     data.carve_validation(0.25)
@@ -331,7 +331,7 @@ def test_the_rule_reads_the_validation_accuracy_that_every_evaluation_reports():
 
 
 def load_dataset_with_val():
-    from workbench.data import load_dataset
+    from workbench.workloads.data import load_dataset
 
     return load_dataset(RunConfig(apoptosis="on"))
 
@@ -437,7 +437,7 @@ def test_a_shrunk_conv_bn_state_loads_into_a_full_size_model_and_lasso_zeroes_wh
 
 
 def test_residual_blocks_end_a_pair_and_resnets_are_refused_with_the_reason():
-    from workbench.architectures import lenet5, resnet20
+    from workbench.workloads.architectures import lenet5, resnet20
 
     assert apo.find_pairs(resnet20((3, 8, 8), 10)) == []
     with pytest.raises(ConfigError, match="cannot shrink"):

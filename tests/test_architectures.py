@@ -1,15 +1,14 @@
-"""The seed papers' models (workbench/architectures.py) and pipeline stages cut by measured cost."""
+"""The seed papers' models (workbench/workloads/architectures.py) and pipeline stages cut by measured cost."""
 
 import pytest
 import torch
 from torch import nn
 
-from workbench.architectures import ARCHITECTURES, BasicBlock, conv_bn_pairs
 from workbench.cli import _config_from_args, build_parser
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
-from workbench.faults.targets import check_model, model_tensors
-from workbench.models import (
+from workbench.workloads.architectures import ARCHITECTURES, BasicBlock, conv_bn_pairs
+from workbench.workloads.models import (
     block_costs,
     build_model,
     cuts_of,
@@ -19,6 +18,7 @@ from workbench.models import (
     stage_module,
     stages_from_cuts,
 )
+from workbench.workloads.stages import check_model, model_tensors
 
 SHAPES = [(3, 32, 32), (1, 28, 28), (1, 8, 8)]
 SMALL = {"vgg11": 0.25, "alexnet": 0.25}  # width for the tests that only need the structure

@@ -21,11 +21,17 @@ from sweep_fixtures import fake_result, fake_sweep, fake_trials
 from workbench import checkpoint, cli
 from workbench.checkpoint import Checkpoint
 from workbench.errors import WorkbenchError
-from workbench.faults import alter_checkpoint, compare_checkpoints, replay_checkpoint, save_trials
-from workbench.faults.hdf5 import NotComparable, float_datasets
+from workbench.faults.hdf5 import (
+    NotComparable,
+    alter_checkpoint,
+    compare_checkpoints,
+    float_datasets,
+    replay_checkpoint,
+)
 from workbench.h5files import CHECKPOINT, RESULT, SWEEP_TABLE, TABLE, FileKindError, OutputError, inspect
 from workbench.results import RunResult, load_results, load_table
-from workbench.sweep import load_sweep
+from workbench.studies.sensitivity import save_trials
+from workbench.sweeps.run import load_sweep
 
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
 W = "model/fc1.weight"

@@ -70,7 +70,7 @@ def disk(tmp_path):
 
 def checkpoint_of(path, steps=20, hidden=(16,), record_config=True, model="mlp"):
     """A checkpoint of ``model`` (digits) at step ``steps``, as a run writes it, without running one."""
-    from workbench.models import build_model
+    from workbench.workloads.models import build_model
 
     config = RunConfig(world_size=2, steps=100, hidden=list(hidden), model=model)
     net = build_model(config, (1, 8, 8), 10)
@@ -133,8 +133,8 @@ def test_the_same_mistakes_from_python_raise_config_error(tmp_path):
 
 
 def test_preflight_knows_the_digits_size_without_loading_them():
-    from workbench.data import digits
     from workbench.preflight import DIGITS_TRAIN
+    from workbench.workloads.data import digits
 
     assert len(digits().y_train) == DIGITS_TRAIN
 
@@ -233,7 +233,7 @@ def test_a_checkpoint_write_that_fails_raises_one_line_and_leaves_nothing(disk):
 
 
 def test_wait_raises_what_the_monitor_thread_raised(monkeypatch):
-    from workbench.supervisor import Supervisor
+    from workbench.supervisor.core import Supervisor
 
     def broken(self):
         raise RuntimeError("the supervisor broke")

@@ -298,7 +298,7 @@ def test_bad_run_and_sweep_values_exit_2_before_anything_starts(argv, expected, 
 
 def test_sweep_refuses_a_timeout_that_is_not_a_positive_number(tmp_path):
     from workbench.errors import SweepError
-    from workbench.sweep import sweep
+    from workbench.sweeps.run import sweep
 
     with pytest.raises(SweepError, match="timeout must be a finite number of seconds > 0"):
         sweep("notebooks/quickstart.ipynb", {"seed": [0]}, out=tmp_path / "s", timeout=-1)

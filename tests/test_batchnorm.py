@@ -10,9 +10,9 @@ import torch
 import workbench
 from workbench import checkpoint
 from workbench.errors import ConfigError
-from workbench.faults import bit_sensitivity
 from workbench.faults.hdf5 import alter_checkpoint
 from workbench.rank.state import RunningStats
+from workbench.studies.sensitivity import bit_sensitivity
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

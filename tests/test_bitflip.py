@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from workbench import checkpoint
-from workbench.faults import alter_checkpoint, bit_field, compare_checkpoints, flip, inject, replay, replay_checkpoint
-from workbench.faults.bitflip import FlipError, field_bits
+from workbench.faults.bitflip import FlipError, bit_field, field_bits, flip, inject, replay
+from workbench.faults.hdf5 import alter_checkpoint, compare_checkpoints, replay_checkpoint
 
 
 @pytest.mark.parametrize("bit,expected", [(30, 1.7014118e38), (23, 1.0), (22, 0.75), (31, -0.5),

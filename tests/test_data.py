@@ -1,6 +1,6 @@
 import numpy as np
 
-from workbench.data import BatchSequence, digits, shard, synthetic
+from workbench.workloads.data import BatchSequence, digits, shard, synthetic
 
 
 def test_digits_split_is_fixed_and_stratified():

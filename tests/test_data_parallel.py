@@ -10,9 +10,9 @@ from ranks_in_threads import run_ranks
 from torch import nn
 
 from workbench.config import MODELS, RunConfig
-from workbench.models import build_model, mlp
 from workbench.rank.data_parallel import DEFAULT_BUCKETS, DataParallel, bucket_layout
 from workbench.rank.soft_errors import ALARM_SLOTS
+from workbench.workloads.models import build_model, mlp
 
 MLP_SIZES = [10, 640, 64, 8192, 128, 8192]  # the digits MLP's parameters in backward order (fc3.bias .. fc1.weight)
 

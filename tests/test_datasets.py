@@ -1,5 +1,5 @@
 """Datasets in their on-disk formats (tiny files written here in the exact formats), synthetic_image, and the
-crop_flip augmentation of Dataset.train_batch (workbench/datasets.py)."""
+crop_flip augmentation of Dataset.train_batch (workbench/workloads/datasets.py)."""
 
 import gzip
 import struct
@@ -12,8 +12,8 @@ from PIL import Image
 from torch import nn
 
 from workbench import ConfigError, RunConfig
-from workbench.data import BatchSequence, Dataset, load_dataset, shard
-from workbench.datasets import crop_flip, read_idx, sample_hash, synthetic_image
+from workbench.workloads.data import BatchSequence, Dataset, load_dataset, shard
+from workbench.workloads.datasets import crop_flip, read_idx, sample_hash, synthetic_image
 
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 

@@ -18,7 +18,7 @@ def test_command_lines_of_the_project():
                  "/v/bin/python -m workbench.template", "/v/bin/python -m workbench.peers.torchft_rank --control x",
                  "/v/bin/torchft_lighthouse --bind 127.0.0.1:1", "/v/bin/python /v/bin/workbench run --json",
                  "/v/bin/python -m workbench sweep nb.ipynb --out o",
-                 "/v/bin/python -m workbench.sweep_point --events 5",
+                 "/v/bin/python -m workbench.sweeps.point --events 5",
                  "/v/bin/python -m torch.distributed.run --nnodes 1 -m workbench.peers.torchrun_rank --store x",
                  "/v/bin/python -m ipykernel_launcher -f /tmp/k.json", "/v/bin/python /v/bin/papermill a.ipynb b.ipynb",
                  "/v/bin/python -m jupyterlab --ip 127.0.0.1",

@@ -9,9 +9,9 @@ import netns
 import pytest
 
 import workbench
+from workbench.cluster.hosts_file import read_hosts_file
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
-from workbench.hosts import read_hosts_file
 
 RANK = [sys.executable, "-m", "workbench", "rank"]
 

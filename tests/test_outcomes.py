@@ -3,7 +3,7 @@ import math
 import pandas as pd
 
 from workbench.faults.outcomes import classify_values
-from workbench.faults.sensitivity import outcome_shares
+from workbench.studies.sensitivity import outcome_shares
 
 
 def test_outcome_classes():
@@ -27,7 +27,7 @@ def test_outcome_shares_with_wilson_intervals():
 def test_possible_outcomes_follow_the_size_of_the_flip():
     import numpy as np
 
-    from workbench.faults import possible_outcomes
+    from workbench.faults.outcomes import possible_outcomes
 
     def flipped(value: float, bit: int) -> float:
         return float((np.float32(value).view(np.uint32) ^ np.uint32(1 << bit)).view(np.float32))

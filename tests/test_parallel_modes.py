@@ -9,13 +9,14 @@ import torch.nn.functional as F
 from ranks_in_threads import run_ranks
 
 from workbench.config import FaultSpec, RunConfig
-from workbench.data import LocalPartition
 from workbench.errors import ConfigError
-from workbench.faults.targets import check_flip_targets, check_model
-from workbench.models import boundary_shapes, cnn, mlp, split_stages, stage_module
+from workbench.faults.targets import check_flip_targets
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.gossip import GossipSchedule, PairExchange
 from workbench.rank.pipeline import Layout, StagePipeline
+from workbench.workloads.data import LocalPartition
+from workbench.workloads.models import boundary_shapes, cnn, mlp, split_stages, stage_module
+from workbench.workloads.stages import check_model
 
 # -- gossip -------------------------------------------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ def test_with_batch_norm_pipeline_gradients_equal_the_model_run_micro_batch_by_m
     """GPipe with batch norm: each micro-batch is normalised with its own statistics, so the pipeline's gradient is
     the single-process model's accumulated over the same micro-batches (each loss / global batch), not the
     whole-batch gradient."""
-    from workbench.architectures import resnet20
+    from workbench.workloads.architectures import resnet20
 
     torch.manual_seed(0)
     model = resnet20((3, 8, 8), 10)

@@ -7,7 +7,7 @@ import pytest
 import workbench
 from workbench import checkpoint
 from workbench.config import RunConfig
-from workbench.models import build_model
+from workbench.workloads.models import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

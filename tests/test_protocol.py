@@ -182,7 +182,7 @@ def test_every_exception_class_of_the_workbench_is_a_workbench_error():
 # -- the configuration on the wire ---------------------------------------------------------------------------------
 def _checkpoint(path: Path, steps: int = 20) -> str:
     """A checkpoint of the digits MLP hidden=[16] at step ``steps``, as a run writes it, without running one."""
-    from workbench.models import build_model
+    from workbench.workloads.models import build_model
 
     config = RunConfig(world_size=2, steps=40, hidden=[16])
     net = build_model(config, (1, 8, 8), 10)

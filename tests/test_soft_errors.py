@@ -4,7 +4,7 @@ import pytest
 
 import workbench
 from workbench import ConfigError
-from workbench.faults import campaign
+from workbench.studies.campaign import campaign
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

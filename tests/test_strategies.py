@@ -4,8 +4,8 @@ import pytest
 
 import workbench
 from workbench import checkpoint
-from workbench.models import mlp
 from workbench.rank.data_parallel import bucket_layout
+from workbench.workloads.models import mlp
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -1,10 +1,12 @@
-"""tools/check_structure.py: import cycles and oversized modules/functions, on small synthetic packages and on
-the real ``workbench`` package."""
+"""tools/check_structure.py: import cycles (package ``__init__`` modules counted), forbidden reach, private names
+across modules and oversized modules/functions, on small synthetic packages and on the real ``workbench`` package."""
 
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "check_structure.py"
@@ -66,6 +68,67 @@ def test_a_package_init_importing_its_submodules_is_no_cycle_unless_one_imports_
     assert check.find_cycles(root) == [["pkg", "pkg.a", "pkg.b", "pkg"]]
 
 
+def test_importing_a_submodule_runs_its_package_init_so_a_cycle_through_the_init_is_found(tmp_path, capsys):
+    # the shape of main's 15-module cycle: faults/__init__ re-exported a campaign that loads the session, which
+    # loads the rank code, which imports faults.bitflip -- and with it faults/__init__
+    root = package(tmp_path, {"faults/__init__.py": "from pkg.faults.campaign import campaign\n",
+                              "faults/bitflip.py": "def flip():\n    pass\n",
+                              "faults/campaign.py": "import pkg.session\ndef campaign():\n    pass\n",
+                              "session.py": "from pkg.rank import step\n",
+                              "rank.py": "from pkg.faults.bitflip import flip\ndef step():\n    pass\n"})
+    assert check.import_graph(root)["pkg.rank"] == {"pkg.faults", "pkg.faults.bitflip"}
+    assert check.find_cycles(root) == [["pkg.faults", "pkg.faults.campaign", "pkg.session", "pkg.rank",
+                                        "pkg.faults"]]
+    assert check.main([str(root)]) == 1
+    assert "import cycle: pkg.faults -> pkg.faults.campaign -> pkg.session -> pkg.rank -> pkg.faults" in \
+        capsys.readouterr().out
+    (root / "faults" / "__init__.py").write_text('"""Imports nothing."""\n')  # the fix: a light __init__
+    assert check.find_cycles(root) == []
+
+
+def test_a_package_init_is_no_edge_from_its_own_modules(tmp_path):
+    # faults/__init__ imports its own room, which imports a sibling: faults/__init__ already ran, no cycle
+    root = package(tmp_path, {"faults/__init__.py": "from pkg.faults.a import x\n",
+                              "faults/a.py": "from pkg.faults.b import y\nx = 1\n", "faults/b.py": "y = 2\n",
+                              "other.py": "import pkg.faults.b\n"})
+    graph = check.import_graph(root)
+    assert graph["pkg.faults.a"] == {"pkg.faults.b"} and graph["pkg.other"] == {"pkg.faults", "pkg.faults.b"}
+    assert check.find_cycles(root) == []
+
+
+@pytest.mark.parametrize("room", ["session.py", "sweeps/run.py", "supervisor/core.py", "widgets.py",
+                                  "studies/campaign.py", "reproduce/ccgrid22.py"])
+@pytest.mark.parametrize("rank_module", ["rank/main.py", "peers/torchft_rank.py"])
+def test_rank_code_may_not_reach_the_parent_side(tmp_path, capsys, room, rank_module):
+    forbidden = "pkg." + room[:-3].replace("/", ".")
+    files = {rank_module: "import pkg.helper\n", "helper.py": f"import {forbidden}\n", room: "x = 1\n",
+             "rank/__init__.py": "", "peers/__init__.py": "", "peers/common.py": f"import {forbidden}\n"}
+    for folder in {Path(room).parent, Path(rank_module).parent} - {Path(".")}:
+        files.setdefault(f"{folder}/__init__.py", "")
+    root = package(tmp_path, files)
+    source = "pkg." + rank_module[:-3].replace("/", ".")
+    first = "pkg." + room.split("/")[0].removesuffix(".py")  # a room in a package: its __init__ runs first
+    problems = check.forbidden_edges(root)
+    assert len(problems) == 1, problems  # peers.common reaches it too, but is not rank code
+    assert problems[0].startswith(f"{source} reaches {first} (code that runs in a rank process may not)")
+    assert problems[0].endswith(f": {source} -> pkg.helper -> {first}")
+    assert check.main([str(root)]) == 1
+    assert f"forbidden: {source} reaches {first}" in capsys.readouterr().out
+    (root / "helper.py").write_text("x = 2\n")
+    assert check.forbidden_edges(root) == []
+
+
+def test_a_private_name_imported_from_another_module_fails(tmp_path, capsys):
+    root = package(tmp_path, {"a.py": "def _helper():\n    pass\n__version__ = 1\n",
+                              "b.py": "from pkg.a import __version__\n",
+                              "c.py": "def f():\n    from .a import _helper\n    return _helper\n"})
+    assert check.private_imports(root) == [f"{Path('pkg/c.py')}:2 imports _helper from .a"]  # dunders are public
+    assert check.main([str(root)]) == 1
+    assert "private name: " in capsys.readouterr().out
+    (root / "c.py").write_text("from pkg.a import __version__ as v\n")
+    assert check.private_imports(root) == []
+
+
 def test_every_module_of_a_larger_knot_is_on_a_reported_cycle(tmp_path):
     root = package(tmp_path, {"hub.py": "import pkg.x\nimport pkg.y\n", "x.py": "import pkg.hub\n",
                               "y.py": "import pkg.hub\n"})
@@ -112,12 +175,15 @@ def test_the_script_runs_on_its_own(tmp_path):
     root = package(tmp_path, {"a.py": "import pkg.b\n", "b.py": "x = 1\n"})
     done = subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("check_structure OK: 3 modules, 1 import edges, no cycles; largest module")
+    assert done.stdout.startswith("check_structure OK: 3 modules, 1 import edges, no cycles, no forbidden reach, "
+                                  "no private imports; largest module")
     bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a package" in bad.stderr
 
 
-def test_the_workbench_package_has_no_cycles_and_no_oversized_rooms():
+def test_the_workbench_package_keeps_the_house_rules():
     root = ROOT / "workbench"
     assert check.find_cycles(root) == []
+    assert check.forbidden_edges(root) == []
+    assert check.private_imports(root) == []
     assert check.oversized(root) == []

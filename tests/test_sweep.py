@@ -16,11 +16,11 @@ from sweep_fixtures import fake_result, fake_sweep, fake_trials
 import workbench
 from workbench import cli
 from workbench.errors import SweepError
-from workbench.faults import load_trials, save_trials
 from workbench.report import report
 from workbench.results import load_table
-from workbench.sweep import grid_points, is_complete, load_sweep, notebook_parameters, parse_value, point_id, sweep
-from workbench.sweep_point import alive, descendants, write_json
+from workbench.studies.sensitivity import load_trials, save_trials
+from workbench.sweeps.point import alive, descendants, write_json
+from workbench.sweeps.run import grid_points, is_complete, load_sweep, notebook_parameters, parse_value, point_id, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
@@ -143,7 +143,7 @@ def test_sigint_stops_every_process_and_resumes(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in err
-    assert any("ipykernel" in c for c in seen.values()) and any("sweep_point" in c for c in seen.values())
+    assert any("ipykernel" in c for c in seen.values()) and any("workbench.sweeps.point" in c for c in seen.values())
     assert any("workbench.template" in c for c in seen.values())  # the worker's shared template: gone too
     left = [c for p, c in seen.items() if alive(*p)]
     assert not left, f"left behind: {left}"

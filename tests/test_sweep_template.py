@@ -13,8 +13,8 @@ import nbformat
 import pytest
 
 from workbench.results import RunResult
-from workbench.sweep import sweep
-from workbench.sweep_point import Worker, alive, descendants
+from workbench.sweeps.point import Worker, alive, descendants
+from workbench.sweeps.run import sweep
 from workbench.template import SHARED_VAR, SharedTemplate, share
 from workbench.template_server import code_fingerprint, identity
 
@@ -61,7 +61,7 @@ def test_the_points_of_a_worker_fork_their_ranks_from_its_one_template(tmp_path)
             proc.wait()
     assert proc.returncode == 0, err
     assert "4 points: 4 executed (4 completed, 0 failed)" in out_text
-    workers = {p for p, (_, args, _) in seen.items() if "workbench.sweep_point" in args}
+    workers = {p for p, (_, args, _) in seen.items() if "workbench.sweeps.point" in args}
     templates = {p for p, (parent, args, _) in seen.items() if "workbench.template" in args}
     ranks = {p: parent for p, (parent, args, _) in seen.items() if "workbench.rank" in args}
     # one template per worker, its child: none of a kernel's (a worker replaces its template when workbench's files
@@ -183,7 +183,7 @@ def test_the_worker_replaces_a_template_whose_files_changed(monkeypatch):
         first = worker.template
         worker.share_template()
         assert worker.template is first and os.environ[SHARED_VAR] == first.address  # unchanged: kept
-        monkeypatch.setattr("workbench.sweep_point.code_fingerprint", lambda: "changed")
+        monkeypatch.setattr("workbench.sweeps.point.code_fingerprint", lambda: "changed")
         worker.share_template()
         assert worker.template is not first and os.environ[SHARED_VAR] == worker.template.address
         assert first.proc.poll() is not None  # the old one is gone

@@ -17,7 +17,7 @@ import pytest
 
 import workbench
 from workbench import tracking
-from workbench.sweep import load_sweep
+from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"

@@ -1,32 +1,32 @@
-"""Check the shape of the ``workbench`` package: no import circles, and rooms of a size a reader holds in mind.
+"""Check the shape of the ``workbench`` package: no import circles, no forbidden reach, no private names across
+modules, and rooms of a size a reader holds in mind.
 
-Two checks, standard library only (``ast``), run by ``make lint`` and ``tests/test_structure.py``:
+Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure.py``:
 
-1. **No import cycles** (:func:`find_cycles`). The graph has one node per module of the package (``a/b.py`` is
-   ``pkg.a.b``, ``a/__init__.py`` is ``pkg.a``) and an edge for every import of another module of the package,
-   wherever it stands: at the top, inside a function, or under ``if TYPE_CHECKING:`` (an import for the type
-   checker still couples the two modules). ``import pkg.a.b`` is an edge to ``pkg.a.b``; ``from pkg.a import x``
-   is an edge to ``pkg.a`` and, when ``pkg.a.x`` is a module, to ``pkg.a.x`` as well. Relative forms
-   (``from . import x``, ``from ..a import y``) are resolved against the importing module. ``import pkg.a.b``
-   adds no edge to the parent packages ``pkg`` and ``pkg.a``, so a package ``__init__`` may import its own
-   submodules; it is a cycle only when one of them imports back from the ``__init__`` (``from pkg import x``,
-   also when ``x`` is a submodule, counts as that); a module naming itself (``from . import x`` in an
-   ``__init__``) is no edge. Every strongly connected component of more than one module is reported as cycles
-   through all its modules, each printed ``a -> b -> a``.
-2. **Sizes** (:func:`oversized`). A module may have at most 400 lines and a function or method at most 80 (its
-   ``def`` line to its last line, docstring included; a nested function counts in its parent and on its own).
-   A module or function that must stay one piece says so in its docstring with the marker ``One piece:``
-   followed by the reason, e.g. ``One piece: the step's phases share twelve locals; split, they would travel
-   as a bag.`` The marker in a module's docstring exempts the module's line count only, not its functions.
+1. **No import cycles** (:func:`find_cycles`). The graph (:func:`import_graph`) has one node per module
+   (``a/b.py`` is ``pkg.a.b``, ``a/__init__.py`` is ``pkg.a``) and an edge for every import of another module of
+   the package, wherever it stands (top, function, ``if TYPE_CHECKING:``). ``import pkg.a.b`` is an edge to
+   ``pkg.a.b``; ``from pkg.a import x`` to ``pkg.a`` and, when ``pkg.a.x`` is a module, to it as well; relative
+   forms resolve against the importer. Importing ``pkg.a.b`` runs the ``__init__`` of every package on its path,
+   so it is an edge to ``pkg.a`` too, unless the importer lies inside ``pkg.a`` (that ``__init__`` already ran):
+   a package ``__init__`` may import its own submodules, and a cycle through an ``__init__`` that imports more
+   than its own rooms is found. A module naming itself is no edge. Each cycle is printed ``a -> b -> a``.
+2. **Forbidden reach** (:func:`forbidden_edges`, :data:`FORBIDDEN`): code that runs in a rank process may not
+   load, directly or through other modules, the session, sweeps, supervisor, widgets, studies or reproductions.
+3. **No private names across modules** (:func:`private_imports`): ``from pkg.a import _x`` in another module
+   (a name that is used elsewhere is public: drop the underscore, or move the code).
+4. **Sizes** (:func:`oversized`): a module at most 400 lines, a function or method at most 80 (``def`` line to
+   last line; a nested function counts in its parent and on its own), unless its docstring says
+   ``One piece:`` and why (a module's marker exempts its line count only, not its functions).
 
 Usage: ``python tools/check_structure.py [PACKAGE_DIR]`` (default: this repository's ``workbench/``). Exit 0
-with a one-line summary when both checks pass; exit 1 listing every cycle and every oversized module or
-function otherwise.
+with a one-line summary when every check passes; exit 1 listing every problem otherwise.
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import re
 import sys
 from pathlib import Path
@@ -35,6 +35,12 @@ MARKER = "One piece:"
 MAX_LINES = 400
 MAX_FUNCTION = 80
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "workbench"
+# (modules, the modules they may not reach, why): names relative to the package, ``fnmatch`` patterns; a
+# forbidden name covers its submodules
+FORBIDDEN = [
+    (("rank", "rank.*", "peers.*_rank"), ("session", "sweeps", "supervisor", "widgets", "studies", "reproduce"),
+     "code that runs in a rank process"),
+]
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -71,16 +77,33 @@ def _imported(name: str, path: Path, node: ast.AST, known: dict[str, Path]) -> s
     return targets
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (every import statement of the file, see the module doc)."""
+def _packages_run(importer: str, target: str, known: dict[str, Path]) -> set[str]:
+    """The package ``__init__`` modules that importing ``target`` runs, less those the importer lies inside."""
+    parts = target.split(".")
+    outer = (".".join(parts[:i]) for i in range(1, len(parts)))
+    return {p for p in outer if p in known and importer != p and not importer.startswith(p + ".")}
+
+
+def _imports(root: Path) -> dict[str, list[tuple[ast.AST, set[str]]]]:
+    """Module -> its import statements, each with the modules of the package it loads."""
     known = modules(root)
-    graph: dict[str, set[str]] = {}
+    found: dict[str, list[tuple[ast.AST, set[str]]]] = {}
     for name, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        graph[name] = set()
+        found[name] = []
         for node in ast.walk(tree):
-            graph[name] |= _imported(name, path, node, known) - {name}  # ``from . import x`` in an __init__
-    return graph
+            targets = _imported(name, path, node, known)
+            for target in list(targets):
+                targets |= _packages_run(name, target, known)
+            if targets - {name}:  # ``from . import x`` in an __init__ names itself
+                found[name].append((node, targets - {name}))
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (every import statement of the file, see the module doc)."""
+    return {name: set().union(*(targets for _, targets in statements))
+            for name, statements in _imports(root).items()}
 
 
 def _components(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -164,6 +187,60 @@ def find_cycles(root: Path) -> list[list[str]]:
     return cycles
 
 
+def _reach(graph: dict[str, set[str]], source: str) -> dict[str, str]:
+    """Every module ``source`` loads, directly or not -> the module that imports it on a shortest path."""
+    previous: dict[str, str] = {}
+    frontier = [source]
+    while frontier:
+        following = []
+        for node in frontier:
+            for child in sorted(graph[node]):
+                if child != source and child not in previous:
+                    previous[child] = node
+                    following.append(child)
+        frontier = following
+    return previous
+
+
+def forbidden_edges(root: Path, rules: list[tuple[tuple[str, ...], tuple[str, ...], str]] | None = None) -> list[str]:
+    """Every module that reaches one it may not (:data:`FORBIDDEN`), as ``a reaches b (why): a -> ... -> b``."""
+    graph = import_graph(root)
+    package = Path(root).name
+    problems = []
+    for sources, targets, why in FORBIDDEN if rules is None else rules:
+        for module in sorted(graph):
+            relative = module[len(package) + 1:]
+            if not any(fnmatch.fnmatchcase(relative, pattern) for pattern in sources):
+                continue
+            previous = _reach(graph, module)  # in breadth-first order: the first match is the nearest
+            for target in targets:
+                reached = next((r for r in previous if r == f"{package}.{target}"
+                                or r.startswith(f"{package}.{target}.")), None)
+                if reached is None:
+                    continue
+                path = [reached]
+                while path[-1] != module:
+                    path.append(previous[path[-1]])
+                problems.append(f"{module} reaches {reached} ({why} may not): {' -> '.join(path[::-1])}")
+    return problems
+
+
+def private_imports(root: Path) -> list[str]:
+    """Every ``from pkg.a import _x`` of a private name of another module, as ``path:LINE imports _x from pkg.a``."""
+    root = Path(root)
+    known = modules(root)
+    problems = []
+    for name, statements in _imports(root).items():
+        where = known[name].relative_to(root.parent)
+        for node, _ in statements:
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            source = "." * node.level + (node.module or "")
+            problems += [f"{where}:{node.lineno} imports {p} from {source}" for p in private]
+    return problems
+
+
 def _exempt(node: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether the docstring of ``node`` says ``One piece:`` and gives a reason after it."""
     return bool(re.search(re.escape(MARKER) + r"\s*\S", ast.get_docstring(node, clean=False) or ""))
@@ -197,18 +274,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_structure: {root} is not a package directory (no __init__.py)", file=sys.stderr)
         return 2
     cycles = find_cycles(root)
+    forbidden = forbidden_edges(root)
+    private = private_imports(root)
     sizes = oversized(root)
     for cycle in cycles:
         print(f"import cycle: {' -> '.join(cycle)}")
+    for problem in forbidden:
+        print(f"forbidden: {problem}")
+    for problem in private:
+        print(f"private name: {problem}")
     for problem in sizes:
         print(f"too large: {problem}")
-    if cycles or sizes:
-        print(f"check_structure: {len(cycles)} import cycle(s), {len(sizes)} oversized module(s)/function(s)")
+    if cycles or forbidden or private or sizes:
+        print(f"check_structure: {len(cycles)} import cycle(s), {len(forbidden)} forbidden reach(es), "
+              f"{len(private)} private import(s), {len(sizes)} oversized module(s)/function(s)")
         return 1
     graph = import_graph(root)
     lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules(root).items()}
     largest = max(lengths, key=lambda name: lengths[name])
-    print(f"check_structure OK: {len(graph)} modules, {sum(map(len, graph.values()))} import edges, no cycles; "
+    print(f"check_structure OK: {len(graph)} modules, {sum(map(len, graph.values()))} import edges, no cycles, "
+          f"no forbidden reach, no private imports; "
           f"largest module {largest} ({lengths[largest]} lines)")
     return 0
 

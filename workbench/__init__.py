@@ -14,7 +14,7 @@ _PUBLIC = {
     "FaultSpec": "workbench.config", "RunConfig": "workbench.config",
     "RunResult": "workbench.results", "load_results": "workbench.results",
     "Run": "workbench.session", "run": "workbench.session", "start": "workbench.session",
-    "load_sweep": "workbench.sweep", "sweep": "workbench.sweep",
+    "load_sweep": "workbench.sweeps.run", "sweep": "workbench.sweeps.run",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -64,8 +64,8 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.hosts_file is not None and args.slurm is not None:
         raise ConfigError("slurm", "give --slurm or --hosts-file, not both")
     if args.hosts_file is not None or args.slurm is not None:
-        from workbench.hosts import read_hosts_file
-        from workbench.slurm_hosts import allocation_hosts
+        from workbench.cluster.hosts_file import read_hosts_file
+        from workbench.cluster.slurm_allocation import allocation_hosts
 
         values["hosts"] = (read_hosts_file(args.hosts_file) if args.slurm is None
                            else allocation_hosts(args.slurm or getattr(args, "world_size", None)))
@@ -168,7 +168,7 @@ def _add_sweep_parsers(sub: Any) -> None:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from workbench.errors import SweepError
-    from workbench.sweep import grid_points, is_complete, parse_value, point_id, sweep
+    from workbench.sweeps.run import grid_points, is_complete, parse_value, point_id, sweep
 
     parameters: dict[str, list[Any]] = {}
     for name, *values in args.parameters:
@@ -178,7 +178,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise SweepError(f"parameter {name!r} has no values (-p {name} V1 V2 ...)")
         parameters[name] = [parse_value(v) for v in values]
     if args.point is not None:
-        from workbench.sweep import run_array_task
+        from workbench.sweeps.run import run_array_task
 
         if parameters or args.grid or args.emit:
             raise SweepError("--point runs a point of DIR/array.json: give no -p, --grid or --emit with it")
@@ -188,14 +188,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
               + (f": {status['error']}" if status.get("error") else ""))
         return 0 if status["status"] == "completed" else 1
     if args.emit:
-        from workbench.sweep import emit_slurm
+        from workbench.sweeps.run import emit_slurm
 
         path = emit_slurm(args.notebook, parameters, grid=args.grid, out=args.out, kernel_name=args.kernel,
                           timeout=args.timeout, sbatch=args.sbatch)
         print(f"job array: {path} (sbatch {path})")
         return 0
     if args.dry_run:
-        from workbench.sweep import notebook_parameters
+        from workbench.sweeps.run import notebook_parameters
 
         declared = notebook_parameters(args.notebook)
         points = grid_points(parameters, args.grid)
@@ -209,7 +209,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     options = dict(grid=args.grid, out=args.out, jobs=args.jobs, retry_failed=not args.skip_failed,
                    progress=False if args.no_progress else None, kernel_name=args.kernel, timeout=args.timeout)
     if args.executor == "slurm":
-        from workbench.sweep_sbatch import sweep_slurm
+        from workbench.sweeps.slurm_run import sweep_slurm
 
         frame = sweep_slurm(args.notebook, parameters, sbatch=args.sbatch, **options)
     else:
@@ -250,7 +250,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from workbench.tracking_sweep import tracked_command
+    from workbench.sweeps.tracking import tracked_command
 
     return tracked_command(args, _cmd_sweep)  # --track: the sweep logged to MLflow once its points ran
 

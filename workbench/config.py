@@ -4,8 +4,8 @@ A :class:`RunConfig` is built from keyword arguments, from a dict (papermill par
 Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.errors.ConfigError` naming the
 field and what is allowed before any rank process starts.
 
-The fault plan's entries (:class:`~workbench.faultspec.FaultSpec`, :class:`~workbench.faultspec.RandomFailures`)
-live in :mod:`workbench.faultspec`, user models and datasets named by import path in :mod:`workbench.callables`;
+The fault plan's entries (:class:`~workbench.faults.spec.FaultSpec`, :class:`~workbench.faults.spec.RandomFailures`)
+live in :mod:`workbench.faults.spec`, user models and datasets named by import path in :mod:`workbench.callables`;
 both are re-exported here (``from workbench.config import FaultSpec, resolve_callable`` keeps working).
 """
 
@@ -20,16 +20,16 @@ from typing import Any
 from workbench import strategies
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.config_types import as_floats, coerce_types
-from workbench.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 from workbench.errors import ConfigError
-from workbench.faultspec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
            "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
            "SHUFFLES", "SPAWNS", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig", "parse_fault",
            "resolve_callable"]
 
-MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/architectures.py
+MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/workloads/architectures.py
 OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = strategies.NAMES  # workbench/strategies.py: one object per name
 REGROW_STRATEGIES = strategies.regrowing()
@@ -109,7 +109,7 @@ class RunConfig:
             raise ConfigError("hidden", f"{self.hidden!r} must be a non-empty list of layer widths 1..65536")
         if not (isinstance(self.width, (int, float)) and not isinstance(self.width, bool) and 0 < self.width <= 4):
             raise ConfigError("width", f"{self.width!r} is out of range: allowed numbers in (0, 4]")
-        self.dataset = check_dataset(self.dataset, self.augment, self.synthetic_size)  # workbench/dataset_files.py
+        self.dataset = check_dataset(self.dataset, self.augment, self.synthetic_size)  # workloads/dataset_files.py
         _int_in("seed", self.seed, 0, 2**31 - 1)
         _choice("strategy", self.strategy, STRATEGIES)
         _choice("spawn", self.spawn, SPAWNS)
@@ -237,7 +237,7 @@ class RunConfig:
         peer.require(self.strategy)
 
     def _check_hosts(self) -> None:
-        from workbench.hosts import Host, check_address
+        from workbench.cluster.hosts_file import Host, check_address
 
         _int_in("store_port", self.store_port, 0, 65535)
         if self.hosts is None:
@@ -260,7 +260,7 @@ class RunConfig:
         if self.apoptosis is None or self.apoptosis is False or self.apoptosis == "off":
             self.apoptosis = None
             return
-        from workbench.apoptosis import ApoptosisConfig
+        from workbench.apoptosis.rule import ApoptosisConfig
 
         rule = ApoptosisConfig.parse(self.apoptosis)
         self.apoptosis = None if rule is None else str(rule)
@@ -271,10 +271,10 @@ class RunConfig:
 
     @property
     def apoptosis_rule(self) -> Any:
-        """The parsed :class:`~workbench.apoptosis.ApoptosisConfig`, or None when apoptosis is off."""
+        """The parsed :class:`~workbench.apoptosis.rule.ApoptosisConfig`, or None when apoptosis is off."""
         if self.apoptosis is None:
             return None
-        from workbench.apoptosis import ApoptosisConfig
+        from workbench.apoptosis.rule import ApoptosisConfig
 
         return ApoptosisConfig.parse(self.apoptosis)
 

@@ -72,8 +72,9 @@ def failure_comparison(baseline: RunResult, faulty: RunResult, title: str | None
 
 def bit_sensitivity(frame: Any) -> go.Figure:
     """Share of each outcome per bit (heatmap; Wilson 95 % interval in the hover), fields of the format marked.
-    Takes the trials of :func:`workbench.faults.bit_sensitivity` or their :func:`~workbench.faults.outcome_shares`."""
-    from workbench.faults.sensitivity import outcome_shares
+    Takes the trials of :func:`workbench.studies.sensitivity.bit_sensitivity` or their
+    :func:`~workbench.studies.sensitivity.outcome_shares`."""
+    from workbench.studies.sensitivity import outcome_shares
 
     shares = frame if "share" in frame.columns else outcome_shares(frame)
     outcomes = [o for o in ("masked", "degraded", "nonfinite", "crash") if o in set(shares.outcome)]

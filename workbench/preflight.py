@@ -21,10 +21,10 @@ from typing import Any
 
 from workbench import machine
 from workbench.callables import IMPORT_PATH
-from workbench.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
 from workbench.errors import ConfigError
+from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
 
-DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the fixed 20 % test split (workbench.data.digits)
+DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the fixed 20 % test split (workbench.workloads.data.digits)
 _IDX_SIZES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}  # IDX type code -> bytes per value
 
 
@@ -82,7 +82,7 @@ def dataset_info(spec: str, synthetic_size: int) -> DatasetInfo:
 
 
 def _cifar(name: str, directory: Path) -> DatasetInfo:
-    from workbench.dataset_files import cifar_dir
+    from workbench.workloads.dataset_files import cifar_dir
 
     files, _, label_bytes, classes, source = CIFAR[name]
     folder = cifar_dir(name, directory)
@@ -98,7 +98,7 @@ def _cifar(name: str, directory: Path) -> DatasetInfo:
 
 
 def _idx(name: str, directory: Path) -> DatasetInfo:
-    from workbench.dataset_files import idx_path
+    from workbench.workloads.dataset_files import idx_path
 
     dims, labels = {}, []
     for file in IDX_FILES:
@@ -137,13 +137,13 @@ def _idx_header(path: Path, source: str, labels: bool) -> tuple[tuple[int, ...],
 
 
 def _imagefolder(directory: Path) -> DatasetInfo:
-    from workbench.dataset_files import IMAGE_SUFFIXES, class_names, folder_layout, images_in
+    from workbench.workloads.dataset_files import IMAGE_SUFFIXES, class_names, folder_layout, images_in
 
     train_dir, test_dir = folder_layout(directory)
     counts = [len(images_in(train_dir / c)) for c in class_names(train_dir)]
     if test_dir is not None:
         n_train, n_test = sum(counts), sum(len(images_in(test_dir / c)) for c in class_names(test_dir))
-    else:  # a fixed 20 % of each class is the test set (workbench.datasets.imagefolder)
+    else:  # a fixed 20 % of each class is the test set (workbench.workloads.datasets.imagefolder)
         n_test = sum(round(0.2 * n) for n in counts)
         n_train = sum(counts) - n_test
     for split, n in (("training", n_train), ("test", n_test)):
@@ -159,7 +159,7 @@ def check_batch(config: Any, info: DatasetInfo) -> None:
         return
     where = f"the {n} training samples of {config.dataset}"
     if config.apoptosis is not None:  # its rule decides on a validation split carved from the training data
-        from workbench.apoptosis import ApoptosisConfig
+        from workbench.apoptosis.rule import ApoptosisConfig
 
         n -= max(1, round(ApoptosisConfig.parse(config.apoptosis).val * n))
         where = f"the {n} training samples of {config.dataset} left beside apoptosis's validation split"
@@ -232,7 +232,7 @@ def _same_shapes(config: Any, info: DatasetInfo, shapes: dict[str, tuple[int, ..
 def build(config: Any, info: DatasetInfo) -> Any:
     """The run's model, as a rank builds it (torch); a user's factory that fails or returns no ``nn.Module`` is a
     ConfigError."""
-    from workbench.models import build_model
+    from workbench.workloads.models import build_model
 
     try:
         return build_model(config, info.input_shape, info.num_classes or 10)

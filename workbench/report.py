@@ -17,12 +17,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.faults.sensitivity import SENSITIVITY_FILE, load_trials
 from workbench.h5files import check_output_place, write_text
 from workbench.provenance import describe
 from workbench.results import RESULT_FILE, RunResult
-from workbench.sweep_plan import read_sweep_spec
-from workbench.sweep_table import load_sweep
+from workbench.studies.sensitivity import SENSITIVITY_FILE, load_trials
+from workbench.sweeps.plan import read_sweep_spec
+from workbench.sweeps.table import load_sweep
 
 if TYPE_CHECKING:
     import pandas as pd

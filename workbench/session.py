@@ -1,6 +1,6 @@
 """Starting runs: ``start(config) -> Run`` (a live handle) and ``run(config) -> RunResult`` (blocking).
 
-A :class:`Run` owns one monitor thread that runs the :class:`~workbench.supervisor.Supervisor`; the rank
+A :class:`Run` owns one monitor thread that runs the :class:`~workbench.supervisor.core.Supervisor`; the rank
 processes are children of that thread. ``kill``, ``hang`` and ``stop`` may be called from any thread (widgets
 do). Interrupting ``wait()`` (Ctrl-C, a notebook's interrupt button) stops the run before re-raising, and an
 ``atexit`` hook stops every run still going when the interpreter exits.
@@ -21,7 +21,7 @@ from typing import Any
 from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.results import RunResult
-from workbench.supervisor import Supervisor
+from workbench.supervisor.core import Supervisor
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -209,7 +209,8 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
     flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
         # these checks build the model (torch); a run that needs none leaves this process without torch
-        from workbench.faults.targets import check_flip_targets, check_model
+        from workbench.faults.targets import check_flip_targets
+        from workbench.workloads.stages import check_model
 
         config = check_model(config)
         check_flip_targets(config, flips)

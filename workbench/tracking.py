@@ -4,7 +4,7 @@
 from its :class:`~workbench.results.RunResult`: parameters, per-step metrics, summary figures, tags (outcome, failures,
 provenance) and artifacts. ``URI`` is an MLflow tracking URI (``sqlite:///mlflow.db`` offline) or a plain directory.
 Logging never fails the run: an error ends it with a :class:`TrackingWarning` recorded in the summary; without MLflow,
-:func:`require` raises :class:`TrackingUnavailable`. Sweeps: :mod:`workbench.tracking_sweep`. Details:
+:func:`require` raises :class:`TrackingUnavailable`. Sweeps: :mod:`workbench.sweeps.tracking`. Details:
 docs/internals.md.
 """
 
@@ -166,7 +166,7 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
                                 f"{f.get('detection_s')} s, resume {f.get('resume_s')} s (rank-time "
                                 f"{f.get('rank_resume_s')} s), steps redone "
                                 f"{f.get('steps_redone')}, samples lost {f.get('samples_lost')}")[:5000]
-    run = mlflow_client.create_run(experiment, start_time=_ms(prov.get("started_utc")), tags=tags, run_name=name)
+    run = mlflow_client.create_run(experiment, start_time=epoch_ms(prov.get("started_utc")), tags=tags, run_name=name)
     run_id = run.info.run_id
     if record is not None:
         record["run_id"] = run_id
@@ -180,7 +180,7 @@ def log_result(mlflow_client: Any, experiment: str, result: RunResult, artifact:
         if path is not None and Path(path).is_file():
             mlflow_client.log_artifact(run_id, str(path))
     mlflow_client.set_terminated(run_id, "FINISHED" if result.completed else "FAILED",
-                                 end_time=_ms(prov.get("ended_utc")))
+                                 end_time=epoch_ms(prov.get("ended_utc")))
     return run_id
 
 
@@ -197,7 +197,7 @@ def abandon(mlflow_client: Any, run_id: str | None) -> None:
 
 def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:
     """(key, value, timestamp in ms, step) of every finite per-step value and of the summary's numbers."""
-    start = _ms(result.provenance.get("started_utc")) or 0
+    start = epoch_ms(result.provenance.get("started_utc")) or 0
     found = []
     for row in result.metrics:
         at = start + int(1000 * row["time"]) if _finite(row.get("time")) else start
@@ -205,7 +205,7 @@ def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:
             if key not in ("step", "time") and _finite(row.get(key)):
                 found.append((key, float(row[key]), at, int(row["step"])))
     last = max((int(r["step"]) for r in result.metrics), default=0)
-    end = _ms(result.provenance.get("ended_utc")) or start
+    end = epoch_ms(result.provenance.get("ended_utc")) or start
     found += [(key, float(result.summary[key]), end, last) for key in _SUMMARY_METRICS
               if _finite(result.summary.get(key))]
     found.append(("n_failures", float(len(result.failures)), end, last))
@@ -246,7 +246,8 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _ms(iso: str | None) -> int | None:
+def epoch_ms(iso: str | None) -> int | None:
+    """An ISO 8601 time as milliseconds since the epoch (MLflow's times); None for none."""
     if not iso:
         return None
     try:

@@ -148,7 +148,7 @@ class Lab:
             self._rows, self._events = [], []
         self._reset_figure(config.world_size)
         self._make_rank_buttons(config.world_size)
-        from workbench.faults.targets import buffer_tensors, model_tensors
+        from workbench.workloads.stages import buffer_tensors, model_tensors
 
         params, _ = model_tensors(config)
         self._flip_names = {"buffer": list(buffer_tensors(config)), "other": list(params)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import leaks
 
-from workbench.sweep import load_sweep
+from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "permanent_faults.ipynb"

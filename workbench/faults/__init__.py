@@ -1,11 +1,7 @@
-"""Soft errors: exact IEEE-754 bit flips (:mod:`.bitflip`) in tensors, arrays and HDF5 checkpoints."""
+"""The fault primitives: planned faults (:mod:`.spec`), exact IEEE-754 bit flips in tensors and arrays
+(:mod:`.bitflip`) and in HDF5 checkpoints (:mod:`.hdf5`), the outcome classes of an injection (:mod:`.outcomes`)
+and the check of a flip's target against the model (:mod:`.targets`).
 
-from workbench.faults.bitflip import Flip, bit_field, flip, inject, replay
-from workbench.faults.campaign import campaign, flip_plan
-from workbench.faults.hdf5 import alter_checkpoint, compare_checkpoints, replay_checkpoint
-from workbench.faults.outcomes import classify, possible_outcomes
-from workbench.faults.sensitivity import bit_sensitivity, load_trials, outcome_shares, save_trials
-
-__all__ = ["Flip", "alter_checkpoint", "bit_field", "bit_sensitivity", "campaign", "classify", "compare_checkpoints",
-           "flip", "flip_plan", "inject", "load_trials", "outcome_shares", "possible_outcomes", "replay",
-           "replay_checkpoint", "save_trials"]
+Imports nothing: a rank process that flips a bit loads only what it uses. Campaigns and sensitivity studies built
+on these are in :mod:`workbench.studies`.
+"""

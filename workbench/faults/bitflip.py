@@ -107,7 +107,7 @@ def width(dtype: Any) -> int:
 def bit_field(dtype: Any, bit: int) -> str:
     """``sign``, ``exponent`` or ``mantissa`` for a float dtype; ``sign`` or ``value`` for an integer dtype."""
     name = dtype_name(dtype)
-    _check_bit(name, bit)
+    check_bit(name, bit)
     if name in _FLOAT_LAYOUT:
         _, sign, (e_hi, e_lo), _ = _FLOAT_LAYOUT[name]
         return "sign" if bit == sign else "exponent" if e_lo <= bit <= e_hi else "mantissa"
@@ -121,7 +121,8 @@ def field_bits(dtype: Any, field: str) -> list[int]:
     return [b for b in range(width(dtype)) if bit_field(dtype, b) == field]
 
 
-def _check_bit(name: str, bit: int) -> None:
+def check_bit(name: str, bit: int) -> None:
+    """FlipError unless ``bit`` is a bit position (LSB-0) of the dtype named ``name``."""
     w = _FLOAT_LAYOUT[name][0] if name in _FLOAT_LAYOUT else _INT_WIDTH[name]
     if not isinstance(bit, (int, np.integer)) or not 0 <= bit < w:
         raise FlipError(f"bit {bit!r} is out of range for {name}: allowed 0..{w - 1} (LSB-0)")
@@ -164,7 +165,7 @@ def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int] | np.ndarra
 
 def flip(x: torch.Tensor | np.ndarray, index: int, bit: int, target: str = "") -> Flip:
     """Flip bit ``bit`` (LSB-0) of element ``index`` (flat) of ``x`` in place."""
-    _check_bit(dtype_name(x), bit)
+    check_bit(dtype_name(x), bit)
     return apply_masks(x, [index], [1 << bit], target)[0]
 
 
@@ -219,7 +220,7 @@ def _candidate_bits(name: str, bits: Iterable[int] | tuple[int, int] | None, fie
         bits = range(bits[0], bits[1] + 1)
     bits = list(bits)
     for b in bits:
-        _check_bit(name, b)
+        check_bit(name, b)
     if not bits:
         raise FlipError("no bits to choose from")
     return bits

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from workbench.errors import WorkbenchError
-from workbench.faults.bitflip import Flip, FlipError, FlipLog, _check_bit, apply_masks, draw, dtype_name, width
+from workbench.faults.bitflip import Flip, FlipError, FlipLog, apply_masks, check_bit, draw, dtype_name, width
 from workbench.h5files import CHECKPOINT, FileKindError, atomic_output, check_output_place, inspect, reason, require
 
 FLOAT_KINDS = ("f",)
@@ -100,7 +100,7 @@ def alter_checkpoint(path: str | os.PathLike, *, datasets: Iterable[str] | None 
         if len(names) != 1 or index is None or bit is None:
             raise FlipError("an exact flip needs one dataset, an index and a bit")
         size, dtype = available[names[0]]
-        _check_bit(dtype_name(np.dtype(dtype)), bit)
+        check_bit(dtype_name(np.dtype(dtype)), bit)
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
             raise FlipError(f"index {index!r} must be an integer (a flat element index)")
         if not 0 <= index < size:

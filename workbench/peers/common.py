@@ -17,10 +17,10 @@ import torch
 
 from workbench import protocol
 from workbench.config import FaultSpec, RunConfig
-from workbench.data import BatchSequence, load_dataset, shard
-from workbench.models import build_model
 from workbench.rank.base import evaluate
 from workbench.rank.channel import Channel
+from workbench.workloads.data import BatchSequence, load_dataset, shard
+from workbench.workloads.models import build_model
 
 
 class PeerRank:

@@ -26,7 +26,7 @@ from workbench import protocol
 from workbench.peers.common import PeerRank
 from workbench.rank import state as st
 from workbench.rank.data_parallel import make_optimizer
-from workbench.rank.main import _join_from_store, fingerprint, serve, start_rank_process
+from workbench.rank.main import fingerprint, join_from_store, serve, start_rank_process
 
 
 class TorchrunWorker(PeerRank):
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", required=True, help="HOST:PORT of the run's store")
     args = parser.parse_args(argv)
     start_rank_process()  # the agent stops the world with SIGTERM: each worker a dead rank
-    channel, _ = _join_from_store(args.store, int(os.environ["RANK"]), 60.0)
+    channel, _ = join_from_store(args.store, int(os.environ["RANK"]), 60.0)
     def train(start: dict) -> None:
         worker = TorchrunWorker(protocol.config_from_wire(start["config"]), channel)
         worker.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints

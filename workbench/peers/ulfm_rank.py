@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from workbench import protocol
-from workbench.data import shard
 from workbench.peers.common import PeerRank
 from workbench.rank.base import evaluate, fingerprint
-from workbench.rank.main import _join_from_store, serve, start_rank_process
+from workbench.rank.main import join_from_store, serve, start_rank_process
 from workbench.rank.optim import make_optimizer
+from workbench.workloads.data import shard
 
 STATS = 3  # loss sum, correct predictions, samples: last in the allreduce buffer
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store", required=True, help="HOST:PORT of the run's store")
     args = parser.parse_args(argv)
     start_rank_process()
-    channel, _ = _join_from_store(args.store, int(os.environ["OMPI_COMM_WORLD_RANK"]), 60.0)
+    channel, _ = join_from_store(args.store, int(os.environ["OMPI_COMM_WORLD_RANK"]), 60.0)
     serve(channel, lambda start: UlfmRank(protocol.config_from_wire(start["config"]), channel).run(), "error")
 
 

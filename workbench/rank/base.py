@@ -22,9 +22,7 @@ import torch.nn.functional as F
 from workbench import checkpoint as ckpt
 from workbench import protocol, strategies
 from workbench.config import FaultSpec, RunConfig
-from workbench.data import BatchSequence, load_dataset
 from workbench.h5files import OutputError
-from workbench.models import build_model
 from workbench.rank import staging
 from workbench.rank import state as st
 from workbench.rank.channel import Channel, cpu_time
@@ -32,6 +30,8 @@ from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.optim import make_optimizer
 from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Detected
+from workbench.workloads.data import BatchSequence, load_dataset
+from workbench.workloads.models import build_model
 
 FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
 

@@ -342,7 +342,8 @@ def ring_allreduce_traffic(bucket_bytes: list[int], size: int) -> tuple[int, int
     return 2 * (size - 1) * len(bucket_bytes), sum(2 * (size - 1) * -(-n // size) for n in bucket_bytes)
 
 
-def _clone_state(optimizer: Optimizer) -> dict:
+def clone_state(optimizer: Optimizer) -> dict:
+    """A copy of the optimizer's state dict whose tensors do not change when the optimizer steps."""
     state = optimizer.state_dict()
     return {"state": {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in s.items()}
                       for k, s in state["state"].items()},

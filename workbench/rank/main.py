@@ -74,7 +74,7 @@ def trainer_class(config: RunConfig) -> type[BaseTrainer]:
     return Trainer
 
 
-def _join_from_store(address: str, rank_hint: int | None, timeout: float,
+def join_from_store(address: str, rank_hint: int | None, timeout: float,
                      joined: Joined | None = None) -> tuple[Channel, None]:
     """A rank started outside the supervisor (another host, torchrun, by hand): the store at ``address`` names
     the control server (key ``workbench/control``, :mod:`.join`); the supervisor gives this process a free rank
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
         joined = join_or_exit(args.store, args.connect_timeout, args.rank_hint)
     start_rank_process()
     if args.store:
-        channel, _ = _join_from_store(args.store, None, 0.0, joined)
+        channel, _ = join_from_store(args.store, None, 0.0, joined)
     else:
         host, _, port = args.control.rpartition(":")
         channel = Channel(host, int(port), args.id)

@@ -24,7 +24,6 @@ from torch import nn
 
 from workbench import strategies
 from workbench.config import FaultSpec, RunConfig
-from workbench.models import boundary_shapes, run_stages, stage_module
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
@@ -32,6 +31,7 @@ from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
+from workbench.workloads.models import boundary_shapes, run_stages, stage_module
 
 
 class Layout:

@@ -14,16 +14,16 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workbench import apoptosis as apo
 from workbench import checkpoint as ckpt
 from workbench import protocol, strategies
+from workbench.apoptosis import rule as apo
 from workbench.config import RunConfig
-from workbench.data import BatchSequence, shard
 from workbench.rank import staging, transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
-from workbench.rank.data_parallel import DataParallel, _clone_state
+from workbench.rank.data_parallel import DataParallel, clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors, Injector
+from workbench.workloads.data import BatchSequence, shard
 
 NO_ALARMS = [0.0] * ALARM_SLOTS
 
@@ -228,7 +228,7 @@ class Trainer(BaseTrainer):
     def _snapshot(self) -> dict[str, Any]:
         """In-memory copy of the training state (tensors cloned, nothing serialised)."""
         return {"step": self.step, "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                "optim": [_clone_state(b.optimizer) for b in self.dp.buckets], "apoptosis": self.extra_state()}
+                "optim": [clone_state(b.optimizer) for b in self.dp.buckets], "apoptosis": self.extra_state()}
 
     def _restore(self, snapshot: dict[str, Any]) -> None:
         self._checkpoint_copied()  # the state is about to be overwritten in place

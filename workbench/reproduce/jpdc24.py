@@ -43,8 +43,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
     """(alteration trials, per-bit trials): one row per altered-checkpoint resume, one per single-bit trial."""
     import pandas as pd
 
-    from workbench.faults import alter_checkpoint, bit_sensitivity
-    from workbench.faults.hdf5 import float_datasets
+    from workbench.faults.hdf5 import alter_checkpoint, float_datasets
+    from workbench.studies.sensitivity import bit_sensitivity
 
     settings = scale_settings(SCALES, scale, overrides)
     out = Path(out)
@@ -94,7 +94,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
 
 
 def _outcome(result: Any, clean: Any, tolerance: float, start: int) -> dict[str, Any]:
-    from workbench.faults import classify
+    from workbench.faults.outcomes import classify
 
     outcome = classify(result, clean, tolerance)
     golden = {r["step"]: r["loss"] for r in clean.metrics}

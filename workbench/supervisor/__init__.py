@@ -3,11 +3,8 @@
 * :mod:`.membership` — who is in the run and what each strategy decides when that changes (pure state machine);
 * :mod:`.launcher` — every process the run owns, how it starts and how it is stopped;
 * :mod:`.control` — the control channel's sockets and framing;
-* :mod:`.faultplan` — planned faults until they fire;
+* :mod:`.faultplan` — planned faults until they fire; :mod:`.watchdog` — a rank alive that commits no step;
 * :mod:`.recorder` — metrics, events, failure figures, and the :class:`~workbench.results.RunResult`;
-* :mod:`.core` — :class:`Supervisor`, which wires them together on a run's monitor thread.
+* :mod:`.core` — :class:`~.core.Supervisor`, which wires them together on a run's monitor thread.
+Imports nothing: a module that needs one room loads that room.
 """
-
-from workbench.supervisor.core import Supervisor
-
-__all__ = ["Supervisor"]

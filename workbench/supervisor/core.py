@@ -20,9 +20,9 @@ from typing import Any
 
 from workbench import checkpoint as ckpt
 from workbench import clock, protocol, provenance, strategies
+from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
-from workbench.hosts import Host, placement
 from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.cluster.hosts_file import Host
 from workbench.errors import RunStartError
-from workbench.hosts import Host
 from workbench.processes import child_env, die_with_parent, kill_session
 from workbench.protocol import LineDecoder, message
 from workbench.template import ForkedProcess, Template, TemplateError, local_template

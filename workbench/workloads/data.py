@@ -1,0 +1,169 @@
+"""Datasets and the global batch sequence.
+
+The batch sequence depends only on the seed and the step, never on the world size: step ``s`` trains on the
+global batch ``batch_indices(s)``, which the live ranks split between them (``shard``), so a run that loses or
+regains ranks walks the same data in the same order, and a restart at step ``s`` resumes it exactly.
+:class:`Dataset` and the image datasets live in :mod:`workbench.workloads.datasets`
+(``workbench.workloads.data.Dataset`` is the same class).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from workbench.config import RunConfig, resolve_callable
+from workbench.errors import ConfigError
+from workbench.workloads.dataset_files import is_file_dataset
+from workbench.workloads.datasets import Dataset, load_file_dataset, synthetic_image
+
+_SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
+DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
+
+
+def load_dataset(config: RunConfig) -> Dataset:
+    """The run's dataset, with its augmentation setting; image datasets (``synthetic_image``, ``cifar10:DIR``,
+    ...: :mod:`workbench.workloads.datasets`) keep uint8 images and normalise them in :meth:`Dataset.train_batch`."""
+    if config.dataset == "digits":
+        data = digits()
+    elif config.dataset == "synthetic":
+        data = synthetic(config.synthetic_size)
+    elif config.dataset == "synthetic_image":
+        data = synthetic_image(config.synthetic_size)
+    elif is_file_dataset(config.dataset):
+        data = load_file_dataset(config.dataset)
+    else:
+        data = _user_dataset(config.dataset)
+    if config.augment != "none" and len(data.input_shape) != 3:
+        raise ConfigError("augment", f"{config.augment!r} needs (C, H, W) images; {config.dataset!r} gives samples of "
+                          f"shape {data.input_shape}")
+    data.augment, data.seed = config.augment, config.seed
+    if config.apoptosis:  # the rule decides on a validation split of the training data, never on the test set
+        from workbench.apoptosis.rule import ApoptosisConfig
+
+        data.carve_validation(ApoptosisConfig.parse(config.apoptosis).val)
+    return data
+
+
+def digits() -> Dataset:
+    """scikit-learn's 8x8 digits (1797 images), scaled to [-1, 1], with a fixed stratified 20 % test split.
+
+    Zero-centred on purpose: in [0, 1] the always-blank border pixels are 0, so the weights reading them never
+    act and a bit flip there is masked by construction; at -1 every first-layer weight contributes.
+
+    Read from ``data/digits.npz`` (the same arrays, saved so a rank need not import scikit-learn: ~2 s of
+    start-up per rank on a 2-core machine); from scikit-learn when the file is absent.
+    """
+    if DIGITS_FILE.is_file():
+        with np.load(DIGITS_FILE) as f:
+            images, target = f["images"], f["target"]
+    else:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        images, target = bunch.data, bunch.target
+    x = (images.astype(np.float32) / 8.0 - 1.0).reshape(-1, 1, 8, 8)
+    y = target.astype(np.int64)
+    rng = np.random.default_rng(_SPLIT_SEED)
+    test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[: round(0.2 * np.sum(y == c))] for c in range(10)])
+    train = np.setdiff1d(np.arange(len(y)), test)
+    return _tensors(x[train], y[train], x[test], y[test])
+
+
+def synthetic(size: int, num_classes: int = 10, side: int = 8) -> Dataset:
+    """Gaussian class clusters shaped as 1 x side x side images; ``size`` training samples, size/4 test samples."""
+    rng = np.random.default_rng(_SPLIT_SEED + size)
+    centres = rng.normal(0.0, 1.0, size=(num_classes, side * side)).astype(np.float32)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = rng.integers(0, num_classes, size=n)
+        x = centres[y] + rng.normal(0.0, 1.2, size=(n, side * side)).astype(np.float32)
+        return x.reshape(n, 1, side, side), y.astype(np.int64)
+
+    x_train, y_train = draw(size)
+    x_test, y_test = draw(max(size // 4, 16))
+    return _tensors(x_train, y_train, x_test, y_test)
+
+
+def _user_dataset(path: str) -> Dataset:
+    loader = resolve_callable("dataset", path)
+    parts = loader()
+    if isinstance(parts, dict):
+        parts = tuple(parts.get(k) for k in ("x_train", "y_train", "x_test", "y_test"))
+    if not isinstance(parts, (tuple, list)) or len(parts) != 4:
+        raise ConfigError("dataset", f"{path!r} must return (x_train, y_train, x_test, y_test)")
+    return _tensors(*parts)
+
+
+def _tensors(x_train, y_train, x_test, y_test) -> Dataset:  # noqa: ANN001 - array-likes of any kind
+    return Dataset(
+        torch.as_tensor(np.asarray(x_train), dtype=torch.float32),
+        torch.as_tensor(np.asarray(y_train), dtype=torch.int64),
+        torch.as_tensor(np.asarray(x_test), dtype=torch.float32),
+        torch.as_tensor(np.asarray(y_test), dtype=torch.int64),
+    )
+
+
+class BatchSequence:
+    """The global batch of every step: epoch ``e`` is a permutation seeded by (seed, e); the last partial batch
+    of an epoch is dropped so every step has exactly ``batch_size`` samples."""
+
+    def __init__(self, n_train: int, batch_size: int, seed: int) -> None:
+        if batch_size > n_train:
+            raise ConfigError("batch_size", f"{batch_size} is larger than the {n_train} training samples")
+        self.n_train = n_train
+        self.batch_size = batch_size
+        self.seed = seed
+        self.per_epoch = n_train // batch_size
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, step: int) -> np.ndarray:
+        epoch, offset = divmod(step, self.per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, np.random.default_rng((self.seed, epoch)).permutation(self.n_train))
+        start = offset * self.batch_size
+        return self._perm[1][start : start + self.batch_size]
+
+
+def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:
+    """Rank ``rank``'s contiguous share of a global batch split over ``size`` ranks (sizes differ by <= 1)."""
+    return np.array_split(indices, size)[rank]
+
+
+
+class LocalPartition:
+    """GossipGraD's data layout (as in MaTEx-Caffe's gossip code): each rank owns a partition of the training set
+    and trains on batches of it; with the ring shuffle, the batch a rank just trained on moves to its right
+    neighbour and the left neighbour's batch takes its place, so the partitions mix along the ring without any
+    rank holding it all.
+
+    The partitions are a seeded split of the training set over the generation's members (a new generation
+    re-shards: a dead rank's partition is not lost with it).
+    """
+
+    def __init__(self, n_train: int, position: int, size: int, batch: int, seed: int, generation: int) -> None:
+        perm = np.random.default_rng((seed, generation, 1)).permutation(n_train)
+        self.pool = np.array_split(perm, size)[position].copy()
+        if batch > len(self.pool):
+            raise ConfigError("batch_size", f"each rank's batch of {batch} exceeds its partition of {len(self.pool)}")
+        self.batch = batch
+        self.cursor = 0
+        self._rng = np.random.default_rng((seed, generation, 2, position))
+        self._rng.shuffle(self.pool)
+
+    def next_batch(self) -> np.ndarray:
+        """The sample indices of this step's batch (reshuffles the partition when a pass over it ends)."""
+        if self.cursor + self.batch > len(self.pool):
+            self._rng.shuffle(self.pool)
+            self.cursor = 0
+        return self.pool[self.cursor: self.cursor + self.batch].copy()
+
+    def replace(self, received: np.ndarray) -> None:
+        """Put the batch received from the left neighbour where this step's batch was, and move on."""
+        self.pool[self.cursor: self.cursor + self.batch] = received
+        self.cursor += self.batch
+
+    def skip(self) -> None:
+        self.cursor += self.batch

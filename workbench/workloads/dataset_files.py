@@ -1,0 +1,126 @@
+"""What the configuration checks about a dataset before any process starts, without importing torch (the process
+that starts a run need not): the built-in names, the on-disk forms ``PREFIX:DIR`` and the files each needs, and
+where the user gets them. :mod:`workbench.workloads.datasets` reads the files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from workbench.callables import IMPORT_PATH, resolve_callable
+from workbench.errors import ConfigError
+
+DATASETS = ("digits", "synthetic", "synthetic_image")  # built in; re-exported by workbench.config
+AUGMENTS = ("none", "crop_flip")
+FILE_DATASETS = ("cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")  # each named PREFIX:DIR
+DATASET_FORMS = tuple(f"{name}:DIR" for name in FILE_DATASETS)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+CIFAR = {  # name: (files, extracted folder, label bytes per record, classes, where the user gets the files)
+    "cifar10": ([f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"], "cifar-10-batches-bin", 1, 10,
+                "the CIFAR-10 binary version from https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz, extracted"),
+    "cifar100": (["train.bin", "test.bin"], "cifar-100-binary", 2, 100,
+                 "the CIFAR-100 binary version from https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz, "
+                 "extracted"),
+}
+IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_SOURCE = {
+    "mnist": "MNIST's four IDX files (.gz or unpacked) from https://ossci-datasets.s3.amazonaws.com/mnist/ "
+             "(a mirror of http://yann.lecun.com/exdb/mnist/)",
+    "fashion_mnist": "Fashion-MNIST's four IDX files (.gz or unpacked) from "
+                     "https://github.com/zalandoresearch/fashion-mnist (data/fashion/)",
+}
+
+
+def is_file_dataset(spec: object) -> bool:
+    """Whether ``spec`` names a dataset on disk (``cifar10:DIR``, ...), before it could pass for an import path."""
+    return isinstance(spec, str) and spec.partition(":")[0] in FILE_DATASETS
+
+
+def check_dataset(spec: object, augment: object = "none", synthetic_size: object = 4096) -> str:
+    """RunConfig's check of ``dataset``, ``augment``, ``synthetic_size``: a DIR must hold the expected files (read
+    at load), and comes back absolute, so every rank finds it whatever its working directory."""
+    if is_file_dataset(spec):  # first: "cifar10:data" also reads as an import path
+        spec = check_files(str(spec))
+    elif isinstance(spec, str) and spec not in DATASETS and IMPORT_PATH.match(spec):
+        resolve_callable("dataset", spec)
+    elif spec not in DATASETS:
+        raise ConfigError("dataset", f"{spec!r} is not known: allowed {', '.join(DATASETS + DATASET_FORMS)} or an "
+                          "import path 'package.module:callable'")
+    if type(synthetic_size) is not int or not 16 <= synthetic_size <= 100_000_000:
+        raise ConfigError("synthetic_size", f"{synthetic_size!r} is out of range: allowed integers 16..100000000")
+    if augment not in AUGMENTS:
+        raise ConfigError("augment", f"{augment!r} is not known: allowed {', '.join(AUGMENTS)}")
+    if augment != "none" and spec in ("digits", "synthetic"):
+        raise ConfigError("augment", f"{augment!r} crops and flips images; {spec!r} is 8x8 (a 4-pixel shift loses "
+                          "half of it): use it with synthetic_image or a dataset on disk")
+    return str(spec)
+
+
+def check_files(spec: str) -> str:
+    name, _, where = spec.partition(":")
+    if not where:
+        raise ConfigError("dataset", f"{spec!r} names no directory: use {name}:DIR")
+    directory = Path(os.path.abspath(os.path.expanduser(where)))
+    if not directory.is_dir():
+        raise ConfigError("dataset", f"{name}: directory {str(directory)!r} does not exist; {expected_files(name)}")
+    if name in CIFAR:
+        cifar_dir(name, directory)
+    elif name in IDX_SOURCE:
+        for file in IDX_FILES:
+            idx_path(name, directory, file)
+    else:
+        folder_layout(directory)
+    return f"{name}:{directory}"
+
+
+def expected_files(name: str) -> str:
+    if name in CIFAR:
+        files, folder, *_, source = CIFAR[name]
+        return f"expected {', '.join(files)} in it or in its {folder}/: {source}"
+    if name in IDX_SOURCE:
+        return f"expected {', '.join(IDX_FILES)} (each optionally .gz): {IDX_SOURCE[name]}"
+    return "expected train/<class>/*.png and test/<class>/*.png (or val/), or <class>/*.png: your own images"
+
+
+def cifar_dir(name: str, directory: Path) -> Path:
+    """DIR itself when it holds the files, else the extracted folder inside it when there is one."""
+    files, folder = CIFAR[name][:2]
+    if not all((directory / f).is_file() for f in files) and (directory / folder).is_dir():
+        directory = directory / folder
+    missing = [f for f in files if not (directory / f).is_file()]
+    if missing:
+        raise ConfigError("dataset", f"{name}: {directory / missing[0]} is missing; {expected_files(name)}")
+    return directory
+
+
+def idx_path(name: str, directory: Path, file: str) -> Path:
+    for candidate in (directory / file, directory / f"{file}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError("dataset", f"{name}: {directory / file} (or .gz) is missing; {expected_files(name)}")
+
+
+def folder_layout(directory: Path) -> tuple[Path, Path | None]:
+    """(train folder, test folder) of ``DIR/train`` + ``DIR/test`` (or ``val``), or (DIR, None) for class
+    folders directly in DIR (the test split is then drawn from them)."""
+    if (directory / "train").is_dir():
+        test = next((directory / t for t in ("test", "val") if (directory / t).is_dir()), None)
+        if test is None:
+            raise ConfigError("dataset", f"imagefolder: {directory / 'test'} (or val/) is missing beside train/; "
+                              f"{expected_files('imagefolder')}")
+        layout: tuple[Path, Path | None] = (directory / "train", test)
+    else:
+        layout = (directory, None)
+    if not class_names(layout[0]):
+        raise ConfigError("dataset", f"imagefolder: {layout[0]} holds no class folders; "
+                          f"{expected_files('imagefolder')}")
+    return layout
+
+
+def class_names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
