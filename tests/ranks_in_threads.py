@@ -11,6 +11,7 @@ from workbench.rank.comm import Comm
 class FakeChannel:
     latest_generation = None
     local_address = "127.0.0.1"
+    waiting, ops = False, 0  # the heartbeat's clues, kept by Comm.wait
 
     def __init__(self):
         self.wake = threading.Event()

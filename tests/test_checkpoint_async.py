@@ -27,6 +27,7 @@ GATE_S = 10.0  # how long a held part waits for the training thread (a test that
 class FakeChannel:
     latest_generation = None
     local_address = "127.0.0.1"
+    waiting, ops = False, 0  # the heartbeat's clues, kept by Comm.wait
 
     def __init__(self):
         self.wake = threading.Event()

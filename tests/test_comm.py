@@ -14,6 +14,7 @@ from workbench.rank.comm import Comm, CommError, GenerationChanged
 
 class _Channel:
     local_address = "127.0.0.1"
+    waiting, ops = False, 0  # the heartbeat's clues, kept by Comm.wait
 
     def __init__(self) -> None:
         self.wake = threading.Event()

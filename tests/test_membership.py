@@ -1,7 +1,7 @@
 """The membership state machine (workbench/supervisor/membership.py) on its own: events in, decisions out, no
 process, socket or clock. A small driver plays the supervisor (core.Supervisor._apply): it keeps the live
 processes from Start/Assign/Retire, the generations announced, and can make starting processes ready; it checks
-the invariants on every batch of decisions. Strategies as in DESIGN §4."""
+the invariants on every batch of decisions. Strategies as in docs/internals.md (membership)."""
 
 from __future__ import annotations
 

@@ -12,20 +12,20 @@ import pytest
 import workbench
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
-from workbench.supervisor.watchdog import Progress, Watchdog, stalled, timeout
+from workbench.supervisor.watchdog import FIRST_STEP_S, FLOOR_S, STALE_S, Progress, Watchdog, stalled, timeout
 
 TIMEOUT = 1.5
 
 
 def test_nobody_is_stalled_while_a_member_commits_within_the_limit():
-    members = {0: Progress(9.0, waiting=True), 1: Progress(5.0, waiting=False)}
+    members = {0: Progress(9.0, waiting=True, commits=3), 1: Progress(5.0, waiting=False, commits=3)}
     assert stalled(members, now=10.0, limit=2.0) == []  # member 0 committed 1 s ago
     assert stalled(members, now=11.5, limit=2.0) == [1]  # the one busy in its own code while 0 waits
 
 
 def test_when_every_member_waits_the_one_behind_in_collectives_is_named():
-    members = {0: Progress(0.0, waiting=True, ops=41), 1: Progress(0.0, waiting=True, ops=40),
-               2: Progress(0.0, waiting=True, ops=41)}
+    members = {0: Progress(0.0, waiting=True, ops=41, commits=1), 1: Progress(0.0, waiting=True, ops=40, commits=1),
+               2: Progress(0.0, waiting=True, ops=41, commits=1)}
     assert stalled(members, now=10.0, limit=2.0) == [1]
     members[1].ops = 41  # all in the same collective: every one of them
     assert stalled(members, now=10.0, limit=2.0) == [0, 1, 2]
@@ -34,18 +34,28 @@ def test_when_every_member_waits_the_one_behind_in_collectives_is_named():
 
 
 def test_the_default_limit_follows_the_slowest_gap_and_never_goes_under_the_floor():
-    assert timeout(None, 2.0, 0.01) == 2.0 and timeout(None, 2.0, 0.5) == 10.0 and timeout(0.7, 2.0, 0.5) == 0.7
+    assert timeout(None, 2.0, 0.01) == FLOOR_S and timeout(None, 6.0, 0.01) == 6.0
+    assert timeout(None, 2.0, 0.5) == 10.0 and timeout(0.7, 2.0, 0.5) == 0.7
     dog = Watchdog(None, 2.0)
     dog.joined(7, gen=1, now=0.0)
     for t in (1.0, 1.2, 1.7, 1.8):  # the first commit's gap (the join) is left out
         dog.committed(7, gen=1, now=t)
     assert dog.slowest_gap == pytest.approx(0.5) and dog.limit == pytest.approx(10.0)
-    dog.heartbeat(7, {"waiting": False, "ops": 3}, now=2.0)
     assert dog.check([7, 8], gen=1, now=30.0) == []  # member 8 has not joined generation 1 yet
     dog.joined(8, gen=1, now=1.8)
-    dog.heartbeat(8, {"waiting": True, "ops": 3}, now=2.0)
+    dog.committed(8, gen=1, now=1.8)
+    for now in (11.0, 12.0):
+        dog.heartbeat(7, {"waiting": False, "ops": 3}, now=now)
+        dog.heartbeat(8, {"waiting": True, "ops": 3}, now=now)
     assert dog.check([7, 8], gen=1, now=11.0) == []
     assert dog.check([7, 8], gen=1, now=12.0) == [(7, pytest.approx(10.2))]
+    assert dog.check([7, 8], gen=1, now=12.0 + STALE_S + 0.1) == []  # heartbeats gone stale: a freeze, not ours
+
+
+def test_a_generations_first_step_is_given_longer():
+    members = {0: Progress(0.0, waiting=False), 1: Progress(0.0, waiting=True)}  # no commit yet
+    assert stalled(members, now=FIRST_STEP_S - 1, limit=2.0) == []
+    assert stalled(members, now=FIRST_STEP_S + 1, limit=2.0) == [0]
 
 
 def test_a_stall_fault_is_ours_alone():
@@ -88,6 +98,6 @@ def test_a_live_stall_is_found_by_the_default_timeout(tmp_path):
         result = run.wait(timeout=60)
     (failure,) = result.failures
     limit = float(re.search(r"for ([\d.]+) s", failure["cause"]).group(1))
-    assert failure["rank"] == 1 and limit >= 2.0  # at least the heartbeat timeout
+    assert failure["rank"] == 1 and limit >= FLOOR_S
     assert limit <= failure["detection_s"] <= 2 * limit
     assert result.summary["world_size_final"] == 2

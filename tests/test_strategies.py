@@ -1,4 +1,4 @@
-"""The correctness claims of the recovery strategies (DESIGN §4), each on a small multi-process run."""
+"""The correctness claims of the recovery strategies (docs/permanent-faults.md), each on a small multi-process run."""
 
 import pytest
 

@@ -172,7 +172,8 @@ class Supervisor:
                 self._on_death(w, f"was not ready within {self.config.startup_timeout:g} s" + self._join_hint(w))
             if self._outcome:
                 return
-        if self.membership.started and not self.membership.restarting:
+        m = self.membership
+        if m.started and not m.restarting and m.members == m.generation_members:  # a settled generation
             self._stalled(now)
 
     def _stalled(self, now: float) -> None:
