@@ -8,11 +8,14 @@ why they cannot be made here (the test is then skipped with that reason).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -65,3 +68,27 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
     finally:
         for host in (a, b):  # removing a namespace removes its end of the veth, and with it the pair
             _ip("netns", "del", host.namespace)
+
+
+def run_over_two_hosts(a: Host, out_dir: Path, hosts_text: str, port: int, run_args: list[str],
+                       remotes: list[list[str]], timeout: float = 240) -> tuple[dict, list[int], list[str]]:
+    """``workbench run --hosts-file`` from host ``a`` (the file holding ``hosts_text``, the store on ``port``), then
+    the ``remotes`` commands started; bounded waits, every process gone after. (the run's ``--json`` summary, the
+    remotes' exit codes, their stderr)."""
+    hosts = out_dir / "hosts"
+    hosts.write_text(hosts_text)
+    supervisor = subprocess.Popen(
+        a.command(sys.executable, "-m", "workbench", "run", "--hosts-file", str(hosts), "--store-port", str(port),
+                  *run_args, "--out", str(out_dir / "run"), "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for command in remotes]
+    try:
+        out, err = supervisor.communicate(timeout=timeout)
+        codes = [p.wait(timeout=30) for p in procs]
+        errors = [p.stderr.read() for p in procs]
+    finally:
+        for p in (supervisor, *procs):
+            p.kill()
+            p.wait()
+    assert supervisor.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1]), codes, errors

@@ -1,6 +1,5 @@
 """Runs beyond one machine: hosts files, ranks that join through the store, remote faults, two namespaces."""
 
-import json
 import subprocess
 import sys
 import time
@@ -95,25 +94,12 @@ def test_a_rank_without_a_run_gets_one_line():
 def test_four_ranks_over_two_namespaces_survive_a_kill_on_the_other_host(tmp_path):
     """Acceptance (#8): 2 ranks in each namespace; rank 3, in the second, is killed; shrink goes on over TCP."""
     with netns.two_hosts() as (a, b):
-        hosts = tmp_path / "hosts"
-        hosts.write_text(f"{a.address} 2\n{b.address} 2   # ranks 2 and 3 join from the other namespace\n")
         port = 29400
-        supervisor = subprocess.Popen(
-            a.command(sys.executable, "-m", "workbench", "run", "--hosts-file", str(hosts), "--store-port", str(port),
-                      "--steps", "200", "--eval-interval", "50", "--strategy", "shrink",
-                      "--fault", "kill:rank=3,step=100", "--out", str(tmp_path / "run"), "--json"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        remote = [subprocess.Popen(b.command(*RANK, "--store", f"{a.address}:{port}", "--rank-hint", str(k)),
-                                   stderr=subprocess.PIPE, text=True) for k in (2, 3)]
-        try:
-            out, err = supervisor.communicate(timeout=240)
-            codes = [p.wait(timeout=30) for p in remote]
-        finally:
-            for p in (supervisor, *remote):
-                p.kill()
-                p.wait()
-    assert supervisor.returncode == 0, err[-2000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+        remotes = [b.command(*RANK, "--store", f"{a.address}:{port}", "--rank-hint", str(k)) for k in (2, 3)]
+        summary, codes, _ = netns.run_over_two_hosts(
+            a, tmp_path, f"{a.address} 2\n{b.address} 2   # ranks 2 and 3 join from the other namespace\n", port,
+            ["--steps", "200", "--eval-interval", "50", "--strategy", "shrink", "--fault", "kill:rank=3,step=100"],
+            remotes)
     assert summary["outcome"] == "completed" and summary["world_size_final"] == 3
     (failure,) = summary["failures"]
     assert failure["rank"] == 3 and failure["step"] == 100 and failure["cause"] == f"on {b.address} lost its connection"

@@ -6,7 +6,6 @@ import ast
 import importlib
 import inspect
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -216,27 +215,14 @@ def test_a_rank_joins_from_a_host_without_the_resume_checkpoint(tmp_path):
     held.mkdir()
     resume = _checkpoint(held / "c.h5", steps=20)
     with netns.two_hosts() as (a, b):
-        hosts = tmp_path / "hosts"
-        hosts.write_text(f"{a.address} 1\n{b.address} 1\n")
         port = 29500
-        supervisor = subprocess.Popen(
-            a.command(sys.executable, "-m", "workbench", "run", "--hosts-file", str(hosts), "--store-port", str(port),
-                      "--steps", "30", "--hidden", "16", "--eval-interval", "10", "--resume", resume,
-                      "--out", str(tmp_path / "run"), "--json"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         rank = f"{sys.executable} -m workbench rank --store {a.address}:{port} --rank-hint 1"
         hide = f"mount -t tmpfs none {held} && test ! -e {resume}"  # this host has no such checkpoint
-        remote = subprocess.Popen(b.command("sh", "-c", f"{hide} && exec {rank}"), stderr=subprocess.PIPE, text=True)
-        try:
-            out, err = supervisor.communicate(timeout=240)
-            code, remote_err = remote.wait(timeout=30), remote.stderr.read()
-        finally:
-            for p in (supervisor, remote):
-                p.kill()
-                p.wait()
-    assert supervisor.returncode == 0, err[-2000:]
+        summary, (code,), (remote_err,) = netns.run_over_two_hosts(
+            a, tmp_path, f"{a.address} 1\n{b.address} 1\n", port,
+            ["--steps", "30", "--hidden", "16", "--eval-interval", "10", "--resume", resume],
+            [b.command("sh", "-c", f"{hide} && exec {rank}")])
     assert code == 0, remote_err[-2000:]
-    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["outcome"] == "completed" and summary["steps_completed"] == 30
     result = workbench.RunResult.load(summary["result_path"])
     assert result.metrics[0]["step"] == 20  # resumed from the checkpoint

@@ -163,10 +163,6 @@ def get(name: str) -> Strategy:
     return strategy
 
 
-def named(names: tuple[str, ...] | list[str]) -> list[Strategy]:
-    return [get(n) for n in names]
-
-
 def for_mode(mode: str) -> tuple[str, ...]:
     """The names of the strategies that apply to parallelism ``mode``."""
     return tuple(s.name for s in REGISTRY.values() if s.applies_to(mode))
