@@ -49,7 +49,8 @@ def test_pipeline_restarts_redo_the_steps_since_the_snapshot_exactly(pipeline_go
 
 
 def test_pipeline_takes_flips_into_boundary_activations_and_stage_weights(tmp_path):
-    result = completed(tmp_path, world_size=2, parallelism="pipeline", steps=10, faults=[
+    # the cut pinned (flatten fc1 relu1 | fc2 relu2 fc3): a measured one follows the machine's load
+    result = completed(tmp_path, world_size=2, parallelism="pipeline", steps=10, stage_cuts=[3], faults=[
         "flip:target=activation,stage=0,step=3,index=5,bit=30",
         "flip:target=weight,stage=1,tensor=fc3.weight,step=4,index=0,bit=22"])
     flips = sorted((e["step"], e["rank"], e["detail"].split(" bit")[0]) for e in result.events if e["kind"] == "flip")
