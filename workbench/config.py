@@ -22,6 +22,7 @@ from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.resizing import check_world
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
@@ -38,7 +39,7 @@ PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
 SPAWNS = ("template", "fresh")
 PARALLEL_STRATEGIES = {mode: strategies.for_mode(mode) for mode in PARALLELISMS}  # which apply to each mode
-MAX_WORLD_SIZE = 64
+MAX_WORLD_SIZE = 64  # workbench.resizing.MAX_WORLD_SIZE: the same bound
 
 
 @dataclass
@@ -159,11 +160,13 @@ class RunConfig:
         for fault in self.faults:
             if isinstance(fault, RandomFailures):
                 continue
-            if fault.rank >= self.world_size:
+            if fault.rank is not None and fault.rank >= self.world_size:
                 raise ConfigError("fault", f"{fault} targets rank {fault.rank} but world_size={self.world_size} "
                                   f"has ranks 0..{self.world_size - 1}")
             if fault.step is not None and fault.step >= self.steps:
                 raise ConfigError("fault", f"{fault} is at step {fault.step} but the run has steps 0..{self.steps - 1}")
+            if fault.kind == "resize":
+                check_world(self, fault.world, str(fault))
 
     def _check_parallelism(self) -> None:
         _choice("parallelism", self.parallelism, PARALLELISMS)

@@ -18,8 +18,13 @@ from typing import Any
 from workbench.errors import ConfigError
 
 DISTRIBUTIONS = ("exponential", "weibull")
-FAULT_KINDS = ("kill", "hang", "stall", "flip")
+FAULT_KINDS = ("kill", "hang", "stall", "flip", "slow", "preempt", "resize")
 FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimizer")
+_FLIP_KEYS = ("target", "tensor", "index", "bit", "seed", "stage")
+# the keys each kind takes beside rank and step|time (resize names no rank)
+KIND_KEYS = {"flip": _FLIP_KEYS, "slow": ("factor", "until"), "preempt": ("grace",), "resize": ("world",)}
+_FLOAT_KEYS = ("time", "factor", "grace")
+DEFAULT_GRACE_S = 30.0  # a preemption notice's lead time when none is given (Kubernetes' default)
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,10 @@ class FaultSpec:
     """One planned fault: ``kind`` hits ``rank`` at training ``step`` or ``time`` seconds after the first step.
 
     ``kill`` sends SIGKILL, ``hang`` sends SIGSTOP (the rank freezes; only heartbeats can tell), ``stall`` blocks
-    the rank's training thread while its heartbeat goes on (only the progress watchdog can tell). A step fault
+    the rank's training thread while its heartbeat goes on (only the progress watchdog can tell). ``slow`` makes
+    the rank's steps ``factor`` times as long from ``step`` (or ``time``) until ``until`` (same unit; None: to the
+    end). ``preempt`` gives the rank notice: ``grace`` seconds to leave at a step boundary. ``resize`` (no rank)
+    changes the world to ``world`` ranks at a step boundary. A step fault
     fires inside the rank, in the middle of that step's gradient exchange (just before the rank hands its last
     gradient bucket to the allreduce), so it is exactly reproducible. A time fault is sent by the supervisor.
     """
@@ -44,35 +52,65 @@ class FaultSpec:
     bit: int | None = None
     seed: int | None = None
     stage: int | None = None  # pipeline/hybrid flips: the stage hit (its first replica unless rank= is given)
+    factor: float | None = None  # slow: how many times as long each step takes (> 1)
+    until: float | None = None  # slow: the step (or time) the slow-down ends at; None: the run's end
+    grace: float | None = None  # preempt: seconds of notice (default DEFAULT_GRACE_S)
+    world: int | None = None  # resize: the world size from the boundary on
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}, random")
+        extra = [k for k in ("target", "tensor", "index", "bit", "seed", "stage", "factor", "until", "grace", "world")
+                 if getattr(self, k) is not None and k not in KIND_KEYS.get(self.kind, ())]
+        if extra:
+            takes = ", ".join(f"{k}=" for k in KIND_KEYS.get(self.kind, ()))
+            base = "step or time" if self.kind == "resize" else "rank and step or time"
+            raise ConfigError("fault", f"{self.kind} takes {base}{' and ' + takes if takes else ' only'}; "
+                              f"{extra[0]}= does not apply")
         if self.kind == "flip":
-            if self.target not in FLIP_TARGETS:
-                raise ConfigError("fault", f"flip target={self.target!r} is not known: "
-                                  f"allowed {', '.join(FLIP_TARGETS)}")
-            if not self.tensor and not (self.target == "activation" and self.stage is not None):
-                raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
-                                  "or a module name for target=activation; with stage=S an activation flip "
-                                  "defaults to the activation stage S sends to the next stage)")
-            for key in ("index", "bit", "seed", "stage"):
-                value = getattr(self, key)
-                if value is not None and (not isinstance(value, int) or value < 0):
-                    raise ConfigError("fault", f"flip {key}={value!r} must be an integer >= 0")
-        elif any(v is not None for v in (self.target, self.tensor, self.index, self.bit, self.seed, self.stage)):
-            raise ConfigError("fault", f"{self.kind} takes rank and step or time only")
-        if self.rank is None and self.stage is None:
+            self._check_flip()
+        elif self.kind == "slow":
+            self._check_slow()
+        elif self.kind == "preempt" and self.grace is not None and not _number(self.grace, 0):
+            raise ConfigError("fault", f"preempt grace={self.grace!r} must be a number of seconds >= 0")
+        elif self.kind == "resize":
+            if self.rank is not None:
+                raise ConfigError("fault", "resize names no rank: resize:world=N,step=S (or time=T)")
+            if not isinstance(self.world, int) or isinstance(self.world, bool) or self.world < 1:
+                raise ConfigError("fault", f"resize needs world=N, an integer >= 1 (got {self.world!r})")
+        if self.rank is None and self.stage is None and self.kind != "resize":
             raise ConfigError("fault", f"{self.kind} names no rank (rank=R)")
         if self.rank is not None and (not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0):
             raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
         if (self.step is None) == (self.time is None):
-            raise ConfigError("fault", f"{self.kind}:rank={self.rank} needs exactly one of step=N or time=SECONDS")
+            who = "" if self.rank is None else f"rank={self.rank}"
+            raise ConfigError("fault", f"{self.kind}:{who} needs exactly one of step=N or time=SECONDS")
         next_step = self.kind in ("flip", "stall") and self.step == -1  # a live flip or stall: at the next step
         if self.step is not None and not next_step and (not isinstance(self.step, int) or self.step < 0):
             raise ConfigError("fault", f"step={self.step!r} must be an integer >= 0")
-        if self.time is not None and not (isinstance(self.time, (int, float)) and self.time >= 0):
+        if self.time is not None and not _number(self.time, 0):
             raise ConfigError("fault", f"time={self.time!r} must be a number of seconds >= 0")
+
+    def _check_flip(self) -> None:
+        if self.target not in FLIP_TARGETS:
+            raise ConfigError("fault", f"flip target={self.target!r} is not known: allowed {', '.join(FLIP_TARGETS)}")
+        if not self.tensor and not (self.target == "activation" and self.stage is not None):
+            raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
+                              "or a module name for target=activation; with stage=S an activation flip "
+                              "defaults to the activation stage S sends to the next stage)")
+        for key in ("index", "bit", "seed", "stage"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ConfigError("fault", f"flip {key}={value!r} must be an integer >= 0")
+
+    def _check_slow(self) -> None:
+        if not _number(self.factor, 1) or self.factor == 1:
+            raise ConfigError("fault", f"slow needs factor=F, a number > 1 (how many times as long a step takes; "
+                              f"got {self.factor!r})")
+        start = self.step if self.step is not None else self.time
+        if self.until is not None and not (_number(self.until, 0) and start is not None and self.until > start):
+            raise ConfigError("fault", f"slow until={self.until!r} must come after its start ({start}), in the "
+                              "same unit (steps with step=, seconds with time=)")
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -81,23 +119,25 @@ class FaultSpec:
         if not sep or not rest:
             raise ConfigError("fault", f"{text!r} is not of the form kind:rank=R,step=S (or time=T)")
         values: dict[str, Any] = {}
+        kind = kind.strip()
+        allowed = ("step", "time", *KIND_KEYS.get(kind, ())) if kind == "resize" else \
+            ("rank", "step", "time", *KIND_KEYS.get(kind, ()))
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             key = key.strip()
-            allowed = ("rank", "step", "time", "target", "tensor", "index", "bit", "seed", "stage")
-            if not eq or key not in allowed or (kind.strip() != "flip" and key not in allowed[:3]):
-                raise ConfigError("fault", f"{item!r} in {text!r} is not one of rank=R, step=S, time=T"
-                                  + (", target=, tensor=, index=, bit=, seed=, stage=" if kind.strip() == "flip"
-                                     else ""))
+            if not eq or key not in allowed:
+                raise ConfigError("fault", f"{item!r} in {text!r} is not one of "
+                                  + ", ".join(f"{k}={k[0].upper()}" if k in ("rank", "step", "time") else f"{k}="
+                                              for k in allowed))
             try:
-                values[key] = float(value) if key == "time" else value.strip() if key in ("target", "tensor") \
-                    else int(value)
+                values[key] = float(value) if key in _FLOAT_KEYS else value.strip() if key in ("target", "tensor") \
+                    else _int_or_float(value) if key == "until" else int(value)
             except ValueError:
                 raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a number") from None
-        if "rank" not in values and "stage" not in values:
+        if "rank" not in values and "stage" not in values and kind != "resize":
             raise ConfigError("fault", f"{text!r} names no rank (rank=R)")
         values.setdefault("rank", None)
-        return cls(kind=kind.strip(), **values)
+        return cls(kind=kind, **values)
 
     @classmethod
     def coerce(cls, value: Any) -> FaultSpec:
@@ -114,10 +154,25 @@ class FaultSpec:
 
     def __str__(self) -> str:
         where = f"step={self.step}" if self.step is not None else f"time={self.time:g}"
-        extra = "".join(f",{k}={getattr(self, k)}" for k in ("target", "tensor", "index", "bit", "seed", "stage")
-                        if getattr(self, k) is not None)
+        values = [(k, getattr(self, k)) for k in KIND_KEYS.get(self.kind, ()) if getattr(self, k) is not None]
+        extra = "".join(f",{k}={v:g}" if isinstance(v, float) else f",{k}={v}" for k, v in values)
+        if self.kind == "resize":
+            return f"resize:world={self.world},{where}"
         who = f"rank={self.rank}," if self.rank is not None else ""
         return f"{self.kind}:{who}{where}{extra}"
+
+
+def _number(value: Any, low: float) -> bool:
+    """A real number >= ``low`` (no bool, no NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+
+
+def _int_or_float(text: str) -> int | float:
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
 
 
 @dataclass(frozen=True)
