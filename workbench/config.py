@@ -21,6 +21,7 @@ from workbench import strategies
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
+from workbench.faults.slow import check_straggler_settings
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
 from workbench.resizing import check_world
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
@@ -83,6 +84,9 @@ class RunConfig:
     buckets: int | None = None
     heartbeat_timeout: float = 2.0
     progress_timeout: float | None = None
+    straggler_response: str = "flag"  # workbench.faults.slow: off, flag, drop
+    straggler_factor: float = 2.0
+    straggler_window: int = 10
     startup_timeout: float = 120.0
     spawn: str = "template"
     op_timeout: float = 60.0
@@ -153,6 +157,7 @@ class RunConfig:
             _positive(name, getattr(self, name))
         if self.progress_timeout is not None:
             _positive("progress_timeout", self.progress_timeout)
+        check_straggler_settings(self)
         _int_in("buckets", 1 if self.buckets is None else self.buckets, 1, 100_000)
         self._check_hosts()
         self._check_peer()
@@ -347,7 +352,8 @@ class RunConfig:
 
     @property
     def step_faults(self) -> list[FaultSpec]:
-        return [f for f in self.faults if isinstance(f, FaultSpec) and f.step is not None]
+        return [f for f in self.faults if isinstance(f, FaultSpec) and f.step is not None] + [
+            s for f in self.faults if isinstance(f, RandomFailures) for s in f.slowdowns(self.steps, self.world_size)]
 
     @property
     def time_faults(self) -> list[FaultSpec]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench import config
+from workbench.faults.slow import STRAGGLER_RESPONSES
 from workbench.peers import PEER_STRATEGIES
 
 
@@ -32,8 +33,9 @@ def _int_list() -> Callable[[str], list[int]]:
     return lambda text: [int(item) for item in text.split(",")]  # argparse: "invalid <lambda> value: 'x'"
 
 
-_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | "
-           f"random:mtbf_steps=M,dist={'|'.join(config.DISTRIBUTIONS)},shape=K,seed=S,max=F | "
+_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | slow:rank=R,factor=F,step=S,until=U | "
+           f"random:mtbf_steps=M,dist={'|'.join(config.DISTRIBUTIONS)},shape=K,seed=S,max=F[,kind=slow,factor=F,"
+           "duration=D] | "
            f"flip:target={'|'.join(config.FLIP_TARGETS)},rank=R,step=S,tensor=NAME,index=I,bit=B")
 _RECOVERY = "[Permanent faults](permanent-faults.md#recovery-strategies)"
 _MODES = "[Parallel modes](parallel-modes.md)"
@@ -102,6 +104,16 @@ SETTINGS: dict[str, Setting] = {
                                 "stalled and is killed (default: 20 times the slowest gap between two commits so "
                                 "far, at least heartbeat_timeout)",
                                 docs="[Stalls](permanent-faults.md#stalls-the-progress-watchdog)"),
+    "straggler_response": Setting("what the straggler detector does with a rank whose step time is straggler_factor "
+                                  "times the others' median over straggler_window steps: {choices}; off: no "
+                                  "detector, flag: an event (the run tolerates it), drop: killed and recovered from "
+                                  "like a failed rank (shrink goes on smaller; regrow, reinit and checkpoint_restart "
+                                  "bring a replacement)", STRAGGLER_RESPONSES,
+                                  docs="[Slow ranks](permanent-faults.md#slow-ranks-and-stragglers)"),
+    "straggler_factor": Setting("how many times the others' median step time (a rank's own CPU per step) makes a "
+                                "straggler (> 1)"),
+    "straggler_window": Setting("steps over which the straggler detector takes each rank's median step time "
+                                "(3..10000)"),
     "startup_timeout": Setting("seconds a rank may take to start and report ready before it counts as dead",
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "

@@ -24,6 +24,8 @@ _FLIP_KEYS = ("target", "tensor", "index", "bit", "seed", "stage")
 # the keys each kind takes beside rank and step|time (resize names no rank)
 KIND_KEYS = {"flip": _FLIP_KEYS, "slow": ("factor", "until"), "preempt": ("grace",), "resize": ("world",)}
 _FLOAT_KEYS = ("time", "factor", "grace")
+RANDOM_KINDS = ("kill", "slow")  # what a random process draws
+SLOW_FACTOR, SLOW_STEPS = 3.0, 20  # a random slow-down's factor and duration when none is given
 DEFAULT_GRACE_S = 30.0  # a preemption notice's lead time when none is given (Kubernetes' default)
 
 
@@ -180,15 +182,27 @@ class RandomFailures:
     """A failure process (the ANL failure-simulation framework): up to ``max`` kills of random ranks, with gaps
     in steps drawn from an exponential or Weibull distribution of mean ``mtbf_steps``. Everything is drawn from
     ``seed`` up front, so the same seed gives the same failures; a drawn failure names a position in the
-    generation it lands in (``k``-th live rank), so it always hits a live rank."""
+    generation it lands in (``k``-th live rank), so it always hits a live rank. ``kind=slow``: slow-downs instead
+    of kills, each of ``factor`` for ``duration`` steps on a rank of the initial world (:meth:`slowdowns`)."""
 
     mtbf_steps: float
     dist: str = "exponential"
     shape: float = 1.5
     seed: int = 0
     max: int = 3
+    kind: str = "kill"
+    factor: float | None = None  # slow only (default SLOW_FACTOR)
+    duration: int | None = None  # slow only: steps (default SLOW_STEPS)
 
     def __post_init__(self) -> None:
+        if self.kind not in RANDOM_KINDS:
+            raise ConfigError("fault", f"random: kind={self.kind!r} is not known: allowed {', '.join(RANDOM_KINDS)}")
+        if self.kind == "kill" and (self.factor is not None or self.duration is not None):
+            raise ConfigError("fault", "random: factor= and duration= apply to kind=slow only")
+        if self.factor is not None and not (_number(self.factor, 1) and self.factor > 1):
+            raise ConfigError("fault", f"random: factor={self.factor!r} must be a number > 1")
+        if self.duration is not None and (not isinstance(self.duration, int) or self.duration < 1):
+            raise ConfigError("fault", f"random: duration={self.duration!r} must be an integer >= 1 (steps)")
         if not (isinstance(self.mtbf_steps, (int, float)) and self.mtbf_steps >= 1):
             raise ConfigError("fault", f"random: mtbf_steps={self.mtbf_steps!r} must be a number >= 1")
         if self.dist not in DISTRIBUTIONS:
@@ -202,7 +216,8 @@ class RandomFailures:
     def parse(cls, text: str) -> RandomFailures:
         _, _, rest = text.partition(":")
         values: dict[str, Any] = {}
-        types = {"mtbf_steps": float, "dist": str, "shape": float, "seed": int, "max": int}
+        types = {"mtbf_steps": float, "dist": str, "shape": float, "seed": int, "max": int, "kind": str,
+                 "factor": float, "duration": int}
         for item in filter(None, rest.split(",")):
             key, eq, value = item.partition("=")
             key = key.strip()
@@ -217,7 +232,11 @@ class RandomFailures:
         return cls(**values)
 
     def draw(self, steps: int, world_size: int) -> list[tuple[int, int]]:
-        """(step, position among the live ranks) of each failure, in step order, within ``1..steps-1``."""
+        """(step, position among the live ranks) of each failure, in step order, within ``1..steps-1``; none for
+        kind=slow (:meth:`slowdowns`)."""
+        return self._draw(steps, world_size) if self.kind == "kill" else []
+
+    def _draw(self, steps: int, world_size: int) -> list[tuple[int, int]]:
         import numpy as np
 
         rng = np.random.default_rng(self.seed)
@@ -233,9 +252,20 @@ class RandomFailures:
             failures.append((int(at), int(rng.integers(world_size))))
         return failures
 
+    def slowdowns(self, steps: int, world_size: int) -> list[FaultSpec]:
+        """kind=slow: the drawn slow-downs as planned ``slow`` faults, each on a rank of the initial world (one
+        that is gone by then is not slowed) for ``duration`` steps (cut at the run's end)."""
+        if self.kind != "slow":
+            return []
+        factor, duration = self.factor or SLOW_FACTOR, self.duration or SLOW_STEPS
+        return [FaultSpec("slow", rank, step=step, factor=factor, until=step + duration if step + duration < steps
+                          else None) for step, rank in self._draw(steps, world_size)]
+
     def __str__(self) -> str:
+        slow = f",kind=slow,factor={self.factor or SLOW_FACTOR:g},duration={self.duration or SLOW_STEPS}" \
+            if self.kind == "slow" else ""
         return (f"random:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},"
-                f"max={self.max}")
+                f"max={self.max}{slow}")
 
 
 def parse_fault(value: Any) -> FaultSpec | RandomFailures:
