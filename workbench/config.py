@@ -85,7 +85,7 @@ class RunConfig:
     heartbeat_timeout: float = 2.0
     progress_timeout: float | None = None
     straggler_response: str = "flag"  # workbench.faults.slow: off, flag, drop
-    straggler_factor: float = 2.0
+    straggler_factor: float = 1.5
     straggler_window: int = 10
     startup_timeout: float = 120.0
     spawn: str = "template"

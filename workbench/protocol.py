@@ -48,8 +48,8 @@ CONTROL_KINDS: dict[str, Kind] = {
     "joined": Kind(RANK, ("gen", "step", "sync_s"), "the rank is in generation ``gen`` and holds the state of "
                    "``step``; rank 0 of a recovery generation adds ``recovery``, ``resume_step``, ``retried``",
                    ("cpu", "sync_cpu", "bytes_in", "recovery", "resume_step", "retried")),
-    "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures)",
-                 ("cpu", "sent", "msgs", *_STEP_FIGURES)),
+    "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures); ``slow``: the "
+                 "factor a slow rank ran it at", ("cpu", "sent", "msgs", "slow", *_STEP_FIGURES)),
     "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang/stall is about to fire in this rank", ("random",)),
     "flip": Kind(RANK, ("step", "target", "tensor", "index", "bit", "old", "new", "planned", "t"),
                  "a bit flip was injected"),
@@ -74,6 +74,9 @@ CONTROL_KINDS: dict[str, Kind] = {
                        "join generation ``gen``; ``source`` None: the members pick the most advanced one; ``resume``: "
                        "a checkpoint the source reads; ``faults``: this rank's pending faults"),
     "faults_add": Kind(SUPERVISOR, ("faults",), "live faults (``run.flip``), due at the rank's next step"),
+    "throttle": Kind(SUPERVISOR, ("factor",), "slow down by ``factor`` from the next step (1: no more) for "
+                     "``seconds`` (None: until the next ``throttle``): ``run.slow``, a slow fault at a time",
+                     ("seconds",)),
     "stop": Kind(SUPERVISOR, ("reason",), "leave now (exit code 2 with ``refused``: a join was refused)",
                  ("refused",)),
     "signal": Kind(SUPERVISOR, ("name",), "send yourself this signal (SIGKILL, SIGSTOP): faults injected into ranks "

@@ -131,7 +131,7 @@ class RunResult:
 
     def summary_row(self) -> dict[str, Any]:
         row = {f"config.{k}": (json.dumps(v) if isinstance(v, list) else v) for k, v in self.config.items()}
-        row.update({k: v for k, v in self.summary.items() if k != "failures"})
+        row.update({k: v for k, v in self.summary.items() if k not in ("failures", "rank_steps")})
         row["n_failures"] = len(self.failures)
         row.update(provenance_columns(self.provenance))
         return row

@@ -108,6 +108,16 @@ class Run:
         self._supervisor.command("stall", live_rank(rank, "stall", self.status, self.events, self.config.world_size,
                                                     self.done))
 
+    def slow(self, rank: int, factor: float = 3.0, seconds: float | None = None) -> None:
+        """Make ``rank``'s steps ``factor`` times as long from its next step (1: full speed again), for ``seconds``
+        (None: until changed): it burns CPU in proportion to its own compute. ConfigError as for :meth:`kill`."""
+        from workbench.faults.slow import check_live_slow
+        from workbench.live_ranks import live_rank
+
+        factor, seconds = check_live_slow(factor, seconds)
+        self._supervisor.command("slow", (live_rank(rank, "slow down", self.status, self.events,
+                                                    self.config.world_size, self.done), factor, seconds))
+
     def flip(self, rank: int, target: str, tensor: str, index: int | None = None, bit: int | None = None,
              seed: int | None = None) -> None:
         """Flip a bit on ``rank`` at its next step (index/bit drawn from ``seed`` when left out)."""

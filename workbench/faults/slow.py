@@ -35,3 +35,14 @@ def check_straggler_settings(config: Any) -> None:
     if response == "drop" and peer:
         raise ConfigError("straggler_response", f"drop is ours: {config.strategy!r} runs the peer system as its users "
                           "do (allowed: off, flag)")
+
+
+def check_live_slow(factor: Any, seconds: Any) -> tuple[float, float | None]:
+    """``run.slow``'s arguments as (factor, seconds), or a one-line ConfigError."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor < float("inf"):
+        raise ConfigError("factor", f"{factor!r} must be a number >= 1 (how many times as long each step takes; "
+                          "1: full speed again)")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not 0 < seconds < float("inf")):
+        raise ConfigError("seconds", f"{seconds!r} must be a number of seconds > 0, or None (until changed)")
+    return float(factor), None if seconds is None else float(seconds)

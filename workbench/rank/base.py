@@ -30,6 +30,7 @@ from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.optim import make_optimizer
 from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Detected
+from workbench.rank.throttle import Throttle
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
 
@@ -86,6 +87,7 @@ class BaseTrainer:
         self.inflight: InFlight | None = None
         self.step_faults: dict[int, FaultSpec] = {}
         self.random_steps: set[int] = set()
+        self.throttle = Throttle()  # a slow rank's (slow faults, run.slow)
         self.memory_snapshot: Any = None  # reinit: the last global snapshot
         self._writer: staging.Writer | None = None  # the checkpoint writer thread, from the first checkpoint on
         self._staged: staging.Staged | None = None  # a checkpoint's copy under way (see _write_checkpoint)
@@ -96,11 +98,14 @@ class BaseTrainer:
         faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
         self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang", "stall")}
         self.random_steps = set(a.get("random_steps", []))
+        self.throttle.plan(faults)
         return faults
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _fault_point(self) -> None:
-        """Planned kill/hang/stall of this step fires here, at the mode's mid-step point."""
+        """Planned kill/hang/stall of this step fires here, at the mode's mid-step point; a slow rank burns its
+        extra time here too (before its last exchange: the others wait for it)."""
+        self.throttle.burn()
         fault = self.step_faults.pop(self.inflight.step, None)
         if fault is None:
             return
@@ -137,6 +142,10 @@ class BaseTrainer:
         """Mark the step in flight and fire the flips due at its start; returns (step, start time)."""
         self.inflight = InFlight(self.step, self.comm.rank, self.comm.size)
         self._take_live_faults()
+        live, self.channel.throttle = self.channel.throttle, None
+        if live is not None:
+            self.throttle.set_live(*live)
+        self.throttle.begin(self.step)
         if self.injector.flips_state(self.step):
             self._checkpoint_copied()  # a flip writes the weights or the optimizer state in place
         self.injector.at_step_start(self.step, self.optimizer_state_of)
@@ -205,6 +214,9 @@ class BaseTrainer:
                      evaluation: dict[str, float] | None = None) -> None:
         """Rank 0 of the generation reports the step's global figures (stats: loss sum, correct, samples)."""
         report: dict[str, Any] = {"step": step, "gen": self.comm.gen, "sent": self.traffic[1], "msgs": self.traffic[0]}
+        slow = self.throttle.end()
+        if slow is not None:
+            report["slow"] = slow  # the factor this rank was slowed by
         if self.comm.rank == 0:
             samples = max(stats[2].item(), 1.0)
             report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),

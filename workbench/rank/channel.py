@@ -80,6 +80,7 @@ class Channel:
         self.waiting = False  # the training thread waits in a collective (Comm.wait); sent with each heartbeat
         self.ops = 0  # collectives it waited for
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
+        self.throttle: tuple[float, float | None] | None = None  # a live slow-down (factor, seconds) not yet taken
         self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
@@ -116,6 +117,9 @@ class Channel:
                 if kind == "generation":
                     self.latest_generation = got
                     self.wake.set()
+                elif kind == "throttle":
+                    self.throttle = (float(got["factor"]), got.get("seconds"))
+                    continue
                 elif kind == "faults_add":
                     self.live_faults.extend(got["faults"])
                     continue

@@ -26,15 +26,17 @@ from workbench.errors import RunStartError
 from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult
+from workbench.supervisor.commands import Commands
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
 from workbench.supervisor.membership import Assign, Decision, End, Generation, Lost, Membership, Note, Retire, Start
 from workbench.supervisor.recorder import EventCallback, Recorder
+from workbench.supervisor.stragglers import Stragglers
 from workbench.supervisor.watchdog import Watchdog
 
 
-class Supervisor:
+class Supervisor(Commands):
     """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`."""
 
     def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
@@ -55,6 +57,8 @@ class Supervisor:
             verify=partial(ckpt.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
         self.plan = FaultPlan(config)
         self.watchdog = Watchdog(config.progress_timeout, config.heartbeat_timeout)
+        self.stragglers = Stragglers(config.straggler_factor, config.straggler_window,
+                                     enabled=config.straggler_response != "off")
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.control: ControlServer | None = None
         self.launcher: Launcher | None = None
@@ -109,6 +113,8 @@ class Supervisor:
                                       replicas_identical=replicas_identical(workers),
                                       keep_checkpoint=self.out_dir is not None)
         result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
+        result.summary.update(rank_steps=self.stragglers.table(),
+                              stragglers=sum(e["kind"] == "straggler" for e in self.events))
         result.provenance = provenance.finish(self.provenance)
         result.summary["clock"] = clock.default(result.summary, result.provenance)  # what its figures show
         return result
@@ -148,7 +154,7 @@ class Supervisor:
                 return self.peer.agent_ended(self.agent.returncode, self.membership.started, self._log_hint)
             for fault in self.plan.due(None if self.recorder.train_start is None
                                        else time.time() - self.recorder.train_start):
-                self._inject(fault.kind, fault.rank, source=f"planned ({fault})")
+                self._inject_planned(fault)
             if self._all_done():
                 return "completed", (f"all {self.config.steps} steps done with world size "
                                      f"{len(self.membership.members)}")
@@ -250,37 +256,6 @@ class Supervisor:
             self.status.update(state="running")
         self.recorder.generation(d)
 
-    # -- faults and commands ---------------------------------------------------------------------------------------
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                name, arg = self.commands.get_nowait()
-            except queue.Empty:
-                return
-            if name == "stop":
-                self._apply(self.membership.stop(str(arg or "stopped by the user")))
-                self._outcome = self._outcome or ("stopped", str(arg or "stopped by the user"))
-            elif name in ("kill", "hang", "stall"):
-                self._inject(name, arg, source="live")
-            elif name == "flip":
-                w = self.worker(arg.rank)
-                if w is None or arg.rank not in self.membership.members:
-                    self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
-                else:
-                    self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
-
-    def _inject(self, kind: str, label: int, source: str) -> None:
-        w = self.worker(label)
-        if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
-            self.recorder.event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
-            return
-        if kind == "stall":  # the rank blocks its own training thread at its next step and says so
-            self.control.send(w, protocol.message("faults_add", faults=[f"stall:rank={label},step=-1"]))
-            return
-        w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
-        self.launcher.signal(w, "SIGKILL" if kind == "kill" else "SIGSTOP", self.control.send)
-        self.recorder.event(kind, w.steps_done, f"{source} fault", rank=label)
-
     # -- messages ----------------------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
         for what, who, payload in self.control.poll(timeout):
@@ -339,6 +314,7 @@ class Supervisor:
                 w.steps_done = max(w.steps_done, m["step"] + 1)
                 if "loss" in m and (self.peer is None or not self.peer.one_reporter or w.label == min(members)):
                     self.recorder.step(m)
+            self._straggler_step(w, m)  # last: a straggler dropped here changes the generation
         elif kind == "ready":
             w.ready = True
             self.recorder.rank_time.on_ready(w.spawn_id, m)

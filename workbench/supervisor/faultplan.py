@@ -1,6 +1,6 @@
 """Fault plan: the planned faults of a run until they fire.
 
-Step faults (``kill``/``hang``/``flip`` at a step) and random failures travel with each generation to the rank
+Step faults (``kill``/``hang``/``flip``/``slow`` at a step) and random failures travel with each generation to the rank
 that is to fire them: the rank fires them itself at the step's fault point and says so (``fault``, ``flip``),
 which crosses them off here — a fault fires once, whatever generation changes happen around it. Random failures
 are drawn as (step, position among the live members): the position is resolved against each generation's
@@ -39,6 +39,11 @@ class FaultPlan:
     def flipped(self, label: int | None, m: dict[str, Any]) -> None:
         self.step_faults = [f for f in self.step_faults if not (
             f.kind == "flip" and f.rank == label and f.step == m["planned"] and f.target == m["target"])]
+
+    def forget_slow(self, label: int) -> None:
+        """Rank ``label``'s process was dropped as a straggler: its slow-downs do not follow the number to a
+        replacement (the slow machine is gone)."""
+        self.step_faults = [f for f in self.step_faults if not (f.kind == "slow" and f.rank == label)]
 
     def due(self, since_first_step: float | None) -> list[Any]:
         """Time faults whose moment has come (none before the first step)."""

@@ -1,0 +1,102 @@
+"""Straggler detector: a member whose step time — its own CPU per step, what it computes while the others wait for
+it — is ``factor`` times the others' median, each taken as a median over the last ``window`` steps of the
+generation. Pure bookkeeping: the supervisor feeds it every member's step reports and applies the run's response
+(docs/permanent-faults.md, "Slow ranks and stragglers"). Wall time cannot tell: a synchronous step lasts as long
+as its slowest member on every rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MIN_EXCESS_S = 0.001  # and at least this much slower per step: a fraction of a millisecond is the machine's noise
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A flagged member: its median step time over the window against the others' median, at ``step``."""
+
+    key: int
+    label: int
+    step: int
+    own: float
+    others: float
+
+    @property
+    def ratio(self) -> float:
+        return self.own / self.others if self.others > 0 else float("inf")
+
+    def detail(self, window: int) -> str:
+        return (f"rank {self.label} is a straggler at step {self.step}: {self.own * 1e3:.2f} ms per step against the "
+                f"others' median {self.others * 1e3:.2f} ms ({self.ratio:.2f}x, median over {window} steps)")
+
+
+def find(times: dict[int, Sequence[float]], factor: float, window: int) -> list[tuple[int, float, float]]:
+    """(key, own median, others' median) of each member whose median step time over its last ``window`` steps is at
+    least ``factor`` times (and :data:`MIN_EXCESS_S` more than) the median of the other members' medians, slowest
+    first; none until there are two members with ``window`` steps each."""
+    full = {key: statistics.median(list(t)[-window:]) for key, t in times.items() if len(t) >= window}
+    if len(full) < 2 or len(full) < len(times):
+        return []
+    found = []
+    for key, own in full.items():
+        others = statistics.median(v for k, v in full.items() if k != key)
+        if own >= factor * others and own - others >= MIN_EXCESS_S:
+            found.append((key, own, others))
+    return sorted(found, key=lambda f: f[1] / max(f[2], 1e-12), reverse=True)
+
+
+@dataclass
+class Stragglers:
+    """The supervisor's bookkeeping, by spawn id: fed each member's step time, it says who became a straggler (once
+    per episode: a member that catches up may be flagged again) and keeps every member's step times for the
+    per-rank figures (``rows``: step, generation, rank, cpu_s, slow)."""
+
+    factor: float
+    window: int
+    enabled: bool = True
+    gen: int = -1
+    times: dict[int, deque[float]] = field(default_factory=dict)
+    flagged: set[int] = field(default_factory=set)
+    slowed: dict[int, float] = field(default_factory=dict)  # spawn -> the factor its latest step ran at
+    labels: dict[int, int] = field(default_factory=dict)  # spawn -> its rank number
+    rows: list[tuple[int, int, int, float, float]] = field(default_factory=list)
+
+    def step(self, key: int, label: int, gen: int, step: int, spent: float | None,
+             slow: float | None) -> tuple[list[tuple[str, str]], list[Straggler]]:
+        """One member's step report: (events as (kind, detail), the members newly flagged)."""
+        events, self.labels[key] = [], label
+        if (slow or 1.0) != self.slowed.get(key, 1.0):
+            events.append(("slow", f"rank {label} runs {slow:g}x slower") if slow else
+                          ("slow_end", f"rank {label} runs at full speed again"))
+            self.slowed[key] = slow or 1.0
+        if spent is None or spent != spent:
+            return events, []
+        self.rows.append((step, gen, label, round(spent, 6), slow or 1.0))
+        if gen != self.gen:  # a new generation: new members, a new split of the batch
+            if gen < self.gen:
+                return events, []
+            self.gen, self.times, self.flagged = gen, {}, set()
+        self.times.setdefault(key, deque(maxlen=self.window)).append(spent)
+        if not self.enabled:
+            return events, []
+        found = find(self.times, self.factor, self.window)
+        self.flagged &= {k for k, _, _ in found}  # those that caught up may be flagged again
+        new = [Straggler(k, self.labels[k], step, own, others) for k, own, others in found
+               if k not in self.flagged]
+        self.flagged |= {s.key for s in new}
+        return events, new
+
+    def forget(self, key: int) -> None:
+        """A member left (dropped, failed): its times leave the comparison."""
+        self.times.pop(key, None)
+        self.flagged.discard(key)
+
+    def table(self) -> dict[str, list[Any]]:
+        """The per-rank step times as columns (the result's ``rank_steps``)."""
+        names = ("step", "generation", "rank", "cpu_s", "slow")
+        return {name: [row[i] for row in self.rows] for i, name in enumerate(names)}
