@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "stall": ("hourglass", "goldenrod"),
                  "failure": ("x-thin", "crimson"),
                  "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
-                 "restart": ("circle-open", "purple"), "regrow": ("star", "teal")}
+                 "restart": ("circle-open", "purple"), "regrow": ("star", "teal"),
+                 "slow": ("triangle-down", "sienna"), "straggler": ("star-diamond", "sienna")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
@@ -352,4 +353,34 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10, clock: str | None
     fig.update_yaxes(title_text=clocks.label("ms", clock), rangemode="tozero", row=3, col=1)
     fig.update_xaxes(title_text="step", row=3, col=1)
     fig.update_layout(template="plotly_white", height=750, title="adaptive neuron apoptosis")
+    return fig
+
+
+def rank_strip(result: RunResult, title: str | None = None) -> go.Figure:
+    """Per-rank step times as a strip (heatmap rank x step): each rank's own CPU for the step (what it computes
+    while the others wait for it; the rank-time clock's stamps) over the step's median across ranks, so a straggler
+    is a bright row; its slow-downs and the detector's flags are marked where they happened."""
+    import pandas as pd
+
+    table = pd.DataFrame(result.summary.get("rank_steps") or {"step": [], "rank": [], "cpu_s": []})
+    fig = go.Figure()
+    if not table.empty:
+        table = table.drop_duplicates(["step", "rank"], keep="last")  # a redone step: its last run
+        table["relative"] = table.cpu_s / table.groupby("step").cpu_s.transform("median")
+        grid = table.pivot(index="rank", columns="step", values="relative")
+        ms = table.pivot(index="rank", columns="step", values="cpu_s") * 1e3
+        fig.add_trace(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"rank {r}" for r in grid.index],
+                                 customdata=ms.values, colorscale="YlOrRd", zmin=0.5, zmax=max(3.0, grid.max().max()),
+                                 colorbar={"title": "x step median"},
+                                 hovertemplate="%{y}, step %{x}: %{customdata:.2f} ms (%{z:.2f}x)<extra></extra>"))
+    for kind in ("slow", "straggler"):
+        marks = [e for e in result.events if e["kind"] == kind and e["rank"] >= 0]
+        symbol, colour = FAULT_MARKERS[kind]
+        fig.add_trace(go.Scatter(x=[e["step"] for e in marks], y=[f"rank {e['rank']}" for e in marks], name=kind,
+                                 mode="markers", marker={"symbol": symbol, "size": 13, "color": colour,
+                                                         "line": {"width": 1, "color": "black"}},
+                                 hovertext=[e["detail"] for e in marks]))
+    fig.update_layout(title=title or "per-rank step time (own CPU per step, x the step's median)",
+                      xaxis_title="step", template="plotly_white", height=180 + 30 * table["rank"].nunique()
+                      if not table.empty else 240, legend={"orientation": "h", "y": -0.35})
     return fig

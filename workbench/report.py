@@ -1,10 +1,10 @@
 """One self-contained HTML page of a sweep: the figures of :mod:`workbench.plots` that fit its columns, and a table
 of its points.
 
-Figures, each only when its data is there: strategy trade-off, recovery timelines, bit sensitivity, gossip vs
-allreduce. plotly.js is inlined once (no network needed to view the page); the page is written atomically, and
-every file read is checked first (:mod:`workbench.h5files`). Which columns each figure needs:
-docs/sweeps-and-clusters.md and docs/internals.md.
+Figures, each only when its data is there: strategy trade-off, recovery timelines, per-rank step times (a point
+that flagged a straggler), bit sensitivity, gossip vs allreduce. plotly.js is inlined once (no network needed to
+view the page); the page is written atomically, and every file read is checked first (:mod:`workbench.h5files`).
+Which columns each figure needs: docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
             fig = plots.recovery_timeline(RunResult.load(first.path))
             fig.update_layout(title=f"{label}: ranks over the run ({first.point})")
             found.append((f"Recovery timeline: {label}", fig))
+    if "stragglers" in done.columns:  # slow ranks: the per-rank strip of the first point that flagged one
+        flagged = done[done.stragglers.fillna(0) > 0]
+        if len(flagged):
+            found.append((f"Per-rank step times: {flagged.iloc[0].point}",
+                          plots.rank_strip(RunResult.load(flagged.iloc[0].path))))
     trials = [load_trials(Path(p).parent / SENSITIVITY_FILE) for p in done.get("path", [])
               if isinstance(p, str) and (Path(p).parent / SENSITIVITY_FILE).is_file()]
     if trials:

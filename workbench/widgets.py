@@ -1,7 +1,8 @@
 """The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
 
-``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang and Stall buttons per rank, a bit-flip form, a status
-line and a live plotly ``FigureWidget`` (loss, accuracy, world size, fault and recovery markers). The run's
+``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang, Stall and Slow buttons per rank, a bit-flip form, a
+status line, a live plotly ``FigureWidget`` (loss, accuracy, world size, fault and recovery markers) and a per-rank
+strip of step times (a straggler is a bright row). The run's
 monitor thread only appends to the panel's buffers; a refresher thread redraws at most ``REFRESH_HZ`` times a
 second. Stop, a kernel interrupt and a kernel restart all end the run.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import signal
+import statistics
 import threading
 from typing import Any
 
@@ -27,7 +29,8 @@ REFRESH_HZ = 5
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
-MARKED = ("kill", "hang", "stall", "flip", "failure", "detected", "recovered", "generation")
+MARKED = ("kill", "hang", "stall", "slow", "straggler", "flip", "failure", "detected", "recovered", "generation")
+STRIP_STEPS = 200  # the per-rank strip shows this many latest steps
 MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
 
 
@@ -58,6 +61,7 @@ class Lab:
         self._lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
+        self._rank_steps: list[dict[str, Any]] = []
         self._dirty = threading.Event()
         self._closed = False
         style = {"description_width": "110px"}
@@ -86,6 +90,8 @@ class Lab:
         self.start_button.on_click(lambda _b: self.start())
         self.stop_button.on_click(lambda _b: self.stop())
         self.rank_buttons = w.HBox([])
+        self.slow_factor = w.BoundedFloatText(value=3.0, min=1.0, max=100.0, step=0.5, description="slow factor",
+                                              style=style, layout={"width": "200px"})
         self.flip_rank = w.Dropdown(options=[], description="rank", layout={"width": "150px"})
         self.flip_target = w.Dropdown(options=["weight", "buffer", "grad", "grad_local", "optimizer"], value="weight",
                                       description="target", layout={"width": "220px"})
@@ -102,13 +108,19 @@ class Lab:
         self.flip_button.on_click(lambda _b: self.flip())
         self.status = w.HTML(value="<b>idle</b>")
         self.figure = self._make_figure()
+        self.strip = go.FigureWidget()
+        self.strip.add_heatmap(colorscale="YlOrRd", zmin=0.5, zmax=3.0, colorbar={"title": "x median"})
+        self.strip.update_layout(template="plotly_white", height=200, xaxis_title="step",
+                                 title="per-rank step time (own CPU per step, x the step's median)",
+                                 margin={"t": 40, "b": 40})
         config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy,
                                 self.regrow, self.checkpoint_every, self.detect, self.steps, self.seed],
                                layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
         flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
                            self.flip_field, self.flip_button])
-        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]), self.rank_buttons, flip_box,
-                              self.status, self.figure])
+        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]),
+                              w.HBox([self.rank_buttons, self.slow_factor]), flip_box, self.status, self.figure,
+                              self.strip])
         self._previous_sigint = None
         self._refresher = threading.Thread(target=self._refresh_loop, name="workbench-lab-refresh", daemon=True)
         self._refresher.start()
@@ -145,7 +157,7 @@ class Lab:
             self.status.value = f"<b style='color:crimson'>{exc}</b>"
             return None
         with self._lock:
-            self._rows, self._events = [], []
+            self._rows, self._events, self._rank_steps = [], [], []
         self._reset_figure(config.world_size)
         self._make_rank_buttons(config.world_size)
         from workbench.workloads.stages import buffer_tensors, model_tensors
@@ -174,11 +186,15 @@ class Lab:
     def stall(self, rank: int) -> None:
         self._live_fault("stall", rank)
 
-    def _live_fault(self, kind: str, rank: int) -> None:
+    def slow(self, rank: int) -> None:
+        """Slow ``rank`` down by the factor in the box (1: full speed again)."""
+        self._live_fault("slow", rank, factor=self.slow_factor.value)
+
+    def _live_fault(self, kind: str, rank: int, **more: Any) -> None:
         """A button of a rank that died (or of an ended run) before the panel greyed it: said in the status line."""
         try:
             if self.run is not None:
-                getattr(self.run, kind)(rank)
+                getattr(self.run, kind)(rank, **more)
         except WorkbenchError as exc:
             self.status.value = f"<b style='color:crimson'>{exc}</b>"
 
@@ -226,10 +242,12 @@ class Lab:
             kill = w.Button(description=f"Kill {rank}", button_style="danger", layout={"width": "80px"})
             hang = w.Button(description=f"Hang {rank}", button_style="warning", layout={"width": "80px"})
             stall = w.Button(description=f"Stall {rank}", button_style="info", layout={"width": "80px"})
+            slow = w.Button(description=f"Slow {rank}", layout={"width": "80px"})
             kill.on_click(lambda _b, r=rank: self.kill(r))
             hang.on_click(lambda _b, r=rank: self.hang(r))
             stall.on_click(lambda _b, r=rank: self.stall(r))
-            buttons.append(w.VBox([kill, hang, stall]))
+            slow.on_click(lambda _b, r=rank: self.slow(r))
+            buttons.append(w.VBox([kill, hang, stall, slow]))
         self.rank_buttons.children = buttons
 
     def _make_figure(self) -> go.FigureWidget:
@@ -255,7 +273,7 @@ class Lab:
 
     def _on_event(self, kind: str, payload: dict[str, Any]) -> None:  # the run's monitor thread
         with self._lock:
-            (self._rows if kind == "step" else self._events).append(payload)
+            {"step": self._rows, "rank_step": self._rank_steps}.get(kind, self._events).append(payload)
         self._dirty.set()
 
     def _refresh_loop(self) -> None:
@@ -271,7 +289,7 @@ class Lab:
 
     def _redraw(self) -> None:
         with self._lock:
-            rows, events = list(self._rows), list(self._events)
+            rows, events, rank_steps = list(self._rows), list(self._events), list(self._rank_steps)
         run = self.run
         status = run.status if run is not None else {}
         dead = {e["rank"] for e in events if e["kind"] == "failure"}
@@ -288,6 +306,7 @@ class Lab:
                 trace.y = [1.04] * len(marks)
                 trace.hovertext = [f"{kind}: {'rank ' + str(e['rank']) + ' ' if e['rank'] >= 0 else ''}{e['detail']}"
                                    for e in marks]
+        self._redraw_strip(rank_steps)
         for rank, box in enumerate(self.rank_buttons.children):
             gone = rank not in members and rank in dead
             for button in box.children:
@@ -304,3 +323,21 @@ class Lab:
             self.status.value = (f"<b>{status.get('state')}</b> — generation {status.get('generation')}, world size "
                                  f"{status.get('world_size')}, step {status.get('step')}, ranks "
                                  f"{status.get('members', [])}")
+
+    def _redraw_strip(self, rank_steps: list[dict[str, Any]]) -> None:
+        """The per-rank strip: each rank's step time over the step's median across ranks, latest steps."""
+        by_step: dict[int, dict[int, float]] = {}
+        for r in rank_steps:
+            by_step.setdefault(r["step"], {})[r["rank"]] = r["cpu_s"]  # a redone step: its latest
+        steps = sorted(by_step)[-STRIP_STEPS:]
+        ranks = sorted({rank for s in steps for rank in by_step[s]})
+        grid = []
+        for rank in ranks:
+            row = []
+            for s in steps:
+                median = statistics.median(by_step[s].values())
+                row.append(by_step[s][rank] / median if rank in by_step[s] and median > 0 else None)
+            grid.append(row)
+        with self.strip.batch_update():
+            heat = self.strip.data[0]
+            heat.x, heat.y, heat.z = steps, [f"rank {r}" for r in ranks], grid
