@@ -71,6 +71,13 @@ def test_a_new_generation_starts_a_new_window_and_a_rank_that_caught_up_may_be_f
     assert [(s, x.label) for s, x in feed(detector, range(30), slow)] == [(4, 1), (22, 1)]
     detector.forget(1)
     assert 1 not in detector.times and 1 not in detector.flagged
+    stages = Stragglers(factor=1.5, window=5)  # a pipeline's stages differ by design: each among its replicas
+    for step in range(10):
+        for key in range(4):
+            _, new = stages.step(key, key, 0, step, 0.01 * (1 + key // 2) * (3 if key == 3 and step >= 5 else 1),
+                                 None, group=key // 2)
+            assert not new or (step, [s.label for s in new]) == (7, [3])
+    assert stages.flagged == {3}
     off = Stragglers(factor=1.5, window=5, enabled=False)
     assert feed(off, range(30), slow) == [] and len(off.rows) == 120  # off: no flags, the strip still kept
 

@@ -74,7 +74,8 @@ class Commands:
         """A member's step report: its step time to the detector (its CPU for the step, as the rank-time clock
         counts it), slow / slow_end / straggler events, the run's response."""
         spent = self.recorder.rank_time.spent.get((m["gen"], m["step"]), {}).get(w.spawn_id)
-        events, flagged = self.stragglers.step(w.spawn_id, w.label, m["gen"], m["step"], spent, m.get("slow"))
+        events, flagged = self.stragglers.step(w.spawn_id, w.label, m["gen"], m["step"], spent, m.get("slow"),
+                                               group=self.config.stage_of(w.label))  # a stage's replicas compared
         for kind, detail in events:
             self.recorder.event(kind, m["step"], detail, rank=w.label)
         if spent is not None and self.recorder.on_event:  # the lab's per-rank strip

@@ -64,12 +64,14 @@ class Stragglers:
     flagged: set[int] = field(default_factory=set)
     slowed: dict[int, float] = field(default_factory=dict)  # spawn -> the factor its latest step ran at
     labels: dict[int, int] = field(default_factory=dict)  # spawn -> its rank number
+    groups: dict[int, int] = field(default_factory=dict)  # spawn -> who it is compared with (its pipeline stage)
     rows: list[tuple[int, int, int, float, float]] = field(default_factory=list)
 
-    def step(self, key: int, label: int, gen: int, step: int, spent: float | None,
-             slow: float | None) -> tuple[list[tuple[str, str]], list[Straggler]]:
-        """One member's step report: (events as (kind, detail), the members newly flagged)."""
-        events, self.labels[key] = [], label
+    def step(self, key: int, label: int, gen: int, step: int, spent: float | None, slow: float | None,
+             group: int = 0) -> tuple[list[tuple[str, str]], list[Straggler]]:
+        """One member's step report: (events as (kind, detail), the members newly flagged). Members are compared
+        within their ``group`` only: a pipeline's stages differ by design, a stage's replicas do not."""
+        events, self.labels[key], self.groups[key] = [], label, group
         if (slow or 1.0) != self.slowed.get(key, 1.0):
             events.append(("slow", f"rank {label} runs {slow:g}x slower") if slow else
                           ("slow_end", f"rank {label} runs at full speed again"))
@@ -84,8 +86,9 @@ class Stragglers:
         self.times.setdefault(key, deque(maxlen=self.window)).append(spent)
         if not self.enabled:
             return events, []
-        found = find(self.times, self.factor, self.window)
-        self.flagged &= {k for k, _, _ in found}  # those that caught up may be flagged again
+        found = find({k: t for k, t in self.times.items() if self.groups.get(k) == group}, self.factor, self.window)
+        caught_up = {k for k in self.flagged if self.groups.get(k) == group} - {k for k, _, _ in found}
+        self.flagged -= caught_up  # they may be flagged again
         new = [Straggler(k, self.labels[k], step, own, others) for k, own, others in found
                if k not in self.flagged]
         self.flagged |= {s.key for s in new}
