@@ -170,7 +170,7 @@ def test_a_slow_rank_is_flagged_and_dropped_and_the_step_time_returns(tmp_path):
     assert failure["rank"] == 2 and failure["cause"].startswith("was dropped as a straggler")
     assert failure["world_size_after"] == 3 and result.summary["stragglers"] == 1 and base.summary["stragglers"] == 0
     # the throttle on the rank's own CPU: its slowed steps against its own before (4 or more steps each side)
-    steps = result.summary["rank_steps"]
+    steps = result.rank_steps
     own = {s: t for s, r, t in zip(steps["step"], steps["rank"], steps["cpu_s"]) if r == 2}
     factor = statistics.median(own[s] for s in range(10, flag["step"] + 1)) / statistics.median(
         own[s] for s in range(2, 10))
@@ -181,7 +181,7 @@ def test_a_slow_rank_is_flagged_and_dropped_and_the_step_time_returns(tmp_path):
           f"{reference * 1e3:.2f} ms failure-free ({100 * (after / reference - 1):+.1f} %)")  # pytest -s shows it
     assert abs(after / reference - 1) <= 0.15, (after, reference)
     assert all(r["world_size"] == 3 for r in result.metrics if r["step"] >= 25)
-    assert RunResult.load(tmp_path).summary["rank_steps"] == steps  # kept in result.h5
+    assert RunResult.load(tmp_path).rank_steps == steps  # kept in result.h5
 
 
 @pytest.mark.usefixtures("no_leaks")
@@ -223,6 +223,7 @@ def test_a_sweep_over_a_slow_fault_reports_the_per_rank_strip(tmp_path):
     assert list(frame.status) == ["completed"], frame.get("error")
     table = load_sweep(out)
     assert table.stragglers.iloc[0] == 1 and table.n_failures.iloc[0] == 0  # flagged, tolerated
+    assert set(RunResult.load(table.path.iloc[0]).rank_steps["rank"]) == {0, 1}  # what the strip draws
     page = report(out).read_text()
     assert "Per-rank step times" in page
 

@@ -27,7 +27,7 @@ def main(out: Path) -> None:
     slow = workbench.start(world_size=4, straggler_response="drop", faults=[f"slow:rank=2,step={SLOW_AT},factor=3"],
                            **kw)
     base, result = baseline.wait(600), slow.wait(600)
-    table = pd.DataFrame(result.summary["rank_steps"]).drop_duplicates(["step", "rank"], keep="last")
+    table = pd.DataFrame(result.rank_steps).drop_duplicates(["step", "rank"], keep="last")
     table["relative"] = table.cpu_s / table.groupby("step").cpu_s.transform("median")
     grid = table.pivot(index="rank", columns="step", values="relative")
     flag = next(e for e in result.events if e["kind"] == "straggler")

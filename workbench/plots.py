@@ -362,7 +362,7 @@ def rank_strip(result: RunResult, title: str | None = None) -> go.Figure:
     is a bright row; its slow-downs and the detector's flags are marked where they happened."""
     import pandas as pd
 
-    table = pd.DataFrame(result.summary.get("rank_steps") or {"step": [], "rank": [], "cpu_s": []})
+    table = pd.DataFrame(result.rank_steps or {"step": [], "rank": [], "cpu_s": []})
     fig = go.Figure()
     if not table.empty:
         table = table.drop_duplicates(["step", "rank"], keep="last")  # a redone step: its last run

@@ -1,7 +1,8 @@
 """Results of a run: per-step metrics, events, per-failure figures and a summary; one HDF5 file per run.
 
 ``result.h5`` holds root attributes ``config``, ``summary``, ``provenance`` and ``format``, a group ``metrics``
-with one 1-D dataset per column (NaN where a step has no value), and ``events`` and ``failures`` as JSON rows.
+with one 1-D dataset per column (NaN where a step has no value), a group ``rank_steps`` (every member's CPU per step),
+and ``events`` and ``failures`` as JSON rows.
 Files are written to a temporary name and renamed; every loader checks the file's kind first
 (:func:`workbench.h5files.require`). The columns: docs/settings.md; the layout: docs/internals.md.
 """
@@ -40,6 +41,9 @@ class RunResult:
     summary: dict[str, Any]
     path: Path | None = None
     provenance: dict[str, Any] = field(default_factory=dict)  # workbench.provenance; {} for older files
+    # every member's own CPU per step (columns step, generation, rank, cpu_s, slow: the supervisor's straggler
+    # bookkeeping, workbench.plots.rank_strip); {} for older files
+    rank_steps: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def outcome(self) -> str:
@@ -87,6 +91,9 @@ class RunResult:
                 group.create_dataset(column, data=np.array(values, dtype=np.float64))
             f.create_dataset("events", data=[json.dumps(e) for e in self.events], dtype=text)
             f.create_dataset("failures", data=[json.dumps(e) for e in self.failures], dtype=text)
+            steps = f.create_group("rank_steps")
+            for column, values in self.rank_steps.items():
+                steps.create_dataset(column, data=np.array(values, dtype=np.float64))
 
         try:
             write_hdf5(path, fill)
@@ -111,10 +118,12 @@ class RunResult:
                 metrics_columns = {c: f["metrics"][c][()] if c in f["metrics"] else [float("nan")] * n
                                    for c in METRIC_COLUMNS}
                 metrics = [{c: _plain(metrics_columns[c][i], c) for c in METRIC_COLUMNS} for i in range(n)]
+                steps = {c: [v if c in ("cpu_s", "slow") else int(v) for v in f["rank_steps"][c][()].tolist()]
+                         for c in f.get("rank_steps", {})}
                 return cls(json.loads(f.attrs["config"]), metrics,
                            [json.loads(e) for e in f["events"].asstr()[()]],
                            [json.loads(e) for e in f["failures"].asstr()[()]],
-                           json.loads(f.attrs["summary"]), path, json.loads(f.attrs.get("provenance", "{}")))
+                           json.loads(f.attrs["summary"]), path, json.loads(f.attrs.get("provenance", "{}")), steps)
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             raise ResultsError(f"{path} is a damaged workbench result file ({reason(exc)})") from None
 
@@ -131,7 +140,7 @@ class RunResult:
 
     def summary_row(self) -> dict[str, Any]:
         row = {f"config.{k}": (json.dumps(v) if isinstance(v, list) else v) for k, v in self.config.items()}
-        row.update({k: v for k, v in self.summary.items() if k not in ("failures", "rank_steps")})
+        row.update({k: v for k, v in self.summary.items() if k != "failures"})
         row["n_failures"] = len(self.failures)
         row.update(provenance_columns(self.provenance))
         return row

@@ -113,8 +113,8 @@ class Supervisor(Commands):
                                       replicas_identical=replicas_identical(workers),
                                       keep_checkpoint=self.out_dir is not None)
         result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
-        result.summary.update(rank_steps=self.stragglers.table(),
-                              stragglers=sum(e["kind"] == "straggler" for e in self.events))
+        result.rank_steps, result.summary["stragglers"] = self.stragglers.table(), sum(
+            e["kind"] == "straggler" for e in self.events)
         result.provenance = provenance.finish(self.provenance)
         result.summary["clock"] = clock.default(result.summary, result.provenance)  # what its figures show
         return result
