@@ -6,9 +6,11 @@ then the throttle, then real runs."""
 
 from __future__ import annotations
 
+import queue
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from workbench.faults.slow import check_live_slow
 from workbench.rank.channel import cpu_time
 from workbench.rank.throttle import Throttle
 from workbench.results import RunResult
+from workbench.supervisor.commands import Commands
 from workbench.supervisor.stragglers import Stragglers, find
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +82,7 @@ def test_a_new_generation_starts_a_new_window_and_a_rank_that_caught_up_may_be_f
             assert not new or (step, [s.label for s in new]) == (7, [3])
     assert stages.flagged == {3}
     off = Stragglers(factor=1.5, window=5, enabled=False)
-    assert feed(off, range(30), slow) == [] and len(off.rows) == 120  # off: no flags, the strip still kept
+    assert feed(off, range(30), slow) == [] and len(off.table()["step"]) == 120  # off: no flags, the strip kept
 
 
 def test_slow_downs_are_events_and_every_step_time_is_kept():
@@ -114,6 +117,27 @@ def test_the_throttle_makes_a_step_take_factor_times_its_own_cpu():
     assert 2.6 <= ratio <= 3.4, ratio  # 3 within 15 %: the CPU clocks' granularity and this machine's noise
     throttle.set_live(2.0, 0.0)  # a live slow-down whose time is up: full speed
     assert throttle.factor_at(30) == 1.0 and throttle.live == (1.0, None)
+
+
+def test_live_and_timed_slow_downs_reach_the_rank_as_throttle_messages():
+    class Supervisor(Commands):  # the supervisor's parts that a slow-down touches
+        def __init__(self):
+            self.sent, self.commands = [], queue.Queue()
+            self.membership = SimpleNamespace(members=[0, 1])
+            self.control = SimpleNamespace(send=lambda w, m: self.sent.append((w.label, m)))
+            self.recorder = SimpleNamespace(event=lambda kind, step, detail, rank: self.sent.append((kind, detail)))
+
+        def worker(self, label):
+            return SimpleNamespace(proc=object(), conn=None, label=label) if label in (0, 1) else None
+
+    supervisor = Supervisor()
+    supervisor._inject_planned(FaultSpec.parse("slow:rank=1,time=1.5,factor=3,until=4"))
+    supervisor.commands.put(("slow", (0, 4.0, None)))
+    supervisor.commands.put(("slow", (7, 2.0, None)))
+    supervisor._run_commands()
+    assert supervisor.sent == [(1, {"type": "throttle", "factor": 3.0, "seconds": 2.5}),
+                               (0, {"type": "throttle", "factor": 4.0, "seconds": None}),
+                               ("fault_skipped", "slow of rank 7: not alive")]
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------

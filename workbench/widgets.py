@@ -274,6 +274,8 @@ class Lab:
     def _on_event(self, kind: str, payload: dict[str, Any]) -> None:  # the run's monitor thread
         with self._lock:
             {"step": self._rows, "rank_step": self._rank_steps}.get(kind, self._events).append(payload)
+            if len(self._rank_steps) > 2 * STRIP_STEPS * SHOWN["world_size"][1]:
+                del self._rank_steps[:-STRIP_STEPS * SHOWN["world_size"][1]]  # the strip shows the latest only
         self._dirty.set()
 
     def _refresh_loop(self) -> None:

@@ -8,11 +8,13 @@ as its slowest member on every rank.
 from __future__ import annotations
 
 import statistics
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+COLUMNS = ("step", "generation", "rank", "cpu_s", "slow")  # of the per-rank step times (rows)
 MIN_EXCESS_S = 0.001  # and at least this much slower per step: a fraction of a millisecond is the machine's noise
 
 
@@ -54,7 +56,7 @@ def find(times: dict[int, Sequence[float]], factor: float, window: int) -> list[
 class Stragglers:
     """The supervisor's bookkeeping, by spawn id: fed each member's step time, it says who became a straggler (once
     per episode: a member that catches up may be flagged again) and keeps every member's step times for the
-    per-rank figures (``rows``: step, generation, rank, cpu_s, slow)."""
+    per-rank figures (``rows``: one compact column per name of :data:`COLUMNS`)."""
 
     factor: float
     window: int
@@ -65,7 +67,7 @@ class Stragglers:
     slowed: dict[int, float] = field(default_factory=dict)  # spawn -> the factor its latest step ran at
     labels: dict[int, int] = field(default_factory=dict)  # spawn -> its rank number
     groups: dict[int, int] = field(default_factory=dict)  # spawn -> who it is compared with (its pipeline stage)
-    rows: list[tuple[int, int, int, float, float]] = field(default_factory=list)
+    rows: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
 
     def step(self, key: int, label: int, gen: int, step: int, spent: float | None, slow: float | None,
              group: int = 0) -> tuple[list[tuple[str, str]], list[Straggler]]:
@@ -78,7 +80,8 @@ class Stragglers:
             self.slowed[key] = slow or 1.0
         if spent is None or spent != spent:
             return events, []
-        self.rows.append((step, gen, label, round(spent, 6), slow or 1.0))
+        for column, value in zip(COLUMNS, (step, gen, label, spent, slow or 1.0)):
+            self.rows[column].append(value)
         if gen != self.gen:  # a new generation: new members, a new split of the batch
             if gen < self.gen:
                 return events, []
@@ -101,5 +104,4 @@ class Stragglers:
 
     def table(self) -> dict[str, list[Any]]:
         """The per-rank step times as columns (the result's ``rank_steps``)."""
-        names = ("step", "generation", "rank", "cpu_s", "slow")
-        return {name: [row[i] for row in self.rows] for i, name in enumerate(names)}
+        return {c: [v if c in ("cpu_s", "slow") else int(v) for v in self.rows[c]] for c in COLUMNS}
