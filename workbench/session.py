@@ -81,7 +81,8 @@ class Run:
         return self._done.is_set()
 
     def subscribe(self, listener: Listener) -> None:
-        """Call ``listener(kind, payload)`` on the monitor thread for each step row and event from now on."""
+        """Call ``listener(kind, payload)`` on the monitor thread for each step row (``step``), event (``event``) and
+        member's own step time (``rank_step``: step, generation, rank, cpu_s, slow) from now on."""
         self._listeners.append(listener)
 
     # -- control -----------------------------------------------------------------------------------------------

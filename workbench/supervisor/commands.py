@@ -73,6 +73,8 @@ class Commands:
     def _straggler_step(self, w: Any, m: dict[str, Any]) -> None:
         """A member's step report: its step time to the detector (its CPU for the step, as the rank-time clock
         counts it), slow / slow_end / straggler events, the run's response."""
+        if w.label is None:  # a peer's slot not yet named
+            return
         spent = self.recorder.rank_time.spent.get((m["gen"], m["step"]), {}).get(w.spawn_id)
         events, flagged = self.stragglers.step(w.spawn_id, w.label, m["gen"], m["step"], spent, m.get("slow"),
                                                group=self.config.stage_of(w.label))  # a stage's replicas compared
