@@ -22,7 +22,7 @@ from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
-from workbench.resizing import check_world
+from workbench.resizing import check_notice, check_world
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
@@ -83,6 +83,8 @@ class RunConfig:
     buckets: int | None = None
     heartbeat_timeout: float = 2.0
     progress_timeout: float | None = None
+    preempt_grace: float = 30.0
+    notice_signals: list[str] = field(default_factory=lambda: ["SIGUSR1"])
     startup_timeout: float = 120.0
     spawn: str = "template"
     op_timeout: float = 60.0
@@ -153,6 +155,7 @@ class RunConfig:
             _positive(name, getattr(self, name))
         if self.progress_timeout is not None:
             _positive("progress_timeout", self.progress_timeout)
+        check_notice(self)
         _int_in("buckets", 1 if self.buckets is None else self.buckets, 1, 100_000)
         self._check_hosts()
         self._check_peer()

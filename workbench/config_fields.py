@@ -102,6 +102,11 @@ SETTINGS: dict[str, Setting] = {
                                 "stalled and is killed (default: 20 times the slowest gap between two commits so "
                                 "far, at least heartbeat_timeout)",
                                 docs="[Stalls](permanent-faults.md#stalls-the-progress-watchdog)"),
+    "preempt_grace": Setting("seconds of notice an outside signal (notice_signals) gives a rank to leave at a step "
+                             "boundary", docs="[Preemption](permanent-faults.md#preemption-with-notice)"),
+    "notice_signals": Setting("signals a rank takes as a preemption notice, comma-separated: {choices} (SIGTERM "
+                              "otherwise kills at once)", ("SIGUSR1", "SIGUSR2", "SIGTERM"),
+                              docs="[Preemption](permanent-faults.md#preemption-with-notice)"),
     "startup_timeout": Setting("seconds a rank may take to start and report ready before it counts as dead",
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "

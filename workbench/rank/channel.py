@@ -80,6 +80,7 @@ class Channel:
         self.waiting = False  # the training thread waits in a collective (Comm.wait); sent with each heartbeat
         self.ops = 0  # collectives it waited for
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
+        self.pause: dict[str, Any] | None = None  # the step boundary to stop at (a resize, a preemption)
         self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
@@ -114,8 +115,12 @@ class Channel:
                     print(f"workbench rank: {exc}", file=sys.stderr, flush=True)
                     os._exit(2)
                 if kind == "generation":
+                    self.pause = {"gen": got["gen"], **got["pause"]} if got.get("pause") else None
                     self.latest_generation = got
                     self.wake.set()
+                elif kind == "pause":
+                    self.pause = got
+                    continue
                 elif kind == "faults_add":
                     self.live_faults.extend(got["faults"])
                     continue
@@ -129,6 +134,13 @@ class Channel:
                     os.kill(os.getpid(), getattr(signal, got["name"]))
                     continue
                 self.inbox.put(got)
+
+    def notice(self, signum: int, grace: float) -> None:
+        """An outside preemption notice (a signal handler calls this): said from a thread of its own, since the
+        interrupted training thread may hold the send lock."""
+        name = signal.Signals(signum).name
+        threading.Thread(target=self.send, args=(message("notice", grace=grace, signal=name, t=time.time()),),
+                         name="wb-notice", daemon=True).start()
 
     def _beat(self) -> None:
         while True:

@@ -23,9 +23,11 @@ from workbench import clock, protocol, provenance, strategies
 from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
+from workbench.faults.spec import DEFAULT_GRACE_S
 from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult
+from workbench.supervisor.boundary import Commands
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
@@ -34,8 +36,9 @@ from workbench.supervisor.recorder import EventCallback, Recorder
 from workbench.supervisor.watchdog import Watchdog
 
 
-class Supervisor:
-    """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`."""
+class Supervisor(Commands):
+    """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`; live
+    commands and step boundaries: :class:`~workbench.supervisor.boundary.Commands`."""
 
     def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
         self.config = config
@@ -63,12 +66,6 @@ class Supervisor:
         self._outcome: tuple[str, str] | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None
         self.log_dir = (out_dir / "logs") if out_dir else None
-
-    def command(self, name: str, arg: Any = None) -> None:
-        """Queue a command (stop, kill, hang, flip) from any thread."""
-        self.commands.put((name, arg))
-        if self.control is not None:
-            self.control.wake()
 
     # -- views ----------------------------------------------------------------------------------------------------
     def worker(self, label: int) -> Worker | None:
@@ -142,13 +139,14 @@ class Supervisor:
             if self._outcome:
                 return self._outcome
             self._watch()
+            self._boundaries(time.monotonic())
             if self._outcome:
                 return self._outcome
             if self.agent is not None and self.agent.poll() is not None and not self._all_done():
                 return self.peer.agent_ended(self.agent.returncode, self.membership.started, self._log_hint)
             for fault in self.plan.due(None if self.recorder.train_start is None
                                        else time.time() - self.recorder.train_start):
-                self._inject(fault.kind, fault.rank, source=f"planned ({fault})")
+                self._inject(fault.kind, fault.rank, source=f"planned ({fault})", fault=fault)
             if self._all_done():
                 return "completed", (f"all {self.config.steps} steps done with world size "
                                      f"{len(self.membership.members)}")
@@ -173,7 +171,8 @@ class Supervisor:
             if self._outcome:
                 return
         m = self.membership
-        if m.started and not m.restarting and m.members == m.generation_members:  # a settled generation
+        pausing = self.boundary is not None and self.boundary.paused
+        if m.started and not m.restarting and m.members == m.generation_members and not pausing:  # settled
             self._stalled(now)
 
     def _stalled(self, now: float) -> None:
@@ -242,44 +241,18 @@ class Supervisor:
 
     def _announce(self, d: Generation) -> None:
         members = list(d.members)
+        pause = self.planned_pause(members) if self.boundary is None or self.boundary.planned else \
+            {"step": self.boundary.step, "checkpoint": self._restarts()}  # a live boundary outlives a failure
         for i, (label, id) in enumerate(zip(d.members, d.holders)):
             self.control.send(self.launcher.workers[id], protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
-                resume=d.resume, recovery=d.recovery, **self.plan.for_member(label, members)))
+                resume=d.resume, recovery=d.recovery, pause=pause, **self.plan.for_member(label, members)))
+        resize = [f for f in self.plan.step_faults if f.kind == "resize" and pause and f.step == pause["step"]]
+        if resize and self.boundary is None:
+            self._resize(resize[0].world, planned=resize[0])
         if d.gen == 0:
             self.status.update(state="running")
         self.recorder.generation(d)
-
-    # -- faults and commands ---------------------------------------------------------------------------------------
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                name, arg = self.commands.get_nowait()
-            except queue.Empty:
-                return
-            if name == "stop":
-                self._apply(self.membership.stop(str(arg or "stopped by the user")))
-                self._outcome = self._outcome or ("stopped", str(arg or "stopped by the user"))
-            elif name in ("kill", "hang", "stall"):
-                self._inject(name, arg, source="live")
-            elif name == "flip":
-                w = self.worker(arg.rank)
-                if w is None or arg.rank not in self.membership.members:
-                    self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
-                else:
-                    self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
-
-    def _inject(self, kind: str, label: int, source: str) -> None:
-        w = self.worker(label)
-        if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
-            self.recorder.event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
-            return
-        if kind == "stall":  # the rank blocks its own training thread at its next step and says so
-            self.control.send(w, protocol.message("faults_add", faults=[f"stall:rank={label},step=-1"]))
-            return
-        w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
-        self.launcher.signal(w, "SIGKILL" if kind == "kill" else "SIGSTOP", self.control.send)
-        self.recorder.event(kind, w.steps_done, f"{source} fault", rank=label)
 
     # -- messages ----------------------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
@@ -352,10 +325,17 @@ class Supervisor:
         elif kind == "checkpoint":
             if self.recorder.checkpoint(m):
                 self.membership.checkpoint(m["path"])
+        elif kind == "fault" and m["kind"] == "preempt":
+            grace = next((f.grace for f in self.plan.fired(w.label, m) if f.grace is not None), DEFAULT_GRACE_S)
+            self._notice(w, grace, m["step"], "planned", planned=True)
         elif kind == "fault":
             w.fault = m
             self.plan.fired(w.label, m)
             self.recorder.event(m["kind"], m["step"], "planned fault fired", rank=w.label)
+        elif kind == "notice":
+            self._notice(w, m["grace"], w.steps_done, f"{m['signal']}")
+        elif kind == "paused":
+            self._on_paused(w, m)
         elif kind == "flip":
             self.plan.flipped(w.label, m)
             self.recorder.rank_message(w.label, m)
