@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "stall": ("hourglass", "goldenrod"),
                  "failure": ("x-thin", "crimson"),
                  "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
-                 "restart": ("circle-open", "purple"), "regrow": ("star", "teal")}
+                 "restart": ("circle-open", "purple"), "regrow": ("star", "teal"),
+                 "preempt": ("hexagram", "sienna"), "preempt_fallback": ("x-open", "sienna"),
+                 "resize": ("triangle-right", "slategray")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:

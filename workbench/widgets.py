@@ -1,6 +1,7 @@
 """The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
 
-``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang and Stall buttons per rank, a bit-flip form, a status
+``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang, Stall and Preempt buttons per rank, a resize box,
+a bit-flip form, a status
 line and a live plotly ``FigureWidget`` (loss, accuracy, world size, fault and recovery markers). The run's
 monitor thread only appends to the panel's buffers; a refresher thread redraws at most ``REFRESH_HZ`` times a
 second. Stop, a kernel interrupt and a kernel restart all end the run.
@@ -27,7 +28,7 @@ REFRESH_HZ = 5
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
-MARKED = ("kill", "hang", "stall", "flip", "failure", "detected", "recovered", "generation")
+MARKED = ("kill", "hang", "stall", "preempt", "resize", "flip", "failure", "detected", "recovered", "generation")
 MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
 
 
@@ -86,6 +87,10 @@ class Lab:
         self.start_button.on_click(lambda _b: self.start())
         self.stop_button.on_click(lambda _b: self.stop())
         self.rank_buttons = w.HBox([])
+        self.resize_world = w.BoundedIntText(value=base.world_size, min=1, max=SHOWN["world_size"][1],
+                                             description="world", layout={"width": "150px"})
+        self.resize_button = w.Button(description="Resize", icon="arrows-h", disabled=True)
+        self.resize_button.on_click(lambda _b: self.resize(self.resize_world.value))
         self.flip_rank = w.Dropdown(options=[], description="rank", layout={"width": "150px"})
         self.flip_target = w.Dropdown(options=["weight", "buffer", "grad", "grad_local", "optimizer"], value="weight",
                                       description="target", layout={"width": "220px"})
@@ -107,8 +112,8 @@ class Lab:
                                layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
         flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
                            self.flip_field, self.flip_button])
-        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]), self.rank_buttons, flip_box,
-                              self.status, self.figure])
+        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]), self.rank_buttons,
+                              w.HBox([self.resize_world, self.resize_button]), flip_box, self.status, self.figure])
         self._previous_sigint = None
         self._refresher = threading.Thread(target=self._refresh_loop, name="workbench-lab-refresh", daemon=True)
         self._refresher.start()
@@ -158,6 +163,7 @@ class Lab:
         self.run = start(config, on_event=self._on_event)
         self._watch_interrupts()
         self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = True, False, False
+        self.resize_button.disabled = False
         self._dirty.set()
         return self.run
 
@@ -173,6 +179,19 @@ class Lab:
 
     def stall(self, rank: int) -> None:
         self._live_fault("stall", rank)
+
+    def preempt(self, rank: int) -> None:
+        """Notice with the run's ``preempt_grace``: the rank leaves at a step boundary."""
+        self._live_fault("preempt", rank)
+
+    def resize(self, world: int) -> None:
+        """Grow or shrink the running world at its next step boundary; a size it cannot take is said in the status
+        line."""
+        try:
+            if self.run is not None:
+                self.run.resize(world)
+        except WorkbenchError as exc:
+            self.status.value = f"<b style='color:crimson'>{exc}</b>"
 
     def _live_fault(self, kind: str, rank: int) -> None:
         """A button of a rank that died (or of an ended run) before the panel greyed it: said in the status line."""
@@ -221,15 +240,16 @@ class Lab:
         signal.signal(signal.SIGINT, on_interrupt)
 
     def _make_rank_buttons(self, world_size: int) -> None:
+        """A column of fault buttons per rank number below ``world_size`` (a grown world gets more)."""
         buttons = []
+        styles = {"kill": "danger", "hang": "warning", "stall": "info", "preempt": ""}
         for rank in range(world_size):
-            kill = w.Button(description=f"Kill {rank}", button_style="danger", layout={"width": "80px"})
-            hang = w.Button(description=f"Hang {rank}", button_style="warning", layout={"width": "80px"})
-            stall = w.Button(description=f"Stall {rank}", button_style="info", layout={"width": "80px"})
-            kill.on_click(lambda _b, r=rank: self.kill(r))
-            hang.on_click(lambda _b, r=rank: self.hang(r))
-            stall.on_click(lambda _b, r=rank: self.stall(r))
-            buttons.append(w.VBox([kill, hang, stall]))
+            column = []
+            for kind, style in styles.items():
+                button = w.Button(description=f"{kind.title()} {rank}", button_style=style, layout={"width": "90px"})
+                button.on_click(lambda _b, r=rank, k=kind: self._live_fault(k, r))
+                column.append(button)
+            buttons.append(w.VBox(column))
         self.rank_buttons.children = buttons
 
     def _make_figure(self) -> go.FigureWidget:
@@ -274,8 +294,9 @@ class Lab:
             rows, events = list(self._rows), list(self._events)
         run = self.run
         status = run.status if run is not None else {}
-        dead = {e["rank"] for e in events if e["kind"] == "failure"}
         members = set(status.get("members", []))
+        if members and max(members) >= len(self.rank_buttons.children):
+            self._make_rank_buttons(max(members) + 1)  # a resize added ranks
         with self.figure.batch_update():
             loss, acc, world = self.figure.data[0], self.figure.data[1], self.figure.data[2]
             loss.x, loss.y = [r["step"] for r in rows], [r["loss"] for r in rows]
@@ -289,7 +310,7 @@ class Lab:
                 trace.hovertext = [f"{kind}: {'rank ' + str(e['rank']) + ' ' if e['rank'] >= 0 else ''}{e['detail']}"
                                    for e in marks]
         for rank, box in enumerate(self.rank_buttons.children):
-            gone = rank not in members and rank in dead
+            gone = bool(members) and rank not in members  # failed, or left (a resize, a preemption)
             for button in box.children:
                 button.disabled = gone or run is None or run.done
         if run is not None and run.done and run.result is not None:
@@ -300,6 +321,7 @@ class Lab:
                                  f"clock, {summary.get('rank_train_s') or float('nan'):.2f} s on the rank-time "
                                  f"clock (the figure's axis is the step)")
             self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = False, True, True
+            self.resize_button.disabled = True
         elif run is not None:
             self.status.value = (f"<b>{status.get('state')}</b> — generation {status.get('generation')}, world size "
                                  f"{status.get('world_size')}, step {status.get('step')}, ranks "

@@ -72,7 +72,7 @@ class Departures:
                                          replacement), *spare, *([start] if start else [])]
         members.sort()
         self.failures += len(preempted)
-        out += self._generation(members, source=members.index(min(stay)), recovery=BOUNDARY)
+        out += self._generation(members, recovery=BOUNDARY)  # the most advanced member: all hold its state
         shrunk = [label for label, cause in leaving.items() if not cause]
         if newcomers or shrunk:
             out.append(Note("resize", f"world size {len(members)} from step {step}"
