@@ -32,7 +32,8 @@ def _int_list() -> Callable[[str], list[int]]:
     return lambda text: [int(item) for item in text.split(",")]  # argparse: "invalid <lambda> value: 'x'"
 
 
-_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | "
+_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | stall:rank=R,step=S | "
+           "preempt:rank=R,step=S,grace=G | resize:world=N,step=S | "
            f"random:mtbf_steps=M,dist={'|'.join(config.DISTRIBUTIONS)},shape=K,seed=S,max=F | "
            f"flip:target={'|'.join(config.FLIP_TARGETS)},rank=R,step=S,tensor=NAME,index=I,bit=B")
 _RECOVERY = "[Permanent faults](permanent-faults.md#recovery-strategies)"
