@@ -191,3 +191,14 @@ def test_live_preempt_from_python(tmp_path):
         result = run.wait(60)
     [failure] = result.failures
     assert (failure["rank"], failure["steps_redone"], failure["samples_lost"]) == (2, 0, 0)
+
+
+def test_a_whole_job_preempted_stops_at_its_checkpoint_and_resumes_from_it(tmp_path):
+    notices = [f"preempt:rank={r},step=12,grace=5" for r in range(3)]
+    stopped = workbench.run(world_size=3, steps=30, eval_interval=30, faults=notices, out=tmp_path / "job")
+    assert stopped.outcome == "stopped" and "every rank was preempted: stopped at step 13" in stopped.summary["reason"]
+    path = stopped.summary["reason"].split("resume from ")[1]
+    assert checkpoint.load(path).step == 13
+    resumed = completed(tmp_path, "resumed", world_size=3, resume=path)
+    golden = completed(tmp_path, "golden", world_size=3)
+    assert max_diff(final_weights(resumed), final_weights(golden)) <= 1e-6

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench import protocol, strategies
+from workbench import protocol
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
 from workbench.resizing import leaving
 
@@ -89,16 +89,14 @@ class Commands:
     # -- boundaries --------------------------------------------------------------------------------------------
     def planned_pause(self: Any, members: list[int]) -> dict[str, Any] | None:
         """The next planned boundary of a generation of ``members`` (``pause`` of its message): a planned resize's
-        step, or the step after a member's planned preemption notice; ``checkpoint`` where a preemption restarts
-        the world from it."""
+        step, or the step after a member's planned preemption notice (with a checkpoint, as :meth:`_saves`)."""
         resizes = [f.step for f in self.plan.step_faults if f.kind == "resize"]
         notices = [f.step + 1 for f in self.plan.step_faults if f.kind == "preempt" and f.rank in members]
         steps = [s for s in resizes + notices if s >= self.recorder.committed]
         if not steps:
             return None
         step = min(steps)
-        restart = self.strategy.recovering(self.membership.failures).reaction is strategies.Reaction.RESTART
-        return {"step": step, "checkpoint": restart and step in notices}
+        return {"step": step, "checkpoint": step in notices}  # as _saves
 
     def _arm(self: Any, step: int | None, send: bool) -> Boundary:
         """The boundary under way, or a new one at ``step`` (None: a live one; ``send``: tell the members)."""
@@ -108,15 +106,16 @@ class Commands:
                 step = max((w.steps_done for w in self.member_workers if w is not None), default=0) + MARGIN_STEPS
             self.boundary = Boundary(step)
             if send:
-                pause = protocol.message("pause", gen=self.membership.gen, step=step, checkpoint=self._restarts())
+                pause = protocol.message("pause", gen=self.membership.gen, step=step, checkpoint=self._saves())
                 for w in self.member_workers:
                     if w is not None:
                         self.control.send(w, pause)
         return self.boundary
 
-    def _restarts(self: Any) -> bool:
-        return self.strategy.recovering(self.membership.failures).reaction is strategies.Reaction.RESTART \
-            and self.boundary is not None and bool(self.boundary.notices)
+    def _saves(self: Any) -> bool:
+        """A preemption's boundary writes a checkpoint: checkpoint_restart restarts from it, and a run whose every
+        rank is preempted (the whole job) ends there, to be resumed from it."""
+        return self.boundary is not None and bool(self.boundary.notices) and self.peer is None
 
     def _notice(self: Any, w: Any, grace: float, step: int, source: str, planned: bool = False) -> None:
         """``w`` has ``grace`` seconds to leave: at the planned boundary, or at a live one."""
@@ -127,7 +126,7 @@ class Commands:
         b = self._arm(step + 1 if planned else None, send=False)
         b.notices[w.label] = (now + grace, grace, step)
         if not planned:  # the members are told now (a preemption under checkpoint_restart: with a checkpoint)
-            pause = protocol.message("pause", gen=self.membership.gen, step=b.step, checkpoint=self._restarts())
+            pause = protocol.message("pause", gen=self.membership.gen, step=b.step, checkpoint=self._saves())
             for member in self.member_workers:
                 if member is not None:
                     self.control.send(member, pause)
@@ -180,3 +179,6 @@ class Commands:
             if (w := self.worker(label)) is not None:
                 self.control.send(w, protocol.message("stop", reason=f"left the run at step {b.step}"))
         self._apply(self.membership.at_boundary(causes, b.step))
+        if self._outcome and self._outcome[0] == "stopped" and self.out_dir is None:  # its checkpoint goes with it
+            self._outcome = ("stopped", self._outcome[1].split("; resume from")[0] + " (its checkpoint was in a "
+                             "temporary directory: give the run an out directory to keep one)")

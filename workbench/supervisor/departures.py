@@ -41,6 +41,10 @@ class Departures:
         newcomers = [self.procs[id].label for id in self.growing if self.procs[id].alive and self.procs[id].ready]
         self.growing = []
         out: list[Any] = []
+        if preempted and not stay and not newcomers:  # the whole job is preempted: it ends at its checkpoint
+            where = f"; resume from {self.resume}" if self.resume else ""
+            return [self._leaving_record(label, leaving[label], announced, 0) for label in preempted] + \
+                self._end("stopped", f"every rank was preempted: stopped at step {step}{where}")
         recovering = self.plan.recovering(self.failures) if preempted else None
         reaction = recovering.reaction if recovering is not None else Reaction.REGROUP
         if reaction is Reaction.RESTART:  # the world restarts from the boundary's checkpoint: nothing redone
