@@ -122,8 +122,14 @@ def test_membership_lets_a_preempted_rank_leave_at_the_boundary():
     assert [d.members for d in out if isinstance(d, Generation)] == [(0, 1, 3)]
 
 
+@pytest.fixture(scope="module")
+def resized_at_13(tmp_path_factory):
+    """A run resized from 4 to 3 ranks at step 13: what survivors that went on from there exactly end with."""
+    return completed(tmp_path_factory.mktemp("resized"), "at13", world_size=4, faults=["resize:world=3,step=13"])
+
+
 @pytest.mark.parametrize("strategy", ["shrink", "rollback", "forward"])
-def test_preempted_rank_leaves_with_nothing_lost_or_redone(tmp_path, strategy):
+def test_preempted_rank_leaves_with_nothing_lost_or_redone(tmp_path, strategy, resized_at_13):
     result = completed(tmp_path, strategy, world_size=4, strategy=strategy,
                        faults=["preempt:rank=2,step=12,grace=2"])
     [failure] = result.failures
@@ -131,9 +137,7 @@ def test_preempted_rank_leaves_with_nothing_lost_or_redone(tmp_path, strategy):
         (2, 0, 0, 3)
     assert "left at step 13" in failure["cause"]
     # the survivors went on from step 13 exactly: as a run resized to 3 there (positions, not labels, shard)
-    resized = completed(tmp_path, f"{strategy}-resized", world_size=4, strategy=strategy,
-                        faults=["resize:world=3,step=13"])
-    assert max_diff(final_weights(result), final_weights(resized)) <= 1e-6
+    assert max_diff(final_weights(result), final_weights(resized_at_13)) <= 1e-6
 
 
 def test_preemption_under_checkpoint_restart_writes_a_checkpoint_and_redoes_nothing(tmp_path):
