@@ -42,6 +42,27 @@ def test_panel_runs_kills_and_shows_it():
     lab.close()
 
 
+def test_panel_preempts_a_rank_and_resizes_the_world():
+    lab = Lab(world_size=2, steps=100_000, strategy="shrink", preempt_grace=10)
+    try:
+        lab.start_button.click()
+        wait_for(lambda: len(trace(lab, "training loss").x) > 5)
+        lab.resize_world.value = 3
+        lab.resize_button.click()
+        wait_for(lambda: len(lab.rank_buttons.children) == 3 and "ranks [0, 1, 2]" in lab.status.value)
+        assert [b.description for b in lab.rank_buttons.children[2].children] == \
+            ["Kill 2", "Hang 2", "Stall 2", "Preempt 2"]
+        lab.rank_buttons.children[1].children[3].click()  # "Preempt 1"
+        wait_for(lambda: all(b.disabled for b in lab.rank_buttons.children[1].children))
+        assert len(trace(lab, "preempt").x) == 1 and "ranks [0, 2]" in lab.status.value
+        assert len(trace(lab, "resize").x) >= 1
+    finally:
+        lab.stop_button.click()
+    wait_for(lambda: lab.run.result is not None and "stopped" in lab.status.value)
+    assert lab.resize_button.disabled
+    lab.close()
+
+
 def test_bad_configuration_shows_in_the_status_line():
     lab = Lab()
     lab.steps.value = 5

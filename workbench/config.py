@@ -19,11 +19,12 @@ from typing import Any
 
 from workbench import strategies
 from workbench.callables import IMPORT_PATH, resolve_callable
+from workbench.cluster.hosts_file import check_hosts
 from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
 from workbench.faults.slow import check_straggler_settings
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
-from workbench.resizing import check_world
+from workbench.resizing import check_notice, check_world
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
@@ -87,6 +88,8 @@ class RunConfig:
     straggler_response: str = "flag"  # workbench.faults.slow: off, flag, drop
     straggler_factor: float = 1.5
     straggler_window: int = 10
+    preempt_grace: float = 30.0
+    notice_signals: list[str] = field(default_factory=lambda: ["SIGUSR1"])
     startup_timeout: float = 120.0
     spawn: str = "template"
     op_timeout: float = 60.0
@@ -158,8 +161,10 @@ class RunConfig:
         if self.progress_timeout is not None:
             _positive("progress_timeout", self.progress_timeout)
         check_straggler_settings(self)
+        check_notice(self)
         _int_in("buckets", 1 if self.buckets is None else self.buckets, 1, 100_000)
-        self._check_hosts()
+        _int_in("store_port", self.store_port, 0, 65535)
+        check_hosts(self)  # hosts and bind
         self._check_peer()
         self.faults = [self._resolve_stage(f) for f in self.faults]
         for fault in self.faults:
@@ -243,26 +248,6 @@ class RunConfig:
         if self.parallelism != "data":
             raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
         peer.require(self.strategy)
-
-    def _check_hosts(self) -> None:
-        from workbench.cluster.hosts_file import Host, check_address
-
-        _int_in("store_port", self.store_port, 0, 65535)
-        if self.hosts is None:
-            self.bind = check_address("bind", self.bind or "127.0.0.1")
-            return
-        if not isinstance(self.hosts, (list, tuple)) or not self.hosts:
-            raise ConfigError("hosts", f"{self.hosts!r} must be a non-empty list of hosts (first: this machine)")
-        hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(self.hosts)]
-        slots = sum(h.slots for h in hosts)
-        if slots != self.world_size:
-            raise ConfigError("hosts", f"the hosts hold {slots} ranks but world_size={self.world_size}: give each "
-                              "rank a slot (one line per host: ADDRESS SLOTS [LAUNCH ...])")
-        self.hosts = [h.to_dict() for h in hosts]
-        self.bind = check_address("bind", self.bind or hosts[0].address)
-        if self.bind != hosts[0].address:
-            raise ConfigError("bind", f"{self.bind} is not the first host's address {hosts[0].address}: the first "
-                              "host is this machine, where the store and control server listen")
 
     def _check_apoptosis(self) -> None:
         if self.apoptosis is None or self.apoptosis is False or self.apoptosis == "off":

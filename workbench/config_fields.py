@@ -33,7 +33,9 @@ def _int_list() -> Callable[[str], list[int]]:
     return lambda text: [int(item) for item in text.split(",")]  # argparse: "invalid <lambda> value: 'x'"
 
 
-_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | slow:rank=R,factor=F,step=S,until=U | "
+_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | stall:rank=R,step=S | "
+           "preempt:rank=R,step=S,grace=G | resize:world=N,step=S | "
+           "slow:rank=R,factor=F,step=S,until=U | "
            f"random:mtbf_steps=M,dist={'|'.join(config.DISTRIBUTIONS)},shape=K,seed=S,max=F[,kind=slow,factor=F,"
            "duration=D] | "
            f"flip:target={'|'.join(config.FLIP_TARGETS)},rank=R,step=S,tensor=NAME,index=I,bit=B")
@@ -114,6 +116,11 @@ SETTINGS: dict[str, Setting] = {
                                 "straggler (> 1)"),
     "straggler_window": Setting("steps over which the straggler detector takes each rank's median step time "
                                 "(3..10000)"),
+    "preempt_grace": Setting("seconds of notice an outside signal (notice_signals) gives a rank to leave at a step "
+                             "boundary", docs="[Preemption](permanent-faults.md#preemption-with-notice)"),
+    "notice_signals": Setting("signals a rank takes as a preemption notice, comma-separated: {choices} (SIGTERM "
+                              "otherwise kills at once)", ("SIGUSR1", "SIGUSR2", "SIGTERM"),
+                              docs="[Preemption](permanent-faults.md#preemption-with-notice)"),
     "startup_timeout": Setting("seconds a rank may take to start and report ready before it counts as dead",
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "

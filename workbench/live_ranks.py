@@ -24,9 +24,9 @@ def live_rank(rank: Any, action: str, status: dict[str, Any], events: list[dict[
     rank = int(rank)
     if done:
         raise ConfigError("rank", f"cannot {action} rank {rank}: the run has ended ({status.get('state')})")
-    if not 0 <= rank < world_size:
-        raise ConfigError("rank", f"no rank {rank} in this run: its ranks are 0..{world_size - 1}")
     members = list(status["members"]) if "members" in status else list(range(world_size))
+    if not 0 <= rank < world_size and rank not in members:  # a resize may have added ranks
+        raise ConfigError("rank", f"no rank {rank} in this run: its ranks are 0..{world_size - 1}")
     since_generation: set[int] = set()  # killed or failed since the latest generation
     last_fault: dict[int, str] = {}
     for event in list(events):

@@ -13,11 +13,14 @@ from workbench import clock as clocks
 if TYPE_CHECKING:
     from workbench.results import RunResult
 
+_PALETTE = ("royalblue", "crimson", "seagreen", "darkorange", "purple", "teal")
 FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "stall": ("hourglass", "goldenrod"),
                  "failure": ("x-thin", "crimson"),
                  "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
                  "restart": ("circle-open", "purple"), "regrow": ("star", "teal"),
-                 "slow": ("triangle-down", "sienna"), "straggler": ("star-diamond", "sienna")}
+                 "preempt": ("hexagram", "sienna"), "preempt_fallback": ("x-open", "sienna"),
+                 "resize": ("triangle-right", "slategray"),
+                 "slow": ("triangle-down", "peru"), "straggler": ("star-diamond", "orangered")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
@@ -43,7 +46,38 @@ def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
     fig.update_layout(title=title or f"{result.config['strategy']} — {result.summary['outcome']}",
                       xaxis_title="step", hovermode="x unified", template="plotly_white")
     fig.update_yaxes(title_text="loss", secondary_y=False)
-    fig.update_yaxes(title_text="accuracy / world size", range=[0, 1.08], secondary_y=True)
+    top = max(1.08, float((frame.world_size / result.summary["world_size_initial"]).max()) + 0.05)  # a grown world
+    fig.update_yaxes(title_text="accuracy / world size", range=[0, top], secondary_y=True)
+    return fig
+
+
+def membership_timeline(results: dict[str, RunResult], title: str = "world size and accuracy by step") -> go.Figure:
+    """Runs side by side: world size (a step line, top) and test accuracy (bottom) vs step; preemption notices,
+    resizes and failures marked on each run's world-size line, their detail in the hover text."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("world size", "test accuracy"))
+    for i, (name, result) in enumerate(results.items()):
+        colour = _PALETTE[i % len(_PALETTE)]
+        frame = result.to_dataframe()
+        evals = frame[frame.test_acc.notna()]
+        fig.add_trace(go.Scatter(x=frame.step, y=frame.world_size, name=name, mode="lines", legendgroup=name,
+                                 line={"shape": "hv", "color": colour}), 1, 1)
+        fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=name, mode="lines+markers", legendgroup=name,
+                                 showlegend=False, line={"color": colour}), 2, 1)
+        sizes = dict(zip(frame.step, frame.world_size))
+        for kind in ("preempt", "resize", "failure"):
+            marks = [e for e in result.events if e["kind"] == kind and e["step"] >= 0 and e["step"] in sizes]
+            if marks:
+                symbol, _ = FAULT_MARKERS[kind]
+                fig.add_trace(go.Scatter(
+                    x=[e["step"] for e in marks], y=[sizes[e["step"]] for e in marks], mode="markers",
+                    name=f"{name}: {kind}", legendgroup=name, marker={"symbol": symbol, "size": 11, "color": colour},
+                    hovertext=[f"rank {e['rank']}: {e['detail']}" if e["rank"] >= 0 else e["detail"] for e in marks]),
+                    1, 1)
+    fig.update_layout(title=title, template="plotly_white", hovermode="closest", height=560)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_yaxes(title_text="ranks", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=2, col=1)
     return fig
 
 
@@ -353,34 +387,4 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10, clock: str | None
     fig.update_yaxes(title_text=clocks.label("ms", clock), rangemode="tozero", row=3, col=1)
     fig.update_xaxes(title_text="step", row=3, col=1)
     fig.update_layout(template="plotly_white", height=750, title="adaptive neuron apoptosis")
-    return fig
-
-
-def rank_strip(result: RunResult, title: str | None = None) -> go.Figure:
-    """Per-rank step times as a strip (heatmap rank x step): each rank's own CPU for the step (what it computes
-    while the others wait for it; the rank-time clock's stamps) over the step's median across ranks, so a straggler
-    is a bright row; its slow-downs and the detector's flags are marked where they happened."""
-    import pandas as pd
-
-    table = pd.DataFrame(result.rank_steps or {"step": [], "rank": [], "cpu_s": []})
-    fig = go.Figure()
-    if not table.empty:
-        table = table.drop_duplicates(["step", "rank"], keep="last")  # a redone step: its last run
-        table["relative"] = table.cpu_s / table.groupby("step").cpu_s.transform("median")
-        grid = table.pivot(index="rank", columns="step", values="relative")
-        ms = table.pivot(index="rank", columns="step", values="cpu_s") * 1e3
-        fig.add_trace(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"rank {r}" for r in grid.index],
-                                 customdata=ms.values, colorscale="YlOrRd", zmin=0.5, zmax=max(3.0, grid.max().max()),
-                                 colorbar={"title": "x step median"},
-                                 hovertemplate="%{y}, step %{x}: %{customdata:.2f} ms (%{z:.2f}x)<extra></extra>"))
-    for kind in ("slow", "straggler"):
-        marks = [e for e in result.events if e["kind"] == kind and e["rank"] >= 0]
-        symbol, colour = FAULT_MARKERS[kind]
-        fig.add_trace(go.Scatter(x=[e["step"] for e in marks], y=[f"rank {e['rank']}" for e in marks], name=kind,
-                                 mode="markers", marker={"symbol": symbol, "size": 13, "color": colour,
-                                                         "line": {"width": 1, "color": "black"}},
-                                 hovertext=[e["detail"] for e in marks]))
-    fig.update_layout(title=title or "per-rank step time (own CPU per step, x the step's median)",
-                      xaxis_title="step", template="plotly_white", height=180 + 30 * table["rank"].nunique()
-                      if not table.empty else 240, legend={"orientation": "h", "y": -0.35})
     return fig

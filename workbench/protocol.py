@@ -62,6 +62,10 @@ CONTROL_KINDS: dict[str, Kind] = {
     "discarded": Kind(RANK, ("step", "t", "error"), "torchft: a replica's step was not committed"),
     "ulfm": Kind(RANK, ("event", "step", "t"), "ULFM: a failed MPI call (``failure``) or the shrunk communicator "
                  "(``shrunk``)", ("error", "size", "revoke_s", "shrink_s", "agree_s", "bytes")),
+    "notice": Kind(RANK, ("grace", "signal", "t"), "an outside preemption notice reached the rank (``signal``: "
+                   "SIGUSR1, or SIGTERM when ``notice_signals`` names it): it has ``grace`` seconds"),
+    "paused": Kind(RANK, ("step", "gen"), "the rank stopped before ``step`` at a step boundary and waits for the next "
+                   "generation (after the boundary's checkpoint, if one was asked for)"),
     "done": Kind(RANK, ("step", "fingerprint", "group"), "the rank finished all steps", ("detector_s",)),
     "error": Kind(RANK, ("message", "reason"), _FAILED + " (else None)", ("traceback",)),
     "peer_error": Kind(RANK, ("message", "reason"), "as ``error``, but only an event: the peer handles it",
@@ -72,7 +76,10 @@ CONTROL_KINDS: dict[str, Kind] = {
     "generation": Kind(SUPERVISOR, ("gen", "members", "rank", "size", "source", "resume", "recovery", "faults",
                                     "random_steps"),
                        "join generation ``gen``; ``source`` None: the members pick the most advanced one; ``resume``: "
-                       "a checkpoint the source reads; ``faults``: this rank's pending faults"),
+                       "a checkpoint the source reads; ``faults``: this rank's pending faults; ``pause``: the step "
+                       "boundary to stop at (a planned resize or preemption: ``step``, ``checkpoint``)", ("pause",)),
+    "pause": Kind(SUPERVISOR, ("gen", "step", "checkpoint"), "stop before ``step`` (or at once if past it) and say "
+                  "``paused``; ``checkpoint``: write one there first (a preemption under checkpoint_restart)"),
     "faults_add": Kind(SUPERVISOR, ("faults",), "live faults (``run.flip``), due at the rank's next step"),
     "throttle": Kind(SUPERVISOR, ("factor",), "slow down by ``factor`` from the next step (1: no more) for "
                      "``seconds`` (None: until the next ``throttle``): ``run.slow``, a slow fault at a time",

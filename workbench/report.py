@@ -54,6 +54,7 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
     import pandas as pd
 
     from workbench import plots
+    from workbench.rank_strip import rank_strip
 
     done = frame[frame.status == "completed"].copy()
     found: list[tuple[str, Any]] = []
@@ -81,7 +82,7 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
         flagged = done[done.stragglers.fillna(0) > 0]
         if len(flagged):
             found.append((f"Per-rank step times: {flagged.iloc[0].point}",
-                          plots.rank_strip(RunResult.load(flagged.iloc[0].path))))
+                          rank_strip(RunResult.load(flagged.iloc[0].path))))
     trials = [load_trials(Path(p).parent / SENSITIVITY_FILE) for p in done.get("path", [])
               if isinstance(p, str) and (Path(p).parent / SENSITIVITY_FILE).is_file()]
     if trials:

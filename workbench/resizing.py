@@ -1,6 +1,6 @@
-"""Resizing a run while it trains: which world sizes a run may be resized to (per parallel mode), the ranks that
-leave a shrink, and the learning-rate rule a resize applies. The boundary protocol itself: docs/permanent-faults.md
-("Preemption and resizing")."""
+"""Membership changes at a step boundary: which world sizes a run may be resized to (per parallel mode), the ranks
+that leave a shrink, and the outside signals a rank takes as a preemption notice. The
+boundary protocol: docs/permanent-faults.md ("Preemption with notice", "Resizing on request")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from workbench import strategies
 from workbench.errors import ConfigError
 
 MAX_WORLD_SIZE = 64  # as workbench.config's (this module is imported by it)
-LR_RULES = ("keep", "linear")  # keep the learning rate; scale it with the world size (the per-rank batch kept)
+NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
 
 def check_world(config: Any, n: Any, what: str) -> int:
@@ -34,11 +34,25 @@ def check_world(config: Any, n: Any, what: str) -> int:
     return n
 
 
+def check_notice(config: Any) -> None:
+    """``preempt_grace`` (seconds >= 0) and ``notice_signals`` (a list, or comma-separated, of NOTICE_SIGNALS)."""
+    grace = config.preempt_grace
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
+        raise ConfigError("preempt_grace", f"{grace!r} is not allowed: a number of seconds >= 0")
+    if isinstance(config.notice_signals, str):
+        config.notice_signals = [s.strip() for s in config.notice_signals.split(",") if s.strip()]
+    if not isinstance(config.notice_signals, list):
+        raise ConfigError("notice_signals", f"{config.notice_signals!r} is not a list of signal names")
+    for name in config.notice_signals:
+        if name not in NOTICE_SIGNALS:
+            raise ConfigError("notice_signals", f"{name!r} is not allowed: {', '.join(NOTICE_SIGNALS)}")
+    peer = strategies.get(config.strategy).peer if config.strategy in strategies.REGISTRY else None
+    planned = [str(f) for f in config.faults if getattr(f, "kind", None) in ("preempt", "resize")]
+    if peer is not None and planned:
+        raise ConfigError("strategy", f"{config.strategy!r} runs the peer system as its users do; {planned[0]} is "
+                          "ours and does not apply to it")
+
+
 def leaving(members: list[int], n: int) -> list[int]:
     """The members that leave a shrink to ``n`` ranks: the highest labels (the newest ranks) first."""
     return sorted(members)[n:]
-
-
-def resized_lr(rule: str, lr: float, initial_world: int, world: int) -> float:
-    """The learning rate after a resize to ``world`` ranks under ``rule`` (``LR_RULES``)."""
-    return lr if rule == "keep" else lr * world / initial_world

@@ -42,7 +42,7 @@ class RunResult:
     path: Path | None = None
     provenance: dict[str, Any] = field(default_factory=dict)  # workbench.provenance; {} for older files
     # every member's own CPU per step (columns step, generation, rank, cpu_s, slow: the supervisor's straggler
-    # bookkeeping, workbench.plots.rank_strip); {} for older files
+    # bookkeeping, workbench.rank_strip); {} for older files
     rank_steps: dict[str, list[Any]] = field(default_factory=dict)
 
     @property

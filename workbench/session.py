@@ -131,6 +131,34 @@ class Run:
         check_flip_targets(self.config.replace(faults=[]), [fault])
         self._supervisor.command("flip", fault)
 
+    def preempt(self, rank: int, grace: float | None = None) -> None:
+        """Give ``rank`` notice of a preemption: ``grace`` seconds (default ``preempt_grace``) to leave at a step
+        boundary; what the strategy then does: docs/permanent-faults.md. ConfigError as for :meth:`kill`."""
+        from workbench import strategies
+        from workbench.errors import ConfigError
+        from workbench.faults.spec import FaultSpec
+        from workbench.live_ranks import live_rank
+
+        if strategies.get(self.config.strategy).peer is not None:
+            raise ConfigError("strategy", f"{self.config.strategy!r} runs the peer system as its users do: it has no "
+                              "notice path (kill the rank instead)")
+        rank = live_rank(rank, "preempt", self.status, self.events, self.config.world_size, self.done)
+        grace = self.config.preempt_grace if grace is None else grace
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
+            raise ConfigError("grace", f"{grace!r} is not allowed: a number of seconds >= 0")
+        self._supervisor.command("preempt", FaultSpec("preempt", rank, time=0.0, grace=grace))
+
+    def resize(self, world: int) -> None:
+        """Change the world to ``world`` ranks at the next step boundary (data parallel, gossip): newcomers are
+        forked and get the state, or the newest ranks leave. ConfigError for a size the run cannot take."""
+        from workbench.errors import ConfigError
+        from workbench.resizing import check_world
+
+        check_world(self.config, world, f"resize to {world!r}")
+        if self.done:
+            raise ConfigError("resize", "the run has ended")
+        self._supervisor.command("resize", world)
+
     def stop(self, reason: str = "stopped by the user") -> None:
         self._supervisor.command("stop", reason)
 

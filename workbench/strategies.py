@@ -163,6 +163,12 @@ def get(name: str) -> Strategy:
     return strategy
 
 
+def recovered_by(recovery: str | None) -> Strategy | None:
+    """The strategy a generation's ``recovery`` names; None for a start, a regrow, or a change at a step boundary
+    that needs no recovery (``preempt``, ``resize``: every member holds the same step's state)."""
+    return REGISTRY.get(recovery) if recovery else None
+
+
 def for_mode(mode: str) -> tuple[str, ...]:
     """The names of the strategies that apply to parallelism ``mode``."""
     return tuple(s.name for s in REGISTRY.values() if s.applies_to(mode))

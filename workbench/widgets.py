@@ -1,8 +1,8 @@
 """The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
 
-``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang, Stall and Slow buttons per rank, a bit-flip form, a
-status line, a live plotly ``FigureWidget`` (loss, accuracy, world size, fault and recovery markers) and a per-rank
-strip of step times (a straggler is a bright row). The run's
+``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang, Stall, Preempt and Slow buttons per rank, a
+resize box, a slow-factor box, a bit-flip form, a status line, a live plotly ``FigureWidget`` (loss, accuracy, world
+size, fault and recovery markers) and a per-rank strip of step times (a straggler is a bright row). The run's
 monitor thread only appends to the panel's buffers; a refresher thread redraws at most ``REFRESH_HZ`` times a
 second. Stop, a kernel interrupt and a kernel restart all end the run.
 """
@@ -29,7 +29,8 @@ REFRESH_HZ = 5
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
-MARKED = ("kill", "hang", "stall", "slow", "straggler", "flip", "failure", "detected", "recovered", "generation")
+MARKED = ("kill", "hang", "stall", "preempt", "resize", "slow", "straggler", "flip", "failure", "detected", "recovered",
+          "generation")
 STRIP_STEPS = 200  # the per-rank strip shows this many latest steps
 MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
 
@@ -90,6 +91,10 @@ class Lab:
         self.start_button.on_click(lambda _b: self.start())
         self.stop_button.on_click(lambda _b: self.stop())
         self.rank_buttons = w.HBox([])
+        self.resize_world = w.BoundedIntText(value=base.world_size, min=1, max=SHOWN["world_size"][1],
+                                             description="world", layout={"width": "150px"})
+        self.resize_button = w.Button(description="Resize", icon="arrows-h", disabled=True)
+        self.resize_button.on_click(lambda _b: self.resize(self.resize_world.value))
         self.slow_factor = w.BoundedFloatText(value=3.0, min=1.0, max=100.0, step=0.5, description="slow factor",
                                               style=style, layout={"width": "200px"})
         self.flip_rank = w.Dropdown(options=[], description="rank", layout={"width": "150px"})
@@ -118,9 +123,9 @@ class Lab:
                                layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
         flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
                            self.flip_field, self.flip_button])
-        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]),
-                              w.HBox([self.rank_buttons, self.slow_factor]), flip_box, self.status, self.figure,
-                              self.strip])
+        self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]), self.rank_buttons,
+                              w.HBox([self.resize_world, self.resize_button, self.slow_factor]), flip_box, self.status,
+                              self.figure, self.strip])
         self._previous_sigint = None
         self._refresher = threading.Thread(target=self._refresh_loop, name="workbench-lab-refresh", daemon=True)
         self._refresher.start()
@@ -170,6 +175,7 @@ class Lab:
         self.run = start(config, on_event=self._on_event)
         self._watch_interrupts()
         self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = True, False, False
+        self.resize_button.disabled = False
         self._dirty.set()
         return self.run
 
@@ -185,6 +191,19 @@ class Lab:
 
     def stall(self, rank: int) -> None:
         self._live_fault("stall", rank)
+
+    def preempt(self, rank: int) -> None:
+        """Notice with the run's ``preempt_grace``: the rank leaves at a step boundary."""
+        self._live_fault("preempt", rank)
+
+    def resize(self, world: int) -> None:
+        """Grow or shrink the running world at its next step boundary; a size it cannot take is said in the status
+        line."""
+        try:
+            if self.run is not None:
+                self.run.resize(world)
+        except WorkbenchError as exc:
+            self.status.value = f"<b style='color:crimson'>{exc}</b>"
 
     def slow(self, rank: int) -> None:
         """Slow ``rank`` down by the factor in the box (1: full speed again)."""
@@ -237,17 +256,16 @@ class Lab:
         signal.signal(signal.SIGINT, on_interrupt)
 
     def _make_rank_buttons(self, world_size: int) -> None:
+        """A column of fault buttons per rank number below ``world_size`` (a grown world gets more)."""
         buttons = []
+        styles = {"kill": "danger", "hang": "warning", "stall": "info", "preempt": "", "slow": ""}
         for rank in range(world_size):
-            kill = w.Button(description=f"Kill {rank}", button_style="danger", layout={"width": "80px"})
-            hang = w.Button(description=f"Hang {rank}", button_style="warning", layout={"width": "80px"})
-            stall = w.Button(description=f"Stall {rank}", button_style="info", layout={"width": "80px"})
-            slow = w.Button(description=f"Slow {rank}", layout={"width": "80px"})
-            kill.on_click(lambda _b, r=rank: self.kill(r))
-            hang.on_click(lambda _b, r=rank: self.hang(r))
-            stall.on_click(lambda _b, r=rank: self.stall(r))
-            slow.on_click(lambda _b, r=rank: self.slow(r))
-            buttons.append(w.VBox([kill, hang, stall, slow]))
+            column = []
+            for kind, style in styles.items():
+                button = w.Button(description=f"{kind.title()} {rank}", button_style=style, layout={"width": "90px"})
+                button.on_click(lambda _b, r=rank, k=kind: getattr(self, k)(r))
+                column.append(button)
+            buttons.append(w.VBox(column))
         self.rank_buttons.children = buttons
 
     def _make_figure(self) -> go.FigureWidget:
@@ -294,8 +312,9 @@ class Lab:
             rows, events, rank_steps = list(self._rows), list(self._events), list(self._rank_steps)
         run = self.run
         status = run.status if run is not None else {}
-        dead = {e["rank"] for e in events if e["kind"] == "failure"}
         members = set(status.get("members", []))
+        if members and max(members) >= len(self.rank_buttons.children):
+            self._make_rank_buttons(max(members) + 1)  # a resize added ranks
         with self.figure.batch_update():
             loss, acc, world = self.figure.data[0], self.figure.data[1], self.figure.data[2]
             loss.x, loss.y = [r["step"] for r in rows], [r["loss"] for r in rows]
@@ -310,7 +329,7 @@ class Lab:
                                    for e in marks]
         self._redraw_strip(rank_steps)
         for rank, box in enumerate(self.rank_buttons.children):
-            gone = rank not in members and rank in dead
+            gone = bool(members) and rank not in members  # failed, or left (a resize, a preemption)
             for button in box.children:
                 button.disabled = gone or run is None or run.done
         if run is not None and run.done and run.result is not None:
@@ -321,6 +340,7 @@ class Lab:
                                  f"clock, {summary.get('rank_train_s') or float('nan'):.2f} s on the rank-time "
                                  f"clock (the figure's axis is the step)")
             self.start_button.disabled, self.stop_button.disabled, self.flip_button.disabled = False, True, True
+            self.resize_button.disabled = True
         elif run is not None:
             self.status.value = (f"<b>{status.get('state')}</b> — generation {status.get('generation')}, world size "
                                  f"{status.get('world_size')}, step {status.get('step')}, ranks "

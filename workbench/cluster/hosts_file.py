@@ -93,3 +93,23 @@ def placement(hosts: list[Host]) -> dict[int, Host]:
         for _ in range(host.slots):
             where[len(where)] = host
     return where
+
+
+def check_hosts(config: Any) -> None:
+    """A run's ``hosts`` (each a :class:`Host`, one slot per rank, the first this machine) and ``bind`` (this
+    machine's address, the first host's), checked and completed in place."""
+    if config.hosts is None:
+        config.bind = check_address("bind", config.bind or "127.0.0.1")
+        return
+    if not isinstance(config.hosts, (list, tuple)) or not config.hosts:
+        raise ConfigError("hosts", f"{config.hosts!r} must be a non-empty list of hosts (first: this machine)")
+    hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts)]
+    slots = sum(h.slots for h in hosts)
+    if slots != config.world_size:
+        raise ConfigError("hosts", f"the hosts hold {slots} ranks but world_size={config.world_size}: give each "
+                          "rank a slot (one line per host: ADDRESS SLOTS [LAUNCH ...])")
+    config.hosts = [h.to_dict() for h in hosts]
+    config.bind = check_address("bind", config.bind or hosts[0].address)
+    if config.bind != hosts[0].address:
+        raise ConfigError("bind", f"{config.bind} is not the first host's address {hosts[0].address}: the first "
+                          "host is this machine, where the store and control server listen")

@@ -96,7 +96,7 @@ class BaseTrainer:
 
     def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
         faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
-        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang", "stall")}
+        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang", "stall", "preempt")}
         self.random_steps = set(a.get("random_steps", []))
         self.throttle.plan(faults)
         return faults
@@ -108,6 +108,9 @@ class BaseTrainer:
         self.throttle.burn()
         fault = self.step_faults.pop(self.inflight.step, None)
         if fault is None:
+            return
+        if fault.kind == "preempt":  # notice: this step finishes; the supervisor stops everyone after it
+            self.channel.send(protocol.message("fault", kind="preempt", step=self.inflight.step, t=time.time()))
             return
         self._before_fault()
         if self._writer is not None:
@@ -335,6 +338,7 @@ class BaseTrainer:
                     self.join(assignment)
                 while self.step < self.config.steps:
                     self.comm.check()
+                    self._pause_if_due()
                     try:
                         self.train_step()
                     except Detected as detected:
@@ -347,6 +351,23 @@ class BaseTrainer:
             self._writer.join()
         self.channel.send(protocol.message("done", step=self.step, fingerprint=fingerprint(self.model),
                                            group=self.replica_group(), detector_s=self.detector_s))
+
+    def _pause_if_due(self) -> None:
+        """A step boundary the supervisor asked for (a resize, a preemption): write its checkpoint if asked, say
+        ``paused`` and wait for the next generation (the supervisor announces one or stops this rank)."""
+        pause = self.channel.pause
+        if pause is None or pause["gen"] != self.comm.gen or self.step < pause["step"]:
+            return
+        self.channel.pause = None
+        if pause["checkpoint"]:
+            self._checkpoint_now()
+        if self._writer is not None:
+            self._writer.join()  # its ``checkpoint`` message goes out before ``paused``
+        self.channel.send(protocol.message("paused", step=self.step, gen=self.comm.gen))
+        while not self.comm.newer_generation():  # the supervisor's control connection bounds this wait
+            self.channel.wake.wait(0.5)
+            self.channel.wake.clear()
+        raise GenerationChanged()
 
     def replica_group(self) -> int:
         """Members with the same group hold replicas of the same parameters (a pipeline stage's replicas)."""

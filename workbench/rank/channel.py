@@ -81,6 +81,7 @@ class Channel:
         self.ops = 0  # collectives it waited for
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
         self.throttle: tuple[float, float | None] | None = None  # a live slow-down (factor, seconds) not yet taken
+        self.pause: dict[str, Any] | None = None  # the step boundary to stop at (a resize, a preemption)
         self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
@@ -115,10 +116,14 @@ class Channel:
                     print(f"workbench rank: {exc}", file=sys.stderr, flush=True)
                     os._exit(2)
                 if kind == "generation":
+                    self.pause = {"gen": got["gen"], **got["pause"]} if got.get("pause") else None
                     self.latest_generation = got
                     self.wake.set()
                 elif kind == "throttle":
                     self.throttle = (float(got["factor"]), got.get("seconds"))
+                    continue
+                elif kind == "pause":
+                    self.pause = got
                     continue
                 elif kind == "faults_add":
                     self.live_faults.extend(got["faults"])
@@ -133,6 +138,13 @@ class Channel:
                     os.kill(os.getpid(), getattr(signal, got["name"]))
                     continue
                 self.inbox.put(got)
+
+    def notice(self, signum: int, grace: float) -> None:
+        """An outside preemption notice (a signal handler calls this): said from a thread of its own, since the
+        interrupted training thread may hold the send lock."""
+        name = signal.Signals(signum).name
+        threading.Thread(target=self.send, args=(message("notice", grace=grace, signal=name, t=time.time()),),
+                         name="wb-notice", daemon=True).start()
 
     def _beat(self) -> None:
         while True:

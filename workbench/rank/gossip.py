@@ -158,7 +158,7 @@ class GossipTrainer(BaseTrainer):
     def join(self, a: dict[str, Any]) -> None:
         started, started_cpu = time.monotonic(), cpu_time()
         recovery = a.get("recovery")
-        recovering = strategies.get(recovery) if recovery else None  # the strategy that recovers this failure
+        recovering = strategies.recovered_by(recovery)  # the strategy that recovers this failure
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
         source = a["source"]

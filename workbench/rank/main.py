@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
         store_host, _, store_port = start["store"].rpartition(":")
         store = dist.TCPStore(store_host, int(store_port), is_master=False,
                               timeout=timedelta(seconds=config.startup_timeout))
+        for name in config.notice_signals:  # a preemption notice, not a death (Slurm's --signal, a drain)
+            signal.signal(getattr(signal, name), lambda signum, frame: channel.notice(signum, config.preempt_grace))
         trainer = trainer_class(config)(config, channel, store, Path(start["checkpoint_dir"]))
         trainer.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
         trainer.run()

@@ -253,7 +253,7 @@ class PipelineTrainer(BaseTrainer):
             restored = ckpt.load(a["resume"], check=self.config.resume_verify)
             self.load_stage_state({"model": restored.model, "optim": restored.optimizer})
             self.step = restored.step
-        elif recovery and strategies.get(recovery).memory_snapshot:
+        elif (recovering := strategies.recovered_by(recovery)) is not None and recovering.memory_snapshot:
             self._share_snapshot(a["source"])
             self.load_stage_state(self.memory_snapshot)
             self.step = int(self.memory_snapshot["step"])

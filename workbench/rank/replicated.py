@@ -134,7 +134,7 @@ class Trainer(BaseTrainer):
         started, started_cpu = time.monotonic(), cpu_time()
         self._checkpoint_copied()  # a recovery may rewrite the state in place: a checkpoint's copy first
         recovery = a.get("recovery")
-        recovering = strategies.get(recovery) if recovery else None  # the strategy that recovers this failure
+        recovering = strategies.recovered_by(recovery)  # the strategy that recovers this failure
         self.injector.set(self._set_faults(a))
         self.comm.join(a)
         self.dp.settle()  # a step cut short after bucket 0 was applied mid-backward: take its running statistics

@@ -23,21 +23,25 @@ from workbench import clock, protocol, provenance, strategies
 from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
+from workbench.faults.spec import DEFAULT_GRACE_S
 from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult
-from workbench.supervisor.commands import Commands
+from workbench.supervisor.boundary import Commands
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
 from workbench.supervisor.membership import Assign, Decision, End, Generation, Lost, Membership, Note, Retire, Start
 from workbench.supervisor.recorder import EventCallback, Recorder
+from workbench.supervisor.slow_ranks import SlowRanks
 from workbench.supervisor.stragglers import Stragglers
 from workbench.supervisor.watchdog import Watchdog
 
 
-class Supervisor(Commands):
-    """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`."""
+class Supervisor(Commands, SlowRanks):
+    """Runs one training run to its end; ``run()`` is called on the monitor thread of a :class:`Run`; live
+    commands and step boundaries: :class:`~workbench.supervisor.boundary.Commands`; slow ranks:
+    :class:`~workbench.supervisor.slow_ranks.SlowRanks`."""
 
     def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
         self.config = config
@@ -67,12 +71,6 @@ class Supervisor(Commands):
         self._outcome: tuple[str, str] | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None
         self.log_dir = (out_dir / "logs") if out_dir else None
-
-    def command(self, name: str, arg: Any = None) -> None:
-        """Queue a command (stop, kill, hang, flip) from any thread."""
-        self.commands.put((name, arg))
-        if self.control is not None:
-            self.control.wake()
 
     # -- views ----------------------------------------------------------------------------------------------------
     def worker(self, label: int) -> Worker | None:
@@ -148,13 +146,14 @@ class Supervisor(Commands):
             if self._outcome:
                 return self._outcome
             self._watch()
+            self._boundaries(time.monotonic())
             if self._outcome:
                 return self._outcome
             if self.agent is not None and self.agent.poll() is not None and not self._all_done():
                 return self.peer.agent_ended(self.agent.returncode, self.membership.started, self._log_hint)
             for fault in self.plan.due(None if self.recorder.train_start is None
                                        else time.time() - self.recorder.train_start):
-                self._inject_planned(fault)
+                self._inject(fault.kind, fault.rank, source=f"planned ({fault})", fault=fault)
             if self._all_done():
                 return "completed", (f"all {self.config.steps} steps done with world size "
                                      f"{len(self.membership.members)}")
@@ -179,7 +178,8 @@ class Supervisor(Commands):
             if self._outcome:
                 return
         m = self.membership
-        if m.started and not m.restarting and m.members == m.generation_members:  # a settled generation
+        pausing = self.boundary is not None and self.boundary.paused
+        if m.started and not m.restarting and m.members == m.generation_members and not pausing:  # settled
             self._stalled(now)
 
     def _stalled(self, now: float) -> None:
@@ -248,10 +248,15 @@ class Supervisor(Commands):
 
     def _announce(self, d: Generation) -> None:
         members = list(d.members)
+        pause = self.planned_pause(members) if self.boundary is None or self.boundary.planned else \
+            {"step": self.boundary.step, "checkpoint": self._saves()}  # a live boundary outlives a failure
         for i, (label, id) in enumerate(zip(d.members, d.holders)):
             self.control.send(self.launcher.workers[id], protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
-                resume=d.resume, recovery=d.recovery, **self.plan.for_member(label, members)))
+                resume=d.resume, recovery=d.recovery, pause=pause, **self.plan.for_member(label, members)))
+        resize = [f for f in self.plan.step_faults if f.kind == "resize" and pause and f.step == pause["step"]]
+        if resize and self.boundary is None:
+            self._resize(resize[0].world, planned=resize[0])
         if d.gen == 0:
             self.status.update(state="running")
         self.recorder.generation(d)
@@ -328,10 +333,17 @@ class Supervisor(Commands):
         elif kind == "checkpoint":
             if self.recorder.checkpoint(m):
                 self.membership.checkpoint(m["path"])
+        elif kind == "fault" and m["kind"] == "preempt":
+            grace = next((f.grace for f in self.plan.fired(w.label, m) if f.grace is not None), DEFAULT_GRACE_S)
+            self._notice(w, grace, m["step"], "planned", planned=True)
         elif kind == "fault":
             w.fault = m
             self.plan.fired(w.label, m)
             self.recorder.event(m["kind"], m["step"], "planned fault fired", rank=w.label)
+        elif kind == "notice":
+            self._notice(w, m["grace"], w.steps_done, f"{m['signal']}")
+        elif kind == "paused":
+            self._on_paused(w, m)
         elif kind == "flip":
             self.plan.flipped(w.label, m)
             self.recorder.rank_message(w.label, m)

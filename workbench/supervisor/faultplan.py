@@ -31,10 +31,12 @@ class FaultPlan:
         faults += [f"kill:rank={label},step={step}" for step, r in random_here if r == label]
         return {"faults": faults, "random_steps": [step for step, r in random_here if r == label]}
 
-    def fired(self, label: int | None, m: dict[str, Any]) -> None:
-        """A rank announced a planned kill/hang."""
-        self.step_faults = [f for f in self.step_faults if (f.rank, f.step, f.kind) != (label, m["step"], m["kind"])]
+    def fired(self, label: int | None, m: dict[str, Any]) -> list[Any]:
+        """A rank announced a planned kill/hang/stall/preempt: crossed off; returns the faults that fired."""
+        fired = [f for f in self.step_faults if (f.rank, f.step, f.kind) == (label, m["step"], m["kind"])]
+        self.step_faults = [f for f in self.step_faults if f not in fired]
         self.random = [f for f in self.random if f[0] != m["step"] or not m.get("random")]
+        return fired
 
     def flipped(self, label: int | None, m: dict[str, Any]) -> None:
         self.step_faults = [f for f in self.step_faults if not (

@@ -15,77 +15,12 @@ from dataclasses import dataclass, field
 
 from workbench import strategies
 from workbench.strategies import Reaction, Strategy
+from workbench.supervisor.decisions import Assign, Decision, End, Generation, Lost, Note, Retire, Start
+from workbench.supervisor.departures import Departures
+
+__all__ = ["Assign", "Decision", "End", "Generation", "Lost", "Membership", "Note", "Proc", "Retire", "Start"]
 
 
-@dataclass(frozen=True)
-class Start:
-    """Start a process for ``label`` (None: a warm spare). ``slot``: no process of ours, a slot that waits for
-    one started elsewhere (torchrun's workers)."""
-
-    id: int
-    label: int | None
-    slot: bool = False
-
-
-@dataclass(frozen=True)
-class Assign:
-    """The ready warm spare ``id`` takes the place of rank ``label``."""
-
-    id: int
-    label: int
-
-
-@dataclass(frozen=True)
-class Retire:
-    """These processes leave without being failures (a restarted world's members). ``kill``: stop them (ours);
-    False: their launcher stops them (torchrun's agent)."""
-
-    ids: tuple[int, ...]
-    kill: bool = True
-
-
-@dataclass(frozen=True)
-class Lost:
-    """A member failed: its generation position and size (which share of the batch it held), the world size
-    the strategy leads to, and the id of the process that takes its place (None: nobody yet)."""
-
-    label: int
-    id: int
-    cause: str
-    position: int
-    size: int
-    world_size_after: int
-    replacement: int | None
-
-
-@dataclass(frozen=True)
-class Generation:
-    """Generation ``gen`` of ``members`` (labels, in generation-rank order). ``source``: the generation rank whose
-    state everyone takes (None: the members pick the most advanced one); ``resume``: a checkpoint the source
-    loads first; ``recovery``: the strategy that led here (None: a start or a regrow)."""
-
-    gen: int
-    members: tuple[int, ...]
-    holders: tuple[int, ...]  # the process id holding each member label
-    source: int | None = None
-    resume: str | None = None
-    recovery: str | None = None
-
-
-@dataclass(frozen=True)
-class Note:
-    kind: str
-    detail: str
-    rank: int = -1
-
-
-@dataclass(frozen=True)
-class End:
-    outcome: str
-    reason: str
-
-
-Decision = Start | Assign | Retire | Lost | Generation | Note | End
 
 
 @dataclass
@@ -98,7 +33,7 @@ class Proc:
 
 
 @dataclass
-class Membership:
+class Membership(Departures):
     """The membership of one run. ``stage_of(label)`` (hybrid parallelism): the pipeline stage a label holds;
     ``verify(path)``: why a checkpoint cannot be resumed from (None: it can; a restart takes the newest that can)."""
 
@@ -123,6 +58,7 @@ class Membership:
     _starts: dict[int, int] = field(default_factory=dict)  # label -> consecutive starts that failed
 
     def __post_init__(self) -> None:
+        self.growing = []
         self.plan = strategies.get(self.strategy) if isinstance(self.strategy, str) else self.strategy
         self.strategy = self.plan.name
         if self.resume is not None:

@@ -90,8 +90,9 @@ class Recorder:
         self.rank_time = clock.RankTime(bubble=(config.micro_batches + stages - 1) / config.micro_batches
                                         if stages else 1.0)
 
-    def event(self, kind: str, step: int, detail: str, rank: int = -1) -> None:
-        event = {"time": time.time() - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail}
+    def event(self, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
+        """An event row; ``fields``: figures beside the text (a join's ``gen`` and ``bytes_in``)."""
+        event = {"time": time.time() - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail, **fields}
         self.events.append(event)
         if self.on_event:
             self.on_event("event", event)
@@ -165,7 +166,7 @@ class Recorder:
             self._recovery(m)
         moved = f", {m['bytes_in'] / 2**20:.1f} MiB received" if m.get("bytes_in") else ""
         self.event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s{moved}",
-                   rank=label if label is not None else -1)
+                   rank=label if label is not None else -1, gen=m["gen"], bytes_in=m.get("bytes_in", 0))
 
     def _recovery(self, m: dict[str, Any]) -> None:
         """Rank 0 of a recovery generation says where the state resumed and whether it finished the failed step."""

@@ -1,0 +1,189 @@
+"""Live commands and step boundaries (a mixin of the :class:`~workbench.supervisor.core.Supervisor`).
+
+Commands (kill, hang, stall, flip, stop, preempt, resize) come from any thread through a queue. A preemption
+notice or a resize stops every member before one step (a planned one: the step its generation message names; a
+live one: ``MARGIN_STEPS`` after the furthest step committed, in a ``pause`` message); once all have said
+``paused`` (and a resize's newcomers are ready) the membership changes there. A preempted rank whose grace runs out
+before that is killed, and recovered from as a failure. Details: docs/permanent-faults.md.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench import protocol
+from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
+from workbench.resizing import leaving
+
+MARGIN_STEPS = 3  # a live boundary lies this many steps past the furthest step committed (ranks run in lockstep)
+SETTLE_S = 2.0  # once a member paused, the others get this long; then the change happens with what they hold
+
+
+@dataclass
+class Boundary:
+    """One step boundary under way: the change it makes and who has stopped there."""
+
+    step: int
+    world: int | None = None  # a resize's world size
+    planned: FaultSpec | None = None  # the planned resize it carries out
+    notices: dict[int, tuple[float, float, int]] = field(default_factory=dict)  # label -> (deadline, grace, step)
+    paused: dict[int, int] = field(default_factory=dict)  # spawn id -> the step it stopped before
+    first_paused: float | None = None
+
+
+class Commands:
+    """The Supervisor's live commands and boundaries (``self`` is the Supervisor)."""
+
+    boundary: Boundary | None = None
+
+    def command(self: Any, name: str, arg: Any = None) -> None:
+        """Queue a command (stop, kill, hang, stall, flip, preempt, resize) from any thread."""
+        self.commands.put((name, arg))
+        if self.control is not None:
+            self.control.wake()
+
+    def _run_commands(self: Any) -> None:
+        while True:
+            try:
+                name, arg = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if name == "stop":
+                self._apply(self.membership.stop(str(arg or "stopped by the user")))
+                self._outcome = self._outcome or ("stopped", str(arg or "stopped by the user"))
+            elif name in ("kill", "hang", "stall"):
+                self._inject(name, arg, source="live")
+            elif name == "slow":  # (rank, factor, seconds): workbench.supervisor.slow_ranks
+                self._slow(*arg)
+            elif name == "preempt":
+                self._inject("preempt", arg.rank, source="live", fault=arg)
+            elif name == "resize":
+                self._resize(arg)
+            elif name == "flip":
+                w = self.worker(arg.rank)
+                if w is None or arg.rank not in self.membership.members:
+                    self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
+                else:
+                    self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
+
+    def _inject(self: Any, kind: str, label: int | None, source: str, fault: FaultSpec | None = None) -> None:
+        if kind == "resize":
+            self._resize(fault.world, planned=fault)
+            return
+        if kind == "slow":  # a slow fault at a time: workbench.supervisor.slow_ranks
+            self._slow_planned(fault)
+            return
+        w = self.worker(label)
+        if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
+            self.recorder.event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
+            return
+        if kind == "stall":  # the rank blocks its own training thread at its next step and says so
+            self.control.send(w, protocol.message("faults_add", faults=[f"stall:rank={label},step=-1"]))
+            return
+        if kind == "preempt":
+            grace = fault.grace if fault is not None and fault.grace is not None else DEFAULT_GRACE_S
+            self._notice(w, grace, w.steps_done, source)
+            return
+        w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
+        self.launcher.signal(w, "SIGKILL" if kind == "kill" else "SIGSTOP", self.control.send)
+        self.recorder.event(kind, w.steps_done, f"{source} fault", rank=label)
+
+    # -- boundaries --------------------------------------------------------------------------------------------
+    def planned_pause(self: Any, members: list[int]) -> dict[str, Any] | None:
+        """The next planned boundary of a generation of ``members`` (``pause`` of its message): a planned resize's
+        step, or the step after a member's planned preemption notice (with a checkpoint, as :meth:`_saves`)."""
+        resizes = [f.step for f in self.plan.step_faults if f.kind == "resize"]
+        notices = [f.step + 1 for f in self.plan.step_faults if f.kind == "preempt" and f.rank in members]
+        steps = [s for s in resizes + notices if s >= self.recorder.committed]
+        if not steps:
+            return None
+        step = min(steps)
+        return {"step": step, "checkpoint": step in notices}  # as _saves
+
+    def _arm(self: Any, step: int | None, send: bool) -> Boundary:
+        """The boundary under way, or a new one at ``step`` (None: a live one; ``send``: tell the members)."""
+        if self.boundary is None:
+            live = step is None
+            if live:
+                step = max((w.steps_done for w in self.member_workers if w is not None), default=0) + MARGIN_STEPS
+            self.boundary = Boundary(step)
+            if send:
+                pause = protocol.message("pause", gen=self.membership.gen, step=step, checkpoint=self._saves())
+                for w in self.member_workers:
+                    if w is not None:
+                        self.control.send(w, pause)
+        return self.boundary
+
+    def _saves(self: Any) -> bool:
+        """A preemption's boundary writes a checkpoint: checkpoint_restart restarts from it, and a run whose every
+        rank is preempted (the whole job) ends there, to be resumed from it."""
+        return self.boundary is not None and bool(self.boundary.notices) and self.peer is None
+
+    def _notice(self: Any, w: Any, grace: float, step: int, source: str, planned: bool = False) -> None:
+        """``w`` has ``grace`` seconds to leave: at the planned boundary, or at a live one."""
+        now = time.monotonic()
+        w.fault = {"kind": "preempt", "step": step, "t": time.time()}
+        self.recorder.event("preempt", step, f"{source} notice: {grace:g} s to leave at a step boundary",
+                            rank=w.label)
+        b = self._arm(step + 1 if planned else None, send=False)
+        b.notices[w.label] = (now + grace, grace, step)
+        if not planned:  # the members are told now (a preemption under checkpoint_restart: with a checkpoint)
+            pause = protocol.message("pause", gen=self.membership.gen, step=b.step, checkpoint=self._saves())
+            for member in self.member_workers:
+                if member is not None:
+                    self.control.send(member, pause)
+
+    def _resize(self: Any, world: int, planned: FaultSpec | None = None) -> None:
+        members = self.membership.members
+        if world == len(members) and planned is None:
+            self.recorder.event("resize", -1, f"the world has {world} ranks already")
+            return
+        at = planned.step if planned is not None else None  # a planned one at a step: its generation says so
+        b = self._arm(at, send=at is None)
+        b.world, b.planned = world, planned
+        if world > len(members):
+            self._apply(self.membership.grow(world - len(members)))
+        self.recorder.event("resize", b.step, f"{len(members)} -> {world} ranks at step {b.step}")
+
+    def _on_paused(self: Any, w: Any, m: dict[str, Any]) -> None:
+        b = self.boundary
+        if b is not None and m["gen"] == self.membership.gen:
+            b.paused[w.spawn_id] = m["step"]
+            b.first_paused = b.first_paused or time.monotonic()
+
+    def _boundaries(self: Any, now: float) -> None:
+        """A preempted rank out of grace is killed (a failure); a boundary where all stopped is carried out."""
+        b = self.boundary
+        if b is None:
+            return
+        for label, (deadline, grace, step) in list(b.notices.items()):
+            w = self.worker(label)
+            if now > deadline and w is not None and w.alive:
+                self.boundary = None  # the failure's generation supersedes the boundary
+                self.launcher.kill(w, self.control.send)
+                self.recorder.event("preempt_fallback", step, f"the grace of {grace:g} s ran out before the step "
+                                    f"boundary (step {b.step}): recovered as a failure", rank=label)
+                self._on_death(w, f"was preempted: its {grace:g} s of notice ran out before the step boundary")
+                return
+        members = [w for w in self.member_workers if w is not None]
+        stopped = all(w.spawn_id in b.paused for w in members)
+        late = b.first_paused is not None and now - b.first_paused > SETTLE_S
+        if not (stopped or late) or not self.membership.growth_ready() or self.membership.restarting:
+            return
+        self.boundary = None
+        causes = {label: f"was preempted (notice at step {step}, {grace:g} s of grace): left at step {b.step}"
+                  for label, (_, grace, step) in b.notices.items()}
+        if b.world is not None and b.world < len(self.membership.members):
+            causes.update({label: "" for label in leaving(self.membership.members, b.world)})
+        if b.planned is not None and b.planned in self.plan.step_faults:
+            self.plan.step_faults.remove(b.planned)
+        for label in causes:
+            if (w := self.worker(label)) is not None:
+                self.control.send(w, protocol.message("stop", reason=f"left the run at step {b.step}"))
+        self._apply(self.membership.at_boundary(causes, b.step))
+        if self._outcome and self._outcome[0] == "stopped" and self.out_dir is None:  # its checkpoint goes with it
+            self._outcome = ("stopped", self._outcome[1].split("; resume from")[0] + " (its checkpoint was in a "
+                             "temporary directory: give the run an out directory to keep one)")
