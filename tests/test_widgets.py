@@ -51,7 +51,7 @@ def test_panel_preempts_a_rank_and_resizes_the_world():
         lab.resize_button.click()
         wait_for(lambda: len(lab.rank_buttons.children) == 3 and "ranks [0, 1, 2]" in lab.status.value)
         assert [b.description for b in lab.rank_buttons.children[2].children] == \
-            ["Kill 2", "Hang 2", "Stall 2", "Preempt 2"]
+            ["Kill 2", "Hang 2", "Stall 2", "Preempt 2", "Slow 2"]
         lab.rank_buttons.children[1].children[3].click()  # "Preempt 1"
         wait_for(lambda: all(b.disabled for b in lab.rank_buttons.children[1].children))
         assert len(trace(lab, "preempt").x) == 1 and "ranks [0, 2]" in lab.status.value
