@@ -72,7 +72,8 @@ def test_a_new_generation_starts_a_new_window_and_a_rank_that_caught_up_may_be_f
         == []  # alone in its generation so far: nobody to compare with
     detector = Stragglers(factor=1.5, window=5)
     slow = lambda key, step: 0.03 if key == 1 and (step < 10 or step >= 20) else 0.01  # noqa: E731
-    assert [(s, x.label) for s, x in feed(detector, range(30), slow)] == [(4, 1), (22, 1)]
+    # at step 4 rank 1 reports before ranks 2 and 3 fill their windows: it is judged at its next report
+    assert [(s, x.label) for s, x in feed(detector, range(30), slow)] == [(5, 1), (22, 1)]
     detector.forget(1)
     assert 1 not in detector.times and 1 not in detector.flagged
     stages = Stragglers(factor=1.5, window=5)  # a pipeline's stages differ by design: each among its replicas

@@ -44,12 +44,14 @@ def find(times: dict[int, Sequence[float]], factor: float, window: int) -> list[
     full = {key: statistics.median(list(t)[-window:]) for key, t in times.items() if len(t) >= window}
     if len(full) < 2 or len(full) < len(times):
         return []
-    found = []
-    for key, own in full.items():
-        others = statistics.median(v for k, v in full.items() if k != key)
-        if own >= factor * others and own - others >= MIN_EXCESS_S:
-            found.append((key, own, others))
-    return sorted(found, key=lambda f: f[1] / max(f[2], 1e-12), reverse=True)
+    found = [(key, own, statistics.median(v for k, v in full.items() if k != key)) for key, own in full.items()]
+    return sorted([f for f in found if straggles(f[1], f[2], factor)], key=lambda f: f[1] / max(f[2], 1e-12),
+                  reverse=True)
+
+
+def straggles(own: float, others: float, factor: float) -> bool:
+    """A median step time of ``own`` against the others' median ``others`` makes a straggler."""
+    return own >= factor * others and own - others >= MIN_EXCESS_S
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Stragglers:
     flagged: set[int] = field(default_factory=set)
     slowed: dict[int, float] = field(default_factory=dict)  # spawn -> the factor its latest step ran at
     labels: dict[int, int] = field(default_factory=dict)  # spawn -> its rank number
+    medians: dict[int, float] = field(default_factory=dict)  # spawn -> its median over a full window
     groups: dict[int, int] = field(default_factory=dict)  # spawn -> who it is compared with (its pipeline stage)
     rows: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
 
@@ -85,21 +88,28 @@ class Stragglers:
         if gen != self.gen:  # a new generation: new members, a new split of the batch
             if gen < self.gen:
                 return events, []
-            self.gen, self.times, self.flagged = gen, {}, set()
-        self.times.setdefault(key, deque(maxlen=self.window)).append(spent)
-        if not self.enabled:
+            self.gen, self.times, self.medians, self.flagged = gen, {}, {}, set()
+        times = self.times.setdefault(key, deque(maxlen=self.window))
+        times.append(spent)
+        if len(times) == self.window:
+            self.medians[key] = statistics.median(times)
+        peers = [k for k in self.times if self.groups.get(k) == group and k != key]
+        if not self.enabled or key not in self.medians or not peers or any(k not in self.medians for k in peers):
             return events, []
-        found = find({k: t for k, t in self.times.items() if self.groups.get(k) == group}, self.factor, self.window)
-        caught_up = {k for k in self.flagged if self.groups.get(k) == group} - {k for k, _, _ in found}
-        self.flagged -= caught_up  # they may be flagged again
-        new = [Straggler(k, self.labels[k], step, own, others) for k, own, others in found
-               if k not in self.flagged]
-        self.flagged |= {s.key for s in new}
-        return events, new
+        # the member reporting is judged (each judged at its own reports: the cost stays linear in the world)
+        own, others = self.medians[key], statistics.median(self.medians[k] for k in peers)
+        if not straggles(own, others, self.factor):
+            self.flagged.discard(key)  # caught up: it may be flagged again
+            return events, []
+        if key in self.flagged:
+            return events, []
+        self.flagged.add(key)
+        return events, [Straggler(key, label, step, own, others)]
 
     def forget(self, key: int) -> None:
         """A member left (dropped, failed): its times leave the comparison."""
         self.times.pop(key, None)
+        self.medians.pop(key, None)
         self.flagged.discard(key)
 
     def table(self) -> dict[str, list[Any]]:
