@@ -28,6 +28,7 @@ class FakeChannel:
     latest_generation = None
     local_address = "127.0.0.1"
     waiting, ops = False, 0  # the heartbeat's clues, kept by Comm.wait
+    throttle = pause = None  # a live slow-down, a step boundary: none here
 
     def __init__(self):
         self.wake = threading.Event()

@@ -90,7 +90,7 @@ def _strategy_comparisons(path: Path, root: Path = ROOT) -> list[str]:
         for side in sides:
             values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
             names = {v.value for v in values if isinstance(v, ast.Constant) and v.value in strategies.REGISTRY}
-            text = ast.get_source_segment(source, node) or ""
+            text = (ast.get_source_segment(source, node) or "") if names else ""  # slow: only where it is read
             for name in names:
                 if name not in AMBIGUOUS or any(word in text for word in ABOUT_STRATEGY):
                     found.append(f"{path.relative_to(root)}:{node.lineno}: {text}")
