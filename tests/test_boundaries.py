@@ -60,6 +60,27 @@ def test_gossip_resizes_by_powers_of_two_newcomers_take_a_replica(tmp_path):
     assert sorted(joins(result, 2)) == [0, 1] and result.summary["world_size_final"] == 2
 
 
+def test_hybrid_resizes_by_whole_lanes_and_equals_restarts_at_each_size(tmp_path):
+    hybrid = {"parallelism": "hybrid", "pipeline_stages": 2, "micro_batches": 2}
+    resized = completed(tmp_path, "hybrid", world_size=4, **hybrid,
+                        faults=["resize:world=6,step=10", "resize:world=2,step=20"])
+    grown = joins(resized, 1)
+    assert sorted(grown) == [0, 1, 2, 3, 4, 5] and {r for r, moved in grown.items() if moved} == {4, 5}
+    assert sorted(joins(resized, 2)) == [0, 2]  # the oldest replica of each stage stays
+    first = completed(tmp_path, "h4", world_size=4, steps=10, **hybrid)
+    second = completed(tmp_path, "h6", world_size=6, steps=20, resume=first.summary["final_checkpoint"], **hybrid)
+    third = completed(tmp_path, "h2", world_size=2, steps=30, resume=second.summary["final_checkpoint"],
+                      parallelism="pipeline", micro_batches=2)  # one lane left: a pipeline of 2 stages
+    assert max_diff(final_weights(resized), final_weights(third)) <= 1e-5
+
+
+def test_a_restart_after_a_resize_restarts_the_resized_world(tmp_path):
+    result = completed(tmp_path, "restart", world_size=2, strategy="checkpoint_restart", checkpoint_every=5,
+                       faults=["resize:world=3,step=8", "kill:rank=1,step=15"])
+    [failure] = result.failures
+    assert failure["world_size_after"] == 3 and result.summary["world_size_final"] == 3
+
+
 def test_live_resize_grows_and_shrinks_a_running_run(tmp_path):
     run = workbench.start(world_size=2, steps=400, eval_interval=400, out=tmp_path / "live")
     try:
@@ -85,7 +106,8 @@ def test_live_resize_grows_and_shrinks_a_running_run(tmp_path):
 
 @pytest.mark.parametrize("settings,message", [
     ({"parallelism": "gossip", "faults": ["resize:world=6,step=5"]}, "not a power of two"),
-    ({"parallelism": "pipeline", "world_size": 2, "faults": ["resize:world=3,step=5"]}, "keeps its stages"),
+    ({"parallelism": "pipeline", "world_size": 2, "faults": ["resize:world=3,step=5"]}, "one rank per stage"),
+    ({"parallelism": "hybrid", "world_size": 4, "faults": ["resize:world=5,step=5"]}, "not a multiple of the 2"),
     ({"faults": ["resize:world=65,step=5"]}, "integer 1..64"),
     ({"faults": ["resize:world=3,step=50"]}, "the run has steps 0..29"),
     ({"faults": ["resize:rank=1,world=3,step=5"]}, "is not one of step=S, time=T, world="),

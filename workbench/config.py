@@ -279,8 +279,11 @@ class RunConfig:
         return self.world_size
 
     def stage_of(self, rank: int) -> int:
-        """Pipeline stage held by rank number ``rank`` (stable labels: stage s holds ranks s*R .. s*R+R-1)."""
-        return rank // self.replicas if self.parallelism in ("pipeline", "hybrid") else 0
+        """Pipeline stage held by rank number ``rank`` (stable labels: stage s holds ranks s*R .. s*R+R-1; ranks a
+        resize added, numbered from world_size on, take the stages in turn)."""
+        if self.parallelism not in ("pipeline", "hybrid"):
+            return 0
+        return rank // self.replicas if rank < self.world_size else (rank - self.world_size) % self.pipeline_stages
 
     def _resolve_stage(self, fault: FaultSpec | RandomFailures) -> FaultSpec | RandomFailures:
         if not isinstance(fault, FaultSpec) or fault.stage is None:

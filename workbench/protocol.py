@@ -77,7 +77,8 @@ CONTROL_KINDS: dict[str, Kind] = {
                                     "random_steps"),
                        "join generation ``gen``; ``source`` None: the members pick the most advanced one; ``resume``: "
                        "a checkpoint the source reads; ``faults``: this rank's pending faults; ``pause``: the step "
-                       "boundary to stop at (a planned resize or preemption: ``step``, ``checkpoint``)", ("pause",)),
+                       "boundary to stop at (a planned resize or preemption: ``step``, ``checkpoint``); ``lanes``: "
+                       "a resized hybrid run's lanes per stage", ("pause", "lanes")),
     "pause": Kind(SUPERVISOR, ("gen", "step", "checkpoint"), "stop before ``step`` (or at once if past it) and say "
                   "``paused``; ``checkpoint``: write one there first (a preemption under checkpoint_restart)"),
     "faults_add": Kind(SUPERVISOR, ("faults",), "live faults (``run.flip``), due at the rank's next step"),

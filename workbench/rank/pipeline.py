@@ -37,9 +37,9 @@ from workbench.workloads.models import boundary_shapes, run_stages, stage_module
 class Layout:
     """Who computes what in one generation: stage of each member, and the owner of each (stage, lane)."""
 
-    def __init__(self, config: RunConfig, members: list[int], position: int) -> None:
+    def __init__(self, config: RunConfig, members: list[int], position: int, lanes: int | None = None) -> None:
         self.stages = config.pipeline_stages
-        self.lanes = config.replicas
+        self.lanes = lanes or config.replicas  # a resized hybrid run: its generation says how many
         self.stage_members = [[p for p, label in enumerate(members) if config.stage_of(label) == s]
                               for s in range(self.stages)]
         empty = [s for s, m in enumerate(self.stage_members) if not m]
@@ -239,7 +239,7 @@ class PipelineTrainer(BaseTrainer):
         self._take_stage(self.config.stage_of(a["members"][a["rank"]]))
         self.injector.set(self._stage_faults(self._set_faults(a)))
         self.comm.join(a)
-        self.layout = Layout(self.config, a["members"], self.comm.rank)
+        self.layout = Layout(self.config, a["members"], self.comm.rank, a.get("lanes"))
         members = self.layout.stage_members[self.layout.stage]
         self.stage_comm = self.comm.subgroup(f"stage{self.layout.stage}", self.layout.stage_rank, len(members))
         stage = self.layout.stage

@@ -38,6 +38,7 @@ class Commands:
     """The Supervisor's live commands and boundaries (``self`` is the Supervisor)."""
 
     boundary: Boundary | None = None
+    lanes: int | None = None  # a resized hybrid run's lanes per stage (None: the configuration's replicas)
 
     def command(self: Any, name: str, arg: Any = None) -> None:
         """Queue a command (stop, kill, hang, stall, flip, preempt, resize) from any thread."""
@@ -177,13 +178,15 @@ class Commands:
         causes = {label: f"was preempted (notice at step {step}, {grace:g} s of grace): left at step {b.step}"
                   for label, (_, grace, step) in b.notices.items()}
         if b.world is not None and b.world < len(self.membership.members):
-            causes.update({label: "" for label in leaving(self.membership.members, b.world)})
+            causes.update({label: "" for label in leaving(self.config, self.membership.members, b.world)})
         if b.planned is not None and b.planned in self.plan.step_faults:
             self.plan.step_faults.remove(b.planned)
         for label in causes:
             if (w := self.worker(label)) is not None:
                 self.control.send(w, protocol.message("stop", reason=f"left the run at step {b.step}"))
-        self._apply(self.membership.at_boundary(causes, b.step))
+        if b.world is not None and self.config.parallelism == "hybrid":
+            self.lanes = b.world // self.config.pipeline_stages  # every generation message says so from here on
+        self._apply(self.membership.at_boundary(causes, b.step, world=b.world))
         if self._outcome and self._outcome[0] == "stopped" and self.out_dir is None:  # its checkpoint goes with it
             self._outcome = ("stopped", self._outcome[1].split("; resume from")[0] + " (its checkpoint was in a "
                              "temporary directory: give the run an out directory to keep one)")

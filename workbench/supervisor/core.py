@@ -253,7 +253,8 @@ class Supervisor(Commands, SlowRanks):
         for i, (label, id) in enumerate(zip(d.members, d.holders)):
             self.control.send(self.launcher.workers[id], protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
-                resume=d.resume, recovery=d.recovery, pause=pause, **self.plan.for_member(label, members)))
+                resume=d.resume, recovery=d.recovery, pause=pause, **({"lanes": self.lanes} if self.lanes else {}),
+                **self.plan.for_member(label, members)))
         resize = [f for f in self.plan.step_faults if f.kind == "resize" and pause and f.step == pause["step"]]
         if resize and self.boundary is None:
             self._resize(resize[0].world, planned=resize[0])

@@ -30,10 +30,13 @@ class Departures:
     def growth_ready(self: Any) -> bool:
         return all(self.procs[id].ready for id in self.growing if self.procs[id].alive)
 
-    def at_boundary(self: Any, leaving: dict[int, str], step: int) -> list[Any]:
+    def at_boundary(self: Any, leaving: dict[int, str], step: int, world: int | None = None) -> list[Any]:
         """Every member stopped before ``step``. ``leaving``: label -> cause ("" for a rank a shrink retires,
-        else why it leaves: a preemption). Returns the decisions: retirements, the preempted ranks' records,
-        then the next generation (or a restart of the world from the boundary's checkpoint, or the end)."""
+        else why it leaves: a preemption); ``world``: a resize's size, what a restart of the world starts from then
+        on. Returns the decisions: retirements, the preempted ranks' records, then the next generation (or a
+        restart of the world from the boundary's checkpoint, or the end)."""
+        if world is not None:
+            self.world_size = world
         announced = list(self.members)
         self._leaving_ids = {label: self.holder(label).id for label in leaving if self.holder(label) is not None}
         preempted = [label for label, cause in leaving.items() if cause and label in announced]
