@@ -228,3 +228,45 @@ def test_a_whole_job_preempted_stops_at_its_checkpoint_and_resumes_from_it(tmp_p
     resumed = completed(tmp_path, "resumed", world_size=3, resume=path)
     golden = completed(tmp_path, "golden", world_size=3)
     assert max_diff(final_weights(resumed), final_weights(golden)) <= 1e-6
+
+
+def test_a_hybrid_restart_after_a_shrink_restarts_the_ranks_that_are_left(tmp_path):
+    result = completed(tmp_path, "hybrid-restart", world_size=4, parallelism="hybrid", micro_batches=2,
+                       strategy="checkpoint_restart", checkpoint_every=5,
+                       faults=["resize:world=2,step=8", "kill:rank=2,step=15"])
+    [failure] = result.failures
+    assert failure["steps_redone"] == 0 and result.summary["world_size_final"] == 2  # from the checkpoint of 15
+
+
+def test_a_pipeline_stage_preempted_under_reinit_is_recovered_as_a_failure(tmp_path):
+    result = completed(tmp_path, "pipeline-reinit", world_size=2, parallelism="pipeline", strategy="reinit",
+                       checkpoint_every=5, faults=["preempt:rank=1,step=12,grace=5"])
+    [failure] = result.failures
+    assert "the only copy of its pipeline stage" in failure["cause"] and result.summary["world_size_final"] == 2
+
+
+def test_a_boundary_past_the_last_step_is_skipped_and_kills_nothing(tmp_path):
+    result = completed(tmp_path, "late", world_size=3, strategy="shrink", faults=["preempt:rank=1,step=29,grace=0"])
+    assert result.failures == [] and any(e["kind"] == "boundary_skipped" for e in result.events)
+
+
+def test_a_notice_to_a_warm_spare_is_no_preemption(tmp_path):
+    run = workbench.start(world_size=2, steps=400, eval_interval=400, strategy="shrink", regrow=True,
+                          out=tmp_path / "spare")
+    try:
+        deadline = time.monotonic() + 60
+        spare = None
+        while spare is None or len(run.metrics) < 3:
+            assert time.monotonic() < deadline and not run.done, "the run did not start training"
+            launcher = run._supervisor.launcher
+            workers = list(launcher.workers.values()) if launcher is not None else []
+            spare = next((w for w in workers if w.label is None and w.ready), None)
+            time.sleep(0.05)
+        os.kill(spare.pid or spare.proc.pid, signal.SIGUSR1)
+        while not any(e["kind"] == "fault_skipped" for e in run.events):
+            assert time.monotonic() < deadline and not run.done, run.events[-3:]
+            time.sleep(0.05)
+    finally:
+        run.stop()
+        result = run.wait(60)
+    assert result.failures == [] and result.summary["world_size_final"] == 2

@@ -50,7 +50,8 @@ CONTROL_KINDS: dict[str, Kind] = {
                    ("cpu", "sync_cpu", "bytes_in", "recovery", "resume_step", "retried")),
     "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures); ``slow``: the "
                  "factor a slow rank ran it at", ("cpu", "sent", "msgs", "slow", *_STEP_FIGURES)),
-    "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang/stall is about to fire in this rank", ("random",)),
+    "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang/stall is about to fire in this rank "
+                  "(preempt: its notice; the rank goes on)", ("random",)),
     "flip": Kind(RANK, ("step", "target", "tensor", "index", "bit", "old", "new", "planned", "t"),
                  "a bit flip was injected"),
     "detected": Kind(RANK, ("step", "detector", "detail", "action", "to_step"),
@@ -80,7 +81,8 @@ CONTROL_KINDS: dict[str, Kind] = {
                        "boundary to stop at (a planned resize or preemption: ``step``, ``checkpoint``); ``lanes``: "
                        "a resized hybrid run's lanes per stage", ("pause", "lanes")),
     "pause": Kind(SUPERVISOR, ("gen", "step", "checkpoint"), "stop before ``step`` (or at once if past it) and say "
-                  "``paused``; ``checkpoint``: write one there first (a preemption under checkpoint_restart)"),
+                  "``paused``; ``checkpoint``: write one there first (a preemption's boundary: a "
+                  "restart or the whole job's end resumes from it)"),
     "faults_add": Kind(SUPERVISOR, ("faults",), "live faults (``run.flip``), due at the rank's next step"),
     "throttle": Kind(SUPERVISOR, ("factor",), "slow down by ``factor`` from the next step (1: no more) for "
                      "``seconds`` (None: until the next ``throttle``): ``run.slow``, a slow fault at a time",

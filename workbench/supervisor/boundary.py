@@ -12,9 +12,11 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from workbench import protocol
+from workbench import checkpoint as ckpt
+from workbench import protocol, strategies
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
 from workbench.resizing import leaving
 
@@ -29,7 +31,8 @@ class Boundary:
     step: int
     world: int | None = None  # a resize's world size
     planned: FaultSpec | None = None  # the planned resize it carries out
-    notices: dict[int, tuple[float, float, int]] = field(default_factory=dict)  # label -> (deadline, grace, step)
+    # label -> (monotonic deadline, grace, the step of the notice, the spawn id noticed)
+    notices: dict[int, tuple[float, float, int, int]] = field(default_factory=dict)
     paused: dict[int, int] = field(default_factory=dict)  # spawn id -> the step it stopped before
     first_paused: float | None = None
 
@@ -94,29 +97,39 @@ class Commands:
 
     # -- boundaries --------------------------------------------------------------------------------------------
     def planned_pause(self: Any, members: list[int]) -> dict[str, Any] | None:
-        """The next planned boundary of a generation of ``members`` (``pause`` of its message): a planned resize's
-        step, or the step after a member's planned preemption notice (with a checkpoint, as :meth:`_saves`)."""
+        """The boundary a generation of ``members`` stops at (``pause`` of its message): the one under way, else the
+        next planned one (a resize's step, or the step after a member's planned notice, with a checkpoint as
+        :meth:`_saves` says) that lies inside the run."""
+        b = self.boundary
+        if b is not None:
+            return {"step": b.step, "checkpoint": self._saves()}
         resizes = [f.step for f in self.plan.step_faults if f.kind == "resize"]
         notices = [f.step + 1 for f in self.plan.step_faults if f.kind == "preempt" and f.rank in members]
-        steps = [s for s in resizes + notices if s >= self.recorder.committed]
+        steps = [s for s in resizes + notices if self.recorder.committed <= s < self.config.steps]
         if not steps:
             return None
         step = min(steps)
-        return {"step": step, "checkpoint": step in notices}  # as _saves
+        return {"step": step, "checkpoint": step in notices}
 
-    def _arm(self: Any, step: int | None, send: bool) -> Boundary:
-        """The boundary under way, or a new one at ``step`` (None: a live one; ``send``: tell the members)."""
+    def _arm(self: Any, step: int | None) -> Boundary | None:
+        """The boundary under way, or a new one at ``step`` (None: a live one, ``MARGIN_STEPS`` ahead); None when
+        the run ends before that step (said in an event)."""
         if self.boundary is None:
-            live = step is None
-            if live:
+            if step is None:
                 step = max((w.steps_done for w in self.member_workers if w is not None), default=0) + MARGIN_STEPS
+            if step >= self.config.steps:
+                self.recorder.event("boundary_skipped", -1, f"a step boundary at step {step}: the run ends first")
+                return None
             self.boundary = Boundary(step)
-            if send:
-                pause = protocol.message("pause", gen=self.membership.gen, step=step, checkpoint=self._saves())
-                for w in self.member_workers:
-                    if w is not None:
-                        self.control.send(w, pause)
         return self.boundary
+
+    def _tell_members(self: Any) -> None:
+        """Every member is told the boundary (again: a notice may have added a checkpoint to it)."""
+        b = self.boundary
+        pause = protocol.message("pause", gen=self.membership.gen, step=b.step, checkpoint=self._saves())
+        for w in self.member_workers:
+            if w is not None:
+                self.control.send(w, pause)
 
     def _saves(self: Any) -> bool:
         """A preemption's boundary writes a checkpoint: checkpoint_restart restarts from it, and a run whose every
@@ -125,28 +138,34 @@ class Commands:
 
     def _notice(self: Any, w: Any, grace: float, step: int, source: str, planned: bool = False) -> None:
         """``w`` has ``grace`` seconds to leave: at the planned boundary, or at a live one."""
-        now = time.monotonic()
+        if w.label not in self.membership.members or w.done:  # a spare, a newcomer, a rank that finished
+            self.recorder.event("fault_skipped", step, f"{source} notice to a rank that is no member", rank=-1)
+            return
         w.fault = {"kind": "preempt", "step": step, "t": time.time()}
         self.recorder.event("preempt", step, f"{source} notice: {grace:g} s to leave at a step boundary",
                             rank=w.label)
-        b = self._arm(step + 1 if planned else None, send=False)
-        b.notices[w.label] = (now + grace, grace, step)
-        if not planned:  # the members are told now (a preemption under checkpoint_restart: with a checkpoint)
-            pause = protocol.message("pause", gen=self.membership.gen, step=b.step, checkpoint=self._saves())
-            for member in self.member_workers:
-                if member is not None:
-                    self.control.send(member, pause)
+        b = self._arm(step + 1 if planned else None)
+        if b is None:
+            return  # the run ends before the boundary: nothing to leave
+        b.notices[w.label] = (time.monotonic() + grace, grace, step, w.spawn_id)
+        self._tell_members()
 
     def _resize(self: Any, world: int, planned: FaultSpec | None = None) -> None:
         members = self.membership.members
-        if world == len(members) and planned is None:
+        now = self.boundary.world if self.boundary is not None and self.boundary.world is not None else len(members)
+        if world == now and planned is None:
             self.recorder.event("resize", -1, f"the world has {world} ranks already")
             return
         at = planned.step if planned is not None else None  # a planned one at a step: its generation says so
-        b = self._arm(at, send=at is None)
+        b = self._arm(at)
+        if b is None:
+            return
         b.world, b.planned = world, planned
-        if world > len(members):
-            self._apply(self.membership.grow(world - len(members)))
+        growing = len(self.membership.growing_labels())
+        if world > len(members) + growing:
+            self._apply(self.membership.grow(world - len(members) - growing))
+        if at is None:
+            self._tell_members()
         self.recorder.event("resize", b.step, f"{len(members)} -> {world} ranks at step {b.step}")
 
     def _on_paused(self: Any, w: Any, m: dict[str, Any]) -> None:
@@ -158,27 +177,48 @@ class Commands:
     def _boundaries(self: Any, now: float) -> None:
         """A preempted rank out of grace is killed (a failure); a boundary where all stopped is carried out."""
         b = self.boundary
-        if b is None:
+        if b is None or self.membership.restarting:
             return
-        for label, (deadline, grace, step) in list(b.notices.items()):
+        for label, (deadline, grace, step, spawn) in list(b.notices.items()):
             w = self.worker(label)
-            if now > deadline and w is not None and w.alive:
-                self.boundary = None  # the failure's generation supersedes the boundary
+            if w is None or w.spawn_id != spawn or not w.alive or w.done:
+                del b.notices[label]  # it died, or finished, meanwhile: nothing to leave
+                continue
+            if now > deadline:
+                del b.notices[label]
+                b.paused.clear()  # the failure's generation comes first; the boundary, if it has more, stays
+                b.first_paused = None
+                if not b.notices and b.world is None:
+                    self.boundary = None
                 self.launcher.kill(w, self.control.send)
                 self.recorder.event("preempt_fallback", step, f"the grace of {grace:g} s ran out before the step "
                                     f"boundary (step {b.step}): recovered as a failure", rank=label)
                 self._on_death(w, f"was preempted: its {grace:g} s of notice ran out before the step boundary")
                 return
+        if self._carry_out(b, now):
+            self._after_boundary()
+
+    def _carry_out(self: Any, b: Boundary, now: float) -> bool:
+        """The membership change once every member stopped (or the others had ``SETTLE_S``, the boundary's
+        checkpoint written) and a resize's newcomers are ready."""
         members = [w for w in self.member_workers if w is not None]
         stopped = all(w.spawn_id in b.paused for w in members)
-        late = b.first_paused is not None and now - b.first_paused > SETTLE_S
-        if not (stopped or late) or not self.membership.growth_ready() or self.membership.restarting:
-            return
+        written = not self._saves() or Path(self.membership.resume or "").name == ckpt.checkpoint_name(b.step)
+        late = b.first_paused is not None and now - b.first_paused > SETTLE_S and written
+        if not (stopped or late) or not self.membership.growth_ready():
+            return False
         self.boundary = None
+        unstaged = self._unstaged(b)
+        if unstaged is not None:  # a stage's only copy: it cannot leave cleanly, it fails as it is taken
+            w = self.worker(unstaged)
+            self.launcher.kill(w, self.control.send)
+            self._on_death(w, "was preempted, the only copy of its pipeline stage: recovered as a failure")
+            return False
         causes = {label: f"was preempted (notice at step {step}, {grace:g} s of grace): left at step {b.step}"
-                  for label, (_, grace, step) in b.notices.items()}
-        if b.world is not None and b.world < len(self.membership.members):
-            causes.update({label: "" for label in leaving(self.config, self.membership.members, b.world)})
+                  for label, (_, grace, step, _) in b.notices.items()}
+        if b.world is not None:
+            staying = [m for m in self.membership.members if m not in causes] + self.membership.growing_labels()
+            causes.update({label: "" for label in leaving(self.config, staying, b.world)})
         if b.planned is not None and b.planned in self.plan.step_faults:
             self.plan.step_faults.remove(b.planned)
         for label in causes:
@@ -187,6 +227,21 @@ class Commands:
         if b.world is not None and self.config.parallelism == "hybrid":
             self.lanes = b.world // self.config.pipeline_stages  # every generation message says so from here on
         self._apply(self.membership.at_boundary(causes, b.step, world=b.world))
+        return True
+
+    def _unstaged(self: Any, b: Boundary) -> int | None:
+        """A preempted rank that holds the only copy of its pipeline stage, where the strategy does not restart the
+        world from the boundary's checkpoint (reinit: its replacement would find no copy to take)."""
+        if self.config.parallelism not in ("pipeline", "hybrid") or self.strategy.recovering(
+                self.membership.failures).reaction is strategies.Reaction.RESTART:
+            return None
+        stay = [m for m in self.membership.members if m not in b.notices]
+        for label in b.notices:
+            if not any(self.config.stage_of(m) == self.config.stage_of(label) for m in stay):
+                return label
+        return None
+
+    def _after_boundary(self: Any) -> None:
         if self._outcome and self._outcome[0] == "stopped" and self.out_dir is None:  # its checkpoint goes with it
             self._outcome = ("stopped", self._outcome[1].split("; resume from")[0] + " (its checkpoint was in a "
                              "temporary directory: give the run an out directory to keep one)")

@@ -248,8 +248,7 @@ class Supervisor(Commands, SlowRanks):
 
     def _announce(self, d: Generation) -> None:
         members = list(d.members)
-        pause = self.planned_pause(members) if self.boundary is None or self.boundary.planned else \
-            {"step": self.boundary.step, "checkpoint": self._saves()}  # a live boundary outlives a failure
+        pause = self.planned_pause(members)  # the boundary under way outlives a failure
         for i, (label, id) in enumerate(zip(d.members, d.holders)):
             self.control.send(self.launcher.workers[id], protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,

@@ -18,6 +18,7 @@ class Departures:
     helpers ``_new``, ``_generation``, ``_restart_world``, ``_fresh``, ``_end``."""
 
     growing: list[int]  # ids of the newcomers of a resize, admitted at its boundary
+    labels: list[int]  # the rank numbers of the world after a resize (empty: 0..world_size-1)
 
     def grow(self: Any, n: int) -> list[Any]:
         """Start ``n`` new ranks (labels after every label used so far), admitted at the boundary."""
@@ -27,6 +28,10 @@ class Departures:
         return [*starts, Note("resize", f"starting ranks {list(range(first, first + n))}: they join at the next "
                               "step boundary")]
 
+    def growing_labels(self: Any) -> list[int]:
+        """The labels of a resize's newcomers that are alive."""
+        return [self.procs[id].label for id in self.growing if self.procs[id].alive]
+
     def growth_ready(self: Any) -> bool:
         return all(self.procs[id].ready for id in self.growing if self.procs[id].alive)
 
@@ -35,14 +40,15 @@ class Departures:
         else why it leaves: a preemption); ``world``: a resize's size, what a restart of the world starts from then
         on. Returns the decisions: retirements, the preempted ranks' records, then the next generation (or a
         restart of the world from the boundary's checkpoint, or the end)."""
-        if world is not None:
-            self.world_size = world
         announced = list(self.members)
         self._leaving_ids = {label: self.holder(label).id for label in leaving if self.holder(label) is not None}
         preempted = [label for label, cause in leaving.items() if cause and label in announced]
         stay = [m for m in announced if m not in leaving]
-        newcomers = [self.procs[id].label for id in self.growing if self.procs[id].alive and self.procs[id].ready]
+        newcomers = [label for label in self.growing_labels() if label not in leaving]
         self.growing = []
+        if world is not None:  # the world a restart brings back from now on: the preempted ranks' numbers in it
+            self.labels = sorted([m for m in announced if leaving.get(m) != ""] + newcomers)
+            self.world_size = len(self.labels)
         out: list[Any] = []
         if preempted and not stay and not newcomers:  # the whole job is preempted: it ends at its checkpoint
             where = f"; resume from {self.resume}" if self.resume else ""
@@ -51,6 +57,10 @@ class Departures:
         recovering = self.plan.recovering(self.failures) if preempted else None
         reaction = recovering.reaction if recovering is not None else Reaction.REGROUP
         if reaction is Reaction.RESTART:  # the world restarts from the boundary's checkpoint: nothing redone
+            idle = tuple(id for id in self.growing_ids_alive(newcomers))
+            for id in idle:
+                self.procs[id].alive = False
+            out += [Retire(idle)] if idle else []
             out += [self._leaving_record(label, leaving[label], announced, self.world_size) for label in preempted]
             self.failures += len(preempted)
             self.recovery = recovering  # the restarted world says so when it joins
@@ -100,3 +110,11 @@ class Departures:
             if not any(self.stage_of(s) == self.stage_of(label) for s in stay):
                 return label, self.stage_of(label)
         return None
+
+    def world_labels(self: Any) -> list[int]:
+        """The rank numbers a restarted world starts: 0..world_size-1 until a resize changed them."""
+        return list(self.labels) if self.labels else list(range(self.world_size))
+
+    def growing_ids_alive(self: Any, labels: list[int]) -> list[int]:
+        """The processes holding these newcomer labels."""
+        return [p.id for p in self.procs.values() if p.alive and p.label in labels]

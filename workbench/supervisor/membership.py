@@ -58,7 +58,7 @@ class Membership(Departures):
     _starts: dict[int, int] = field(default_factory=dict)  # label -> consecutive starts that failed
 
     def __post_init__(self) -> None:
-        self.growing = []
+        self.growing, self.labels = [], []
         self.plan = strategies.get(self.strategy) if isinstance(self.strategy, str) else self.strategy
         self.strategy = self.plan.name
         if self.resume is not None:
@@ -189,7 +189,7 @@ class Membership(Departures):
             self.procs[id].alive = False
         self.restarting = True
         skipped = self._choose_resume()
-        starts = [self._new(label) for label in range(self.world_size)]
+        starts = [self._new(label) for label in self.world_labels()]
         self.pending = [s.id for s in starts]
         where = f"checkpoint {self.resume}" if self.resume else "step 0"
         return [Retire(retired), *skipped, *starts,
@@ -278,7 +278,7 @@ class Membership(Departures):
             self.pending.clear()
             self.restarting = False
             recovery = self.recovery.name if self.recovery is not None else self.strategy
-            return self._generation(list(range(self.world_size)), source=0, resume=self.resume, recovery=recovery)
+            return self._generation(self.world_labels(), source=0, resume=self.resume, recovery=recovery)
         if self.recovery is not None and self.recovery.reaction is Reaction.REPLACE:
             if len(ready) < len(self.pending):
                 return []  # everyone restarts together
