@@ -184,7 +184,7 @@ class Commands:
             if w is None or w.spawn_id != spawn or not w.alive or w.done:
                 del b.notices[label]  # it died, or finished, meanwhile: nothing to leave
                 continue
-            if now > deadline:
+            if now > deadline and w.spawn_id not in b.paused:  # it reached the boundary in time: it has left
                 del b.notices[label]
                 b.paused.clear()  # the failure's generation comes first; the boundary, if it has more, stays
                 b.first_paused = None
