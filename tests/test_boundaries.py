@@ -34,6 +34,13 @@ def joins(result, gen):
     return {e["rank"]: e["bytes_in"] for e in result.events if e["kind"] == "joined" and e["gen"] == gen}
 
 
+def until(run, condition, deadline, why="the run did not get there in time"):
+    """Wait (bounded by ``deadline``, a monotonic time) until ``condition()`` holds while ``run`` goes on."""
+    while not condition():
+        assert time.monotonic() < deadline and not run.done, (why, run.events[-3:])
+        time.sleep(0.05)
+
+
 # -- resizing ----------------------------------------------------------------------------------------------------
 
 def test_resize_4_6_3_moves_state_to_newcomers_only_and_equals_restarts_at_each_size(tmp_path):
@@ -85,17 +92,12 @@ def test_live_resize_grows_and_shrinks_a_running_run(tmp_path):
     run = workbench.start(world_size=2, steps=400, eval_interval=400, out=tmp_path / "live")
     try:
         deadline = time.monotonic() + 60
-        while run.status.get("state") != "running" or not run.metrics:
-            assert time.monotonic() < deadline and not run.done, "the run did not start training"
-            time.sleep(0.05)
+        until(run, lambda: run.status.get("state") == "running" and run.metrics, deadline,
+              "the run did not start training")
         run.resize(4)
-        while run.status.get("world_size") != 4:
-            assert time.monotonic() < deadline and not run.done, run.events[-3:]
-            time.sleep(0.05)
+        until(run, lambda: run.status.get("world_size") == 4, deadline)
         run.resize(1)
-        while run.status.get("world_size") != 1:
-            assert time.monotonic() < deadline and not run.done, run.events[-3:]
-            time.sleep(0.05)
+        until(run, lambda: run.status.get("world_size") == 1, deadline)
         assert run.status["members"] == [0]
     finally:
         run.stop()
@@ -184,14 +186,10 @@ def test_sigusr1_from_outside_is_a_notice(tmp_path):
                           out=tmp_path / "signal")
     try:
         deadline = time.monotonic() + 60
-        while len(run.metrics) < 3:
-            assert time.monotonic() < deadline and not run.done, "the run did not start training"
-            time.sleep(0.05)
+        until(run, lambda: len(run.metrics) >= 3, deadline, "the run did not start training")
         rank = run._supervisor.worker(1)
         os.kill(rank.pid or rank.proc.pid, signal.SIGUSR1)  # as Slurm's --signal does
-        while run.status.get("world_size") != 2:
-            assert time.monotonic() < deadline and not run.done, run.events[-3:]
-            time.sleep(0.05)
+        until(run, lambda: run.status.get("world_size") == 2, deadline)
     finally:
         run.stop()
         result = run.wait(60)
@@ -205,13 +203,9 @@ def test_live_preempt_from_python(tmp_path):
     run = workbench.start(world_size=3, steps=400, eval_interval=400, strategy="shrink", out=tmp_path / "live")
     try:
         deadline = time.monotonic() + 60
-        while len(run.metrics) < 3:
-            assert time.monotonic() < deadline and not run.done, "the run did not start training"
-            time.sleep(0.05)
+        until(run, lambda: len(run.metrics) >= 3, deadline, "the run did not start training")
         run.preempt(2, grace=5)
-        while run.status.get("world_size") != 2:
-            assert time.monotonic() < deadline and not run.done, run.events[-3:]
-            time.sleep(0.05)
+        until(run, lambda: run.status.get("world_size") == 2, deadline)
     finally:
         run.stop()
         result = run.wait(60)
@@ -263,9 +257,7 @@ def test_a_notice_to_a_warm_spare_is_no_preemption(tmp_path):
             spare = next((w for w in workers if w.label is None and w.ready), None)
             time.sleep(0.05)
         os.kill(spare.pid or spare.proc.pid, signal.SIGUSR1)
-        while not any(e["kind"] == "fault_skipped" for e in run.events):
-            assert time.monotonic() < deadline and not run.done, run.events[-3:]
-            time.sleep(0.05)
+        until(run, lambda: any(e["kind"] == "fault_skipped" for e in run.events), deadline)
     finally:
         run.stop()
         result = run.wait(60)
