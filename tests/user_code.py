@@ -34,3 +34,15 @@ def bn_cnn(input_shape, num_classes):
         conv1=nn.Conv2d(channels, 8, 3, padding=1), bn1=nn.BatchNorm2d(8), relu1=nn.ReLU(),
         conv2=nn.Conv2d(8, 16, 3, padding=1), bn2=nn.BatchNorm2d(16), relu2=nn.ReLU(),
         pool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten(), fc=nn.Linear(16, num_classes)))
+
+
+def blobs_holding_the_interpreter():
+    """``blobs`` after a C call that holds the interpreter lock for ~1.5 s (a heavy import or native loader does):
+    no other thread of the process, the heartbeat's included, runs meanwhile."""
+    import time
+
+    started = time.perf_counter()
+    sum(range(10**6))  # one C call: the lock is not given up inside it
+    per_million = time.perf_counter() - started
+    sum(range(int(1.5 / max(per_million, 1e-4) * 10**6)))
+    return blobs()

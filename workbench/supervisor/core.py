@@ -169,7 +169,8 @@ class Supervisor(Commands, SlowRanks):
                     self._handle(w, message)
                 if not w.done and w.alive and not self._outcome:  # its error ended the run: not a fault
                     self._on_death(w, self.launcher.exit_cause(w))
-            elif w.conn is not None and now - w.last_heard > self.config.heartbeat_timeout:
+            elif w.conn is not None and w.ready and now - w.last_heard > self.config.heartbeat_timeout:
+                # judged once ready: a start-up loads code and data, which may hold the GIL; its deadline bounds it
                 self.launcher.kill(w, self.control.send)
                 self._on_death(w, f"froze (no heartbeat for {self.config.heartbeat_timeout:g} s)")
             elif not w.ready and now - w.started > self.config.startup_timeout:
