@@ -38,7 +38,8 @@ def test_hang_is_found_by_heartbeats_and_ends_the_run():
 
 def test_a_start_up_that_holds_the_interpreter_past_the_heartbeat_timeout_is_not_a_freeze():
     """Start-up is judged by its deadline, not by heartbeats: a rank's loader may hold the lock for seconds."""
-    result = workbench.run(world_size=2, steps=20, heartbeat_timeout=0.5, dataset="user_code:blobs_holding_the_interpreter")
+    result = workbench.run(world_size=2, steps=20, heartbeat_timeout=0.5,
+                           dataset="user_code:blobs_holding_the_interpreter")
     assert result.completed, result.summary["reason"]
 
 

@@ -101,7 +101,8 @@ SETTINGS: dict[str, Setting] = {
     "buckets": Setting("gradient buckets per step (default 2), cut further where one exceeds the cap",
                        docs="two, so that `forward` differs from `shrink` on every model: [Permanent faults]"
                        "(permanent-faults.md)"),
-    "heartbeat_timeout": Setting("seconds without heartbeat before a ready rank counts as frozen (start-up: startup_timeout)"),
+    "heartbeat_timeout": Setting("seconds without heartbeat before a ready rank counts as frozen (start-up: "
+                                 "startup_timeout)"),
     "progress_timeout": Setting("seconds with no step committed before the rank that holds the run up counts as "
                                 "stalled and is killed (default: 20 times the slowest gap between two commits so "
                                 "far, at least heartbeat_timeout)",
