@@ -186,7 +186,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         print(f"point {args.point} ({status['id']}): "
               + ("already complete" if status["skipped"] else status["status"])
               + (f": {status['error']}" if status.get("error") else ""))
-        return 0 if status["status"] == "completed" else 1
+        return 0 if status["status"] == "completed" or status.get("requeued") else 1
     if args.emit:
         from workbench.sweeps.run import emit_slurm
 
@@ -218,12 +218,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     for pid in attrs["failed"]:
         row = frame[frame.point == pid].iloc[0]
         print(f"failed: {pid}: {row.error}")
-    print(f"{len(attrs['executed']) + len(attrs['skipped'])} points: {len(attrs['executed'])} executed "
-          f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed), {len(attrs['skipped'])} already "
-          f"complete; table: {args.out / 'results.h5'}"
+    preempted = attrs.get("preempted", [])
+    print(f"{len(frame)} points: {len(attrs['executed'])} executed "
+          f"({len(attrs['completed'])} completed, {len(attrs['failed'])} failed"
+          + (f", {len(preempted)} preempted: run the sweep again to resume them" if preempted else "")
+          + f"), {len(attrs['skipped'])} already complete; table: {args.out / 'results.h5'}"
           + (f"; Slurm job {attrs['job']}" if attrs.get("job") else "")
           + (f"; report: {attrs['report']}" if attrs.get("report") else ""))
-    return 1 if attrs["failed"] else 0
+    return 1 if attrs["failed"] or preempted else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -9,12 +9,14 @@ do). Interrupting ``wait()`` (Ctrl-C, a notebook's interrupt button) stops the r
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.results import RunResult
 from workbench.supervisor.core import Supervisor
+from workbench.sweeps.requeue import PointRun
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -50,12 +53,16 @@ class Run:
     """A run going on in the background. ``events`` and ``metrics`` fill up live; ``wait()`` gives the result."""
 
     def __init__(self, config: RunConfig, out: str | Path | None = None,
-                 on_event: Listener | None = None, track: str | None = None) -> None:
+                 on_event: Listener | None = None, track: str | None = None, point: PointRun | None = None) -> None:
         self.config = config
         self.out = Path(out) if out is not None else None
         self.track = track  # an MLflow tracking URI (workbench.tracking.require): logged after the run ends
         self._listeners: list[Listener] = [on_event] if on_event else []
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
+        # in a sweep point (workbench.sweeps.requeue): the earlier attempt's record, where the job stops on notice
+        self._point, self._earlier = point, point.earlier() if point is not None and config.resume else None
+        self._supervisor.keep_stopped = point.keep if point is not None else None
+        self._noticed = False
         self._result: RunResult | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
@@ -162,13 +169,24 @@ class Run:
     def stop(self, reason: str = "stopped by the user") -> None:
         self._supervisor.command("stop", reason)
 
+    def notice(self, grace: float | None = None) -> None:
+        """Give the whole job notice of preemption: every rank stops at one step boundary, whose checkpoint the
+        run's reason names (``resume=PATH`` goes on from it); ``grace`` seconds (default ``preempt_grace``). What
+        the run's process does on a signal of ``notice_signals`` while :meth:`wait` blocks in the main thread."""
+        self._noticed = True
+        self._supervisor.command("notice", self.config.preempt_grace if grace is None else grace)
+
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Block until the run ends and return its result. Ctrl-C stops the run, then re-raises."""
+        """Block until the run ends and return its result. Ctrl-C stops the run, then re-raises; a signal of
+        ``notice_signals`` (in the main thread) or a sweep point's notice is :meth:`notice`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while not self._done.wait(0.1):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"run still going after {timeout:g} s")
+            with self._notice_signals():
+                while not self._done.wait(0.1):
+                    if self._point is not None and not self._noticed and self._point.noticed():
+                        self.notice()
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(f"run still going after {timeout:g} s")
         except KeyboardInterrupt:
             self.stop("interrupted")
             self._done.wait(30)
@@ -189,9 +207,25 @@ class Run:
             except Exception:  # noqa: BLE001 - a listener's bug must not kill the run
                 pass
 
+    @contextlib.contextmanager
+    def _notice_signals(self) -> Iterator[None]:
+        """While the main thread waits: the run's ``notice_signals`` give the whole job notice."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = [getattr(signal, name) for name in self.config.notice_signals]
+        previous = {sig: signal.signal(sig, lambda signum, frame: self.notice()) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
     def _main(self) -> None:
         try:
             result = self._supervisor.run()
+            if self._point is not None:  # kept for the point's next attempt, or continuing the earlier one's
+                result = self._point.finish(result, self._earlier, self._noticed)
             if self.out is not None:
                 try:
                     result.save(self.out)
@@ -229,11 +263,17 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
 
         track = require(track)
     config = prepare(config, **overrides)
+    point = PointRun.of(config)
+    if point is not None and point.resume_from():  # an earlier attempt of this sweep point was preempted here
+        config = prepare(config, resume=point.resume_from())
     if out is not None:
         from workbench.outdir import claim
 
         out = claim(out, overwrite)
-    return Run(config, out=out, on_event=on_event, track=track)
+    run = Run(config, out=out, on_event=on_event, track=track, point=point)
+    if point is not None and point.noticed():  # the point had notice before this run began: it does not train
+        run.notice()
+    return run
 
 
 def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:

@@ -63,6 +63,16 @@ def submit(script: str, options: Sequence[str] = ()) -> str:
     return job
 
 
+def requeue(job: str) -> str | None:
+    """``scontrol requeue JOB`` (a job may requeue itself: it is ended, then queued again); None when Slurm took
+    it, else why not, in one line."""
+    try:
+        done = run(["scontrol", "requeue", job])
+    except SlurmUnavailable as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (first_line(done.stderr) or f"scontrol exited with {done.returncode}")
+
+
 def task_states(job: str) -> dict[str, str] | None:
     """Task id (``J_i``) -> state of every task of the job that Slurm still lists, ended ones included (for
     ``MinJobAge`` seconds); a pending one's with its reason: ``PENDING (Resources)``. ``{}`` once Slurm has

@@ -41,6 +41,7 @@ class Commands:
     """The Supervisor's live commands and boundaries (``self`` is the Supervisor)."""
 
     boundary: Boundary | None = None
+    keep_stopped: Any = None  # called with the checkpoint a whole job stopped at (workbench.sweeps.requeue)
     lanes: int | None = None  # a resized hybrid run's lanes per stage (None: the configuration's replicas)
 
     def command(self: Any, name: str, arg: Any = None) -> None:
@@ -56,14 +57,15 @@ class Commands:
             except queue.Empty:
                 return
             if name == "stop":
-                self._apply(self.membership.stop(str(arg or "stopped by the user")))
-                self._outcome = self._outcome or ("stopped", str(arg or "stopped by the user"))
+                self._stop(str(arg or "stopped by the user"))
             elif name in ("kill", "hang", "stall"):
                 self._inject(name, arg, source="live")
             elif name == "slow":  # (rank, factor, seconds): workbench.supervisor.slow_ranks
                 self._slow(*arg)
             elif name == "preempt":
                 self._inject("preempt", arg.rank, source="live", fault=arg)
+            elif name == "notice":  # the whole job has notice (a signal to the run's process, a sweep point's)
+                self._job_notice(float(arg))
             elif name == "resize":
                 self._resize(arg)
             elif name == "flip":
@@ -72,6 +74,21 @@ class Commands:
                     self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
                 else:
                     self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
+
+    def _stop(self: Any, reason: str) -> None:
+        self._apply(self.membership.stop(reason))
+        self._outcome = self._outcome or ("stopped", reason)
+
+    def _job_notice(self: Any, grace: float) -> None:
+        """Every member has ``grace`` seconds: the run stops at one boundary, which writes a checkpoint (a run that
+        is not training yet, or a peer's, which has no notice path, stops at once)."""
+        members = list(self.membership.members) if self.membership.started else []
+        if not members or self.peer is not None:
+            why = "before training started" if not members else f"({self.strategy.name} has no notice path)"
+            self._stop(f"the job was preempted {why}")
+            return
+        for label in members:
+            self._inject("preempt", label, source="job", fault=FaultSpec("preempt", label, time=0.0, grace=grace))
 
     def _inject(self: Any, kind: str, label: int | None, source: str, fault: FaultSpec | None = None) -> None:
         if kind == "resize":
@@ -242,6 +259,12 @@ class Commands:
         return None
 
     def _after_boundary(self: Any) -> None:
-        if self._outcome and self._outcome[0] == "stopped" and self.out_dir is None:  # its checkpoint goes with it
+        """The whole job stopped at its checkpoint: kept where the caller asked (a sweep point's next attempt),
+        or said to go with a temporary directory."""
+        if not self._outcome or self._outcome[0] != "stopped" or not self.membership.resume:
+            return
+        if self.keep_stopped is not None:
+            self.keep_stopped(self.membership.resume)
+        elif self.out_dir is None:
             self._outcome = ("stopped", self._outcome[1].split("; resume from")[0] + " (its checkpoint was in a "
                              "temporary directory: give the run an out directory to keep one)")

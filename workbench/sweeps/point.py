@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -21,6 +22,7 @@ from workbench import provenance
 from workbench.h5files import write_text
 from workbench.outdir import clear as clear_run
 from workbench.results import RESULT_FILE
+from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, POINT_VAR, PREEMPTED_DIR
 from workbench.template import SHARED_VAR, Template, share
 from workbench.template_server import code_fingerprint
 
@@ -92,6 +94,8 @@ class Worker:
     def __init__(self, events_fd: int) -> None:
         self.events = os.fdopen(events_fd, "w", buffering=1)
         self.current_tmp: Path | None = None
+        self.current_dir: Path | None = None
+        self.noticed = False  # the point running has notice of preemption (SIGUSR1)
         self.template: Template | None = None
 
     def share_template(self) -> None:
@@ -125,9 +129,17 @@ class Worker:
             self.current_tmp.unlink(missing_ok=True)
         os._exit(128 + signum)
 
+    def notice(self, signum: int, frame: object) -> None:
+        """The point's runs are told through its ``.notice`` file (workbench.sweeps.requeue): each stops at a
+        checkpoint kept for the point's next attempt."""
+        if self.current_dir is not None and not self.noticed:
+            self.noticed = True
+            write_json(self.current_dir / NOTICE_FILE, {"time": time.time()})
+
     def serve(self, parent: int | None = None) -> None:
         signal.signal(signal.SIGTERM, self.terminate)
         signal.signal(signal.SIGINT, self.terminate)
+        signal.signal(signal.SIGUSR1, self.notice)
         _die_with_parent(parent)
         self.share_template()
         _register_engine(self)
@@ -150,7 +162,10 @@ class Worker:
         for stale in (directory / RESULT_FILE, executed, tmp, *directory.glob(".*.tmp")):
             stale.unlink(missing_ok=True)
         clear_run(directory)  # an earlier attempt's checkpoints and logs: its run into out=DIR is not refused
+        (directory / NOTICE_FILE).unlink(missing_ok=True)  # a notice was for the attempt it reached
         os.environ[provenance.NOTEBOOK_VAR] = task["notebook"]  # the kernel inherits it: its runs record it
+        os.environ[POINT_VAR] = str(directory.resolve())  # its runs keep or resume their state here
+        self.current_dir, self.noticed = directory, False
         seed = task["parameters"].get("seed")
         status = {"id": task["id"], "parameters": task["parameters"], "notebook": str(executed),
                   "status": "running", "error": None, "started": time.time(), "wall_s": None,
@@ -188,11 +203,15 @@ class Worker:
             self.current_tmp = None
         if error is None and "out" in task["parameters"] and not has_result(directory):
             error = f"the notebook completed but wrote no {RESULT_FILE} under out={task['parameters']['out']}"
+        self.current_dir = None
+        state, error = _preempted(directory, error) if self.noticed else ("failed" if error else "completed", error)
+        if state == "completed":
+            shutil.rmtree(directory / PREEMPTED_DIR, ignore_errors=True)  # stale: no run of this notebook took it
         cpu1, (template1, reaped1) = _cpu(), self.template_cpu()
         # the kernel's ranks are the template's children: their CPU comes from it (a template that died meanwhile
         # was reaped by this worker, its ranks' CPU with it)
         ranks_cpu = reaped1 - reaped0 if template1 is template0 and None not in (reaped0, reaped1) else 0.0
-        status.update(status="failed" if error else "completed", error=error, wall_s=round(time.monotonic() - t0, 3),
+        status.update(status=state, error=error, wall_s=round(time.monotonic() - t0, 3),
                       finished=time.time(), worker_cpu_s=round(cpu1[0] - cpu0[0], 3),
                       kernel_cpu_s=round(cpu1[1] - cpu0[1] + ranks_cpu, 3),
                       rank_template={"pid": template1.pid, "address": template1.address}
@@ -200,6 +219,17 @@ class Worker:
                       provenance=provenance.finish(status["provenance"]))
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="done", status=status["status"], error=error)
+
+
+def _preempted(directory: Path, error: str | None) -> tuple[str, str | None]:
+    """The point's state after a notice: ``preempted`` when the notice stopped runs (at a checkpoint kept for its
+    next attempt, or before they trained), whatever the notebook's later cells made of them; else as it ended."""
+    stopped = [d for d in (directory / PREEMPTED_DIR).glob("*") if d.is_dir()]
+    if stopped:
+        kept = sum((d / CHECKPOINT_FILE).is_file() for d in stopped)
+        return "preempted", (f"preempted with notice: {len(stopped)} run(s) stopped, {kept} at a step boundary "
+                             f"kept in {PREEMPTED_DIR}/; the point resumes from there when it runs again")
+    return ("failed" if error else "completed"), error
 
 
 def _cpu() -> tuple[float, float]:

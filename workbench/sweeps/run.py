@@ -49,7 +49,9 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
 
     ``progress``: a tqdm bar (``tqdm.auto``: a widget in Jupyter) of points, with the cells of the running points;
     default on in a terminal or a Jupyter kernel. ``timeout``: seconds per cell. The frame's ``attrs`` hold
-    ``executed``, ``completed``, ``failed`` (ids) and ``skipped`` (already complete) of this invocation.
+    ``executed``, ``completed``, ``failed``, ``preempted`` (ids) and ``skipped`` (already complete) of this
+    invocation. A SIGUSR1 is notice of preemption: the running points stop at kept checkpoints and end
+    ``preempted``, no other starts, and the next invocation resumes them (:mod:`workbench.sweeps.requeue`).
     Raises ``SweepError`` on bad input before running anything; KeyboardInterrupt after stopping every point.
     ``track``: an MLflow tracking URI or directory: once the points ran, the sweep is logged there as a parent run
     with a child per point (:mod:`workbench.sweeps.tracking`; ``TrackingUnavailable`` before anything runs when
@@ -85,5 +87,6 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
         frame = aggregate(directory)  # the table's attributes now hold the record
         frame.attrs["tracking"] = record
     frame.attrs.update(executed=list(done), completed=[k for k, v in done.items() if v["status"] == "completed"],
-                       failed=[k for k, v in done.items() if v["status"] != "completed"], skipped=skipped)
+                       failed=[k for k, v in done.items() if v["status"] not in ("completed", "preempted")],
+                       preempted=[k for k, v in done.items() if v["status"] == "preempted"], skipped=skipped)
     return frame

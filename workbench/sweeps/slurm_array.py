@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workbench.cluster import slurm_commands as slurm
 from workbench.errors import SweepError
 from workbench.h5files import FileKindError, atomic_output, read_json
 from workbench.sweeps.plan import SWEEP_FILE, point_id, point_task, prepare, read_sweep_spec, slug
@@ -92,4 +93,10 @@ def run_array_task(out: str | os.PathLike, index: int, *, kernel_name: str | Non
     task = point_task(directory, Path(spec["notebook"]), spec.get("declared", {}), point, kernel_name, timeout)
     done: dict[str, dict[str, Any]] = {}
     Scheduler([task], 1, progress=False).run(done)
-    return {"id": pid, **done.get(pid, {"status": "failed", "error": "the point did not report"}), "skipped": False}
+    status = {"id": pid, **done.get(pid, {"status": "failed", "error": "the point did not report"}), "skipped": False}
+    job = os.environ.get("SLURM_JOB_ID")
+    if status["status"] == "preempted" and job:  # preempted with notice: queued again, it resumes where it stopped
+        refused = slurm.requeue(job)
+        status["requeued"] = refused is None
+        status["error"] += f"; Slurm refused to requeue job {job}: {refused}" if refused else f"; job {job} requeued"
+    return status

@@ -98,7 +98,8 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
         report = write_report(directory)
     executed = [ids[i] for i in indices]
     frame.attrs.update(executed=executed, completed=[k for k in executed if done.get(k) == "completed"],
-                       failed=[k for k in executed if done.get(k) != "completed"], skipped=skipped, job=job,
+                       failed=[k for k in executed if done.get(k) not in ("completed", "preempted")],
+                       preempted=[k for k in executed if done.get(k) == "preempted"], skipped=skipped, job=job,
                        report=str(report) if report else None)
     return frame
 
@@ -261,6 +262,9 @@ def _record_unfinished(job: str, directory: Path, submitted: dict[int, tuple[str
     for i, (pid, params) in left.items():
         log = _last_line(directory / f"slurm-{job}_{i}.log")
         status = point_status(directory / pid)
+        if status and status.get("status") == "preempted":  # not requeued (in time): the next invocation resumes it
+            done[pid] = "preempted"
+            continue
         where = "while its point ran" if status and status.get("status") == "running" else "before its point ran"
         error = (f"Slurm task {job}_{i} ended {outcomes.get(i, 'without a state Slurm could report')} {where}"
                  + (f"; its log ends: {log}" if log else ""))

@@ -45,6 +45,7 @@ class _WorkerProc:
                                      pass_fds=(write,), start_new_session=True, env=env, text=True)
         os.close(write)
         self.task: dict[str, Any] | None = None
+        self.running = False  # it said ``start`` for its task: its notice handler is in place
         self.thread = threading.Thread(target=self._read, args=(read, events), daemon=True)
         self.thread.start()
 
@@ -93,26 +94,44 @@ class Scheduler:
         self.events: queue.Queue = queue.Queue()
         self.workers: list[_WorkerProc] = []
         self.cells: dict[str, str] = {}
+        self.noticed = False  # notice of preemption (SIGUSR1): no point starts from now on
+
+    def notice(self, signum: int = signal.SIGUSR1, frame: object = None) -> None:
+        """Notice of preemption (Slurm's ``--signal=B:USR1@T``): the points running stop their runs at a kept
+        checkpoint (:mod:`workbench.sweeps.requeue`), and no further point starts."""
+        self.noticed = True
+        for w in self.workers:
+            if w.running and w.task is not None and w.proc.poll() is None:
+                try:
+                    os.kill(w.proc.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
 
     def run(self, done: dict[str, dict[str, Any]]) -> None:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(self.tasks), unit="point", desc="sweep", disable=not self.progress, dynamic_ncols=True)
         pending = list(self.tasks)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGUSR1, self.notice) if main else None
         try:
             self.workers = [_WorkerProc(self.events) for _ in range(min(self.jobs, len(pending)))]
             for w in self.workers:
                 w.submit(pending.pop(0))
-            while len(done) < len(self.tasks):
+            while len(done) < len(self.tasks) and not (self.noticed and all(w.task is None for w in self.workers)):
                 try:
                     worker, event = self.events.get(timeout=0.5)
                 except queue.Empty:
                     continue
                 kind = event["event"]
-                if kind == "cell":
+                if kind == "start":
+                    worker.running = True
+                    if self.noticed:  # the notice came while it was starting the point
+                        self.notice()
+                elif kind == "cell":
                     self.cells[event["id"]] = f"{event['index'] + 1}/{event['total']}"
                 elif kind in ("done", "exit") and worker.task is not None:
-                    task, worker.task = worker.task, None
+                    task, worker.task, worker.running = worker.task, None, False
                     self.cells.pop(task["id"], None)
                     if kind == "exit":  # the worker died under a point: record it, replace the worker
                         event = {"status": "failed", "error": f"worker exited with {worker.proc.wait()}"}
@@ -124,8 +143,8 @@ class Scheduler:
                     done[task["id"]] = {"status": event["status"], "error": event.get("error")}
                     bar.update(1)
                     if event["status"] != "completed":
-                        bar.write(f"point {task['id']} failed: {event.get('error')}")
-                    if pending:
+                        bar.write(f"point {task['id']} {event['status']}: {event.get('error')}")
+                    if pending and not self.noticed:
                         worker.submit(pending.pop(0))
                     else:
                         worker.close()
@@ -135,6 +154,8 @@ class Scheduler:
                 bar.set_postfix_str("  ".join(f"{k[:40]}: cell {v}" for k, v in self.cells.items()), refresh=False)
                 bar.refresh()
         finally:
+            if previous is not None:
+                signal.signal(signal.SIGUSR1, previous)
             bar.close()
             self.shutdown()
 

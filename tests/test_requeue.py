@@ -1,0 +1,126 @@
+"""A sweep point preempted with notice resumes where it stopped: in-process (a kernel's runs), and end to end through
+``workbench sweep`` and SIGUSR1 (Slurm's ``--signal=B:USR1@T``). The Slurm requeue itself: tests/cluster."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import workbench
+from workbench import checkpoint
+from workbench.results import RunResult
+from workbench.sweeps import requeue
+from workbench.sweeps.point import descendants
+from workbench.sweeps.run import load_sweep
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
+
+
+def until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.02)
+
+
+def weights(result):
+    return checkpoint.load(result.summary["final_checkpoint"]).model
+
+
+def test_a_point_run_stopped_by_notice_resumes_there_and_its_record_continues(tmp_path, monkeypatch):
+    point = tmp_path / "point"
+    point.mkdir()
+    monkeypatch.setenv(requeue.POINT_VAR, str(point))
+    config = dict(world_size=3, steps=200, eval_interval=50, seed=4, strategy="shrink")
+    run = workbench.start(**config, out=tmp_path / "first")
+    until(lambda: len(run.metrics) >= 40, 60, "40 steps")
+    run.notice(grace=30)
+    first = run.wait()
+    assert first.outcome == "stopped" and "kept for the point's next attempt" in first.summary["reason"]
+    stop = first.summary["steps_completed"]
+    (kept,) = (point / requeue.PREEMPTED_DIR).iterdir()
+    assert checkpoint.load(kept / requeue.CHECKPOINT_FILE).step == stop
+    assert {f["samples_lost"] for f in first.failures} == {0}  # three records: every rank was preempted
+
+    monkeypatch.setattr(requeue, "_seen", type(requeue._seen)())  # a new attempt: a new kernel
+    second = workbench.run(**config, out=tmp_path / "second")
+    assert second.completed, second.summary["reason"]
+    assert [r["step"] for r in second.metrics] == list(range(200))  # one record from step 0, each step once
+    (mark,) = [e for e in second.events if e["kind"] == "requeued"]
+    assert mark["step"] == stop and second.summary["requeues"] == 1
+    times = [e["time"] for e in second.events]
+    assert times == sorted(times) and second.summary["generations"] == 2
+    assert second.config["resume"] is None and second.summary["failures"] == first.failures
+    assert not kept.exists()  # taken: a third attempt would start afresh
+    assert RunResult.load(tmp_path / "second").summary["requeues"] == 1
+
+    monkeypatch.delenv(requeue.POINT_VAR)
+    golden = workbench.run(**config, out=tmp_path / "golden")
+    diff = max((weights(second)[k] - weights(golden)[k]).abs().max().item() for k in weights(golden))
+    assert diff <= 1e-6 and second.metrics[-1]["loss"] == pytest.approx(golden.metrics[-1]["loss"], abs=1e-6)
+
+
+def test_a_notice_before_training_stops_the_run_which_starts_afresh_next_time(tmp_path, monkeypatch):
+    point = tmp_path / "point"
+    point.mkdir()
+    monkeypatch.setenv(requeue.POINT_VAR, str(point))
+    (point / requeue.NOTICE_FILE).write_text("{}")  # the point had notice before this run began
+    result = workbench.run(world_size=2, steps=50)
+    assert result.outcome == "stopped" and result.summary["reason"] == "the job was preempted before training started"
+    (stopped,) = (point / requeue.PREEMPTED_DIR).iterdir()  # the point counts as preempted: it must run again
+    assert list(stopped.iterdir()) == []  # with nothing to resume from
+
+    (point / requeue.NOTICE_FILE).unlink()  # the next attempt (the worker removes the notice)
+    monkeypatch.setattr(requeue, "_seen", type(requeue._seen)())
+    again = workbench.run(world_size=2, steps=50)
+    assert again.completed and "requeues" not in again.summary and not stopped.exists()
+
+
+def rank_cpu(pid):
+    """CPU seconds of the rank processes below ``pid`` (forked by the rank template, whose own start-up is left
+    out)."""
+    stats, commands = {}, {}
+    for child, _ in descendants(pid):
+        try:
+            commands[child] = Path(f"/proc/{child}/cmdline").read_text()
+            stats[child] = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+    templates = {p for p, cmd in commands.items() if "workbench.template" in cmd}
+    return sum((int(f[11]) + int(f[12])) / 100 for p, f in stats.items() if int(f[1]) in templates)
+
+
+def test_sigusr1_preempts_a_local_sweep_and_the_next_invocation_resumes_its_point(tmp_path):
+    out = tmp_path / "sweep"
+    argv = [sys.executable, "-m", "workbench", "sweep", str(TINY), "-p", "a", "1", "2", "-p", "train", "true",
+            "-p", "steps", "3000", "--out", str(out), "--no-progress", "--jobs", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # training for a while: the ranks' start-up takes well under 1 s of their CPU, the run ~20 s
+        until(lambda: proc.poll() is None and rank_cpu(proc.pid) > 4.0, 120, "a point's ranks to train")
+        proc.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@T reaches the task this way
+        text, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, text + err
+    assert "0 completed, 0 failed, 1 preempted: run the sweep again to resume them" in text, text + err
+    (pid,) = [p.parent.name for p in out.glob("*/point.json")]  # the second point never started
+    status = json.loads((out / pid / "point.json").read_text())
+    assert status["status"] == "preempted" and "resumes from there" in status["error"]
+    assert len(list((out / pid / requeue.PREEMPTED_DIR).glob("*/checkpoint.h5"))) == 1
+
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 points: 2 executed (2 completed, 0 failed)" in again.stdout
+    result = RunResult.load(out / pid)
+    assert result.completed and result.summary["requeues"] == 1
+    assert [r["step"] for r in result.metrics] == list(range(3000))
+    assert not (out / pid / requeue.PREEMPTED_DIR).exists()
+    frame = load_sweep(out)
+    assert set(frame.status) == {"completed"}

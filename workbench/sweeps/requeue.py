@@ -1,0 +1,126 @@
+"""A sweep point preempted with notice resumes where it stopped when it runs again (a Slurm requeue, a rerun).
+
+The sweep's worker names the point's directory to its kernel (:data:`POINT_VAR`) and, on a notice, writes
+``.notice`` there. A run of that kernel then has its whole job preempted: it stops at a step boundary, whose
+checkpoint it keeps with its record so far in ``.preempted/<key>/`` (key: the run's configuration and its order
+among the kernel's runs of that configuration), and the point ends ``preempted``. When the point runs again, the
+run of the same key resumes from that checkpoint and its record continues the kept one (:func:`continued`).
+Details: docs/sweeps-and-clusters.md, "Preemption and requeue".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from workbench.h5files import atomic_output
+from workbench.results import RESULT_FILE, RunResult
+
+if TYPE_CHECKING:
+    from workbench.config import RunConfig
+
+POINT_VAR = "WORKBENCH_POINT_DIR"  # set by the sweep's worker for its kernel: the point's directory
+NOTICE_FILE = ".notice"  # written by the worker when the point has notice of preemption
+PREEMPTED_DIR = ".preempted"  # one folder per run kept at its boundary checkpoint
+CHECKPOINT_FILE = "checkpoint.h5"
+_seen: Counter[str] = Counter()  # runs of each configuration this process started (the key's order)
+
+
+class PointRun:
+    """One run of a sweep point's kernel: where its kept state lives, whether there is some to resume from."""
+
+    def __init__(self, point: Path, config: RunConfig) -> None:
+        values = {k: v for k, v in config.to_dict().items() if k not in ("resume", "resume_verify")}
+        digest = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        _seen[digest] += 1
+        self.point, self.dir = point, point / PREEMPTED_DIR / f"{digest}-{_seen[digest]}"
+        self.kept: str | None = None  # this run's boundary checkpoint, kept for the next attempt
+
+    @classmethod
+    def of(cls, config: RunConfig) -> PointRun | None:
+        """The run's place in the sweep point this process runs, or None (not in a sweep point, or resuming a
+        checkpoint the user named)."""
+        point = os.environ.get(POINT_VAR)
+        if not point or config.resume is not None:
+            return None
+        return cls(Path(point), config)
+
+    def resume_from(self) -> str | None:
+        """The checkpoint an earlier attempt of this point kept for this run, if it kept one with its record."""
+        checkpoint = self.dir / CHECKPOINT_FILE
+        return str(checkpoint) if checkpoint.is_file() and (self.dir / RESULT_FILE).is_file() else None
+
+    def noticed(self) -> bool:
+        """The point has notice of preemption (this attempt)."""
+        return (self.point / NOTICE_FILE).is_file()
+
+    def keep(self, checkpoint: str) -> None:
+        """Copy the whole job's boundary checkpoint into this run's folder (atomically), before the run's own
+        directory (a temporary one, without ``out``) goes."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with atomic_output(self.dir / f"next-{CHECKPOINT_FILE}") as tmp:
+            shutil.copyfile(checkpoint, tmp)
+        self.kept = str(self.dir / f"next-{CHECKPOINT_FILE}")
+
+    def finish(self, result: RunResult, earlier: RunResult | None, noticed: bool) -> RunResult:
+        """The run ended: its record continued from the ``earlier`` attempt's; kept for the next attempt when the
+        whole job was preempted (:meth:`keep` was called); a run the notice stopped before it trained leaves its
+        folder empty (the point is preempted, the run starts afresh next time); else the folder goes."""
+        if earlier is not None:
+            result = continued(earlier, result)
+        if self.kept is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if noticed and result.outcome == "stopped":
+                self.dir.mkdir(parents=True, exist_ok=True)
+            return result
+        result.save(self.dir)  # the record so far, then its checkpoint: resume_from needs both
+        os.replace(self.kept, self.dir / CHECKPOINT_FILE)
+        result.summary["reason"] = result.summary["reason"].split("; resume from")[0] + (
+            "; kept for the point's next attempt, which resumes from it")
+        return result
+
+    def earlier(self) -> RunResult | None:
+        return RunResult.load(self.dir) if (self.dir / RESULT_FILE).is_file() else None
+
+
+def continued(earlier: RunResult, later: RunResult) -> RunResult:
+    """``later`` (resumed from ``earlier``'s boundary checkpoint) as the continuation of ``earlier``: one record
+    from step 0, times and generations of ``later`` shifted past ``earlier``'s (the time between the attempts left
+    out), a ``requeued`` event where it resumed; the summary's times and counts summed over both attempts (training
+    time leaves out both start-ups)."""
+    first = later.metrics[0]["step"] if later.metrics else later.summary.get("steps_completed", 0)
+    kept = [r for r in earlier.metrics if r["step"] < first]
+    # the later attempt's clock starts where the earlier's record ends (its start-up shows; the queue does not)
+    t_shift = max([e["time"] for e in earlier.events] + [r["time"] for r in earlier.metrics], default=0.0)
+    rank_shift = kept[-1].get("rank_time", 0.0) if kept else 0.0
+    gens = earlier.summary.get("generations", 0)
+    metrics = kept + [{**r, "time": r["time"] + t_shift, "generation": r["generation"] + gens,
+                       **({"rank_time": r["rank_time"] + rank_shift} if "rank_time" in r else {})}
+                      for r in later.metrics]
+    mark = {"time": t_shift, "step": first, "rank": -1, "kind": "requeued",
+            "detail": f"the point ran again: resumed from the checkpoint of step {first} kept when its job was "
+                      "preempted"}
+    events = [e for e in earlier.events if e["kind"] != "end"] + [mark] + [
+        {**e, "time": e["time"] + t_shift, **({"gen": e["gen"] + gens} if "gen" in e else {})} for e in later.events]
+    failures = earlier.failures + later.failures
+    summary = dict(later.summary)
+    for name in ("wall_s", "train_s", "rank_train_s"):
+        summary[name] = round((earlier.summary.get(name) or 0.0) + (later.summary.get(name) or 0.0), 3)
+    for name in ("generations", "checkpoints", "flips", "detections", "stragglers", "steps_redone_total",
+                 "samples_lost_total"):
+        summary[name] = (earlier.summary.get(name) or 0) + (later.summary.get(name) or 0)
+    summary.update(world_size_initial=earlier.summary["world_size_initial"], failures=failures,
+                   steps_completed=max((r["step"] + 1 for r in metrics), default=0),
+                   requeues=earlier.summary.get("requeues", 0) + 1)
+    config = {**later.config, "resume": earlier.config.get("resume")}
+    steps = {k: list(earlier.rank_steps.get(k, [])) + list(later.rank_steps.get(k, []))
+             for k in {**earlier.rank_steps, **later.rank_steps}}
+    if "generation" in steps:
+        n = len(earlier.rank_steps.get("generation", []))
+        steps["generation"] = steps["generation"][:n] + [g + gens for g in steps["generation"][n:]]
+    return RunResult(config, metrics, events, failures, summary, provenance=later.provenance, rank_steps=steps)
