@@ -13,10 +13,12 @@ from pathlib import Path
 
 import leaks
 
+from workbench.results import RunResult
 from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "permanent_faults.ipynb"
+TINY = ROOT / "tests" / "notebooks" / "tiny_sweep.ipynb"
 WORKBENCH = [sys.executable, "-m", "workbench"]
 
 
@@ -173,3 +175,59 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path):
     done = subprocess.run(sweep_cli(out, "-p", "nosuch", "1"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and re.fullmatch(r"workbench: error: .*\n", done.stderr), done.stderr
     assert not out.exists()
+
+
+def test_a_point_preempted_with_notice_requeues_itself_and_resumes_from_its_checkpoint(slurm, tmp_path):
+    """Slurm's notice (``scancel --batch --signal=USR1``, what ``--signal=B:USR1@T`` sends before the end) reaches
+    the task: its run stops at a step boundary, the task requeues itself, and its next start resumes there."""
+    out = tmp_path / "p"
+    argv = [*WORKBENCH, "sweep", str(TINY), "-p", "train", "true", "-p", "steps", "3000", "--executor", "slurm",
+            "--out", str(out), "--no-progress"]
+    before = {p.key for p in leaks.project_processes()}
+    sweep = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "running" in statuses(out).values(), 120, "the point to start")
+        job = json.loads((out / "slurm.json").read_text())["job"]
+        task = f"{job}_0"
+        task_id = slurm.run("squeue", "-h", "-j", task, "-o", "%A").stdout.split()[0]
+        wait_for(lambda: ranks_cpu(task_id) > 4.0, 120, "the point's ranks to train")  # start-up: well under 1 s
+        assert slurm.run("scancel", "--batch", "--signal=USR1", task).returncode == 0
+        wait_for(lambda: "PENDING" in slurm.run("squeue", "-h", "-j", task, "-o", "%T").stdout, 120,
+                 "the task to requeue itself")
+        (pid,) = statuses(out)
+        assert statuses(out)[pid] == "preempted"
+        kept = list((out / pid / ".preempted").glob("*/checkpoint.h5"))
+        assert len(kept) == 1, _slurm_story(slurm, job)
+        # Slurm holds a requeued job back for 2 minutes; brought closer as in the test above
+        assert slurm.run("scontrol", "update", f"JobId={task}", "StartTime=now+2").returncode == 0
+        text, _ = sweep.communicate(timeout=240)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, text + _slurm_story(slurm, job)
+    assert "1 points: 1 executed (1 completed, 0 failed)" in text, text
+    result = RunResult.load(out / pid)
+    assert result.completed and result.summary["requeues"] == 1
+    assert [r["step"] for r in result.metrics] == list(range(3000))  # one record, each step once
+    log = (out / f"slurm-{job}_0.log").read_text()
+    assert "preempted" in log and f"job {task_id} requeued" in log, log
+    assert slurm.queue() == ""
+    no_project_processes_left(before)
+
+
+def ranks_cpu(job_id):
+    """CPU seconds of the rank processes of Slurm job ``job_id`` on this node: forked by a rank template that its
+    task's sweep worker started (the template's own environment is a clean one)."""
+    stats, commands, ours = {}, {}, set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            commands[int(entry)] = Path(f"/proc/{entry}/cmdline").read_text()
+            stats[int(entry)] = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job_id}\0".encode() in environ:
+            ours.add(int(entry))
+    templates = {p for p, cmd in commands.items() if "workbench.template" in cmd and int(stats[p][1]) in ours}
+    return sum((int(f[11]) + int(f[12])) / 100 for f in stats.values() if int(f[1]) in templates)

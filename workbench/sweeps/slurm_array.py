@@ -44,7 +44,7 @@ def emit_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[An
     worlds = [p.get("world_size", declared.get("world_size", 1)) for p in points]
     cpus = cpus or max(w if isinstance(w, int) and w > 0 else 1 for w in worlds)
     options = [f"--job-name=wb-{slug(notebook.stem)}", f"--array=0-{len(points) - 1}", "--ntasks=1",
-               f"--cpus-per-task={cpus}", f"--output={directory}/slurm-%A_%a.log",
+               f"--cpus-per-task={cpus}", f"--output={directory}/slurm-%A_%a.log", "--open-mode=append",
                *(o for item in sbatch for o in shlex.split(item))]
     command = [sys.executable, "-m", "workbench", "sweep", str(notebook.resolve()), "--out", str(directory),
                "--point", "${SLURM_ARRAY_TASK_ID:?run me with sbatch (or set SLURM_ARRAY_TASK_ID)}"]
