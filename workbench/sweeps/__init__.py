@@ -4,7 +4,7 @@
 - :mod:`.workers` — worker processes at most ``jobs`` at a time, progress, stopping;
 - :mod:`.point` — the worker process itself (``python -m workbench.sweeps.point``): one point's notebook run;
 - :mod:`.table` — each point's status and the table ``results.h5``;
-- :mod:`.slurm_array` — the Slurm job array file (``--emit slurm``) and an array task's side (``--point i``);
-- :mod:`.slurm_run` — a sweep run by Slurm (``--executor slurm``): submit, wait, cancel, gather;
-- :mod:`.tracking` — MLflow tracking of a sweep: a parent run, a child run per point.
+- :mod:`.slurm_array`, :mod:`.slurm_run` — Slurm: the job array file and a task's side; submit, wait, gather;
+- :mod:`.tracking` — MLflow tracking of a sweep: a parent run, a child run per point;
+- :mod:`.requeue` — a point preempted with notice: its runs kept at a checkpoint, resumed when it runs again.
 """
