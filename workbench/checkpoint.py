@@ -121,6 +121,14 @@ def unusable(path: str | os.PathLike, elsewhere: bool = False) -> str | None:
     return f"checksum mismatch in {', '.join(bad)}" if bad else None
 
 
+def step_of(path: str | os.PathLike) -> int:
+    """The step a checkpoint resumes at (its ``step`` attribute), without reading its tensors."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return int(f.attrs["step"])
+
+
 def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
     """Read a checkpoint; with ``check`` a checksum mismatch raises :class:`CheckpointCorrupt`; a file that is no
     checkpoint raises :class:`~workbench.h5files.FileKindError`."""

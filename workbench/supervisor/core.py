@@ -59,7 +59,7 @@ class Supervisor(Commands, SlowRanks):
             self.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
             resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None,
             verify=partial(ckpt.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
-        self.plan = FaultPlan(config)
+        self.plan = FaultPlan(config, start=ckpt.step_of(config.resume) if config.resume else 0)
         self.watchdog = Watchdog(config.progress_timeout, config.heartbeat_timeout)
         self.stragglers = Stragglers(config.straggler_factor, config.straggler_window,
                                      enabled=config.straggler_response != "off")

@@ -15,9 +15,12 @@ from workbench.config import RunConfig
 
 
 class FaultPlan:
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, start: int = 0) -> None:
+        """``start``: the step a resumed run starts at; the step faults planned before it happened (or not) in the
+        run that wrote its checkpoint, not here (a slow-down may still be under way: it stays)."""
         self.time_faults = sorted(config.time_faults, key=lambda f: f.time)
-        self.step_faults = list(config.step_faults)  # kill, hang and flip at a step, until they fire
+        # kill, hang, flip, preempt, resize at a step, until they fire
+        self.step_faults = [f for f in config.step_faults if f.step >= start or f.kind == "slow"]
         self.random = list(config.random_failures)  # (step, position among live ranks)
 
     def planned(self) -> int:
