@@ -1,0 +1,90 @@
+"""The pre-registration (workbench/reproduce/registry.yaml): the file checks, every test decides as registered
+(holds, does not hold, inconclusive) and can fail, the seeds for reporting are fresh, the commit is found."""
+
+import math
+import subprocess
+
+import pytest
+
+from workbench.reproduce import registry
+from workbench.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, Finding, RegistryError
+
+
+def finding(test, margin):
+    return Finding("paper", "claim", "", "", "", "none", "", test, margin, 0.025)
+
+
+def test_the_committed_registry_loads_and_names_every_paper_and_seed_rule():
+    reg = registry.load()
+    assert set(reg.papers) == {"ccgrid22", "gossipgrad", "jpdc24", "europmpi17", "apoptosis"}
+    assert all(f.alpha == 0.025 and f.test in registry.TESTS for f in reg.findings.values())
+    assert reg.finding("gossipgrad.accuracy_non_inferior").test == "non_inferiority"
+    with pytest.raises(RegistryError, match="no finding 'gossipgrad.nope' is registered"):
+        reg.finding("gossipgrad.nope")
+    low, high = reg.tuning_seeds
+    seeds = registry.reporting_seeds(reg)
+    assert len(set(seeds)) == reg.reporting_seeds["count"] and not any(low <= s <= 1000 for s in seeds)
+    assert seeds != registry.reporting_seeds(reg)  # drawn afresh: named nowhere before the run
+
+
+@pytest.mark.parametrize("test,margin,interval,status", [
+    ("non_inferiority", 1.0, (-0.2, -0.9, 0.5), HOLDS),           # the lower bound carries the claim
+    ("non_inferiority", 1.0, (-0.5, -1.6, 0.6), INCONCLUSIVE),    # absence of evidence is not enough
+    ("non_inferiority", 1.0, (-2.0, -2.5, -1.5), FAILS),
+    ("superiority", 0.0, (0.4, 0.1, 0.7), HOLDS),
+    ("superiority", 0.0, (0.1, -0.3, 0.5), INCONCLUSIVE),         # noise around 0 passes no more
+    ("superiority", 0.0, (-0.4, -0.7, -0.1), FAILS),
+    ("equivalence", 1.0, (0.1, -0.6, 0.8), HOLDS),
+    ("equivalence", 1.0, (0.5, -0.2, 1.2), INCONCLUSIVE),
+    ("equivalence", 1.0, (1.6, 1.1, 2.1), FAILS),
+    ("difference", 0.02, (0.05, 0.03, 0.07), HOLDS),
+    ("difference", 0.02, (-0.05, -0.07, -0.03), HOLDS),
+    ("difference", 0.02, (0.0, -0.01, 0.01), FAILS),              # shown equal within the margin
+    ("difference", 0.02, (0.02, -0.01, 0.05), INCONCLUSIVE),
+])
+def test_each_test_decides_from_the_interval_and_can_fail(test, margin, interval, status):
+    assert registry.decide(finding(test, margin), *interval, n=5).status == status
+
+
+def test_too_few_values_are_inconclusive_and_exact_findings_are_the_campaigns():
+    assert registry.paired_decision(finding("superiority", 0.0), [3.0]).status == INCONCLUSIVE
+    assert registry.paired_decision(finding("superiority", 0.0), [math.nan, 2.0]).status == INCONCLUSIVE
+    decided = registry.paired_decision(finding("superiority", 0.0), [1.0, 1.2, 0.9, 1.1])
+    assert decided.status == HOLDS and decided.low > 0 and "95 % interval" in decided.detail
+    with pytest.raises(RegistryError, match="is exact"):
+        registry.decide(finding("exact", 0.0), 1, 0, 2, n=5)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("papers: [1]", "needs a mapping with 'papers'"),
+    ("alpha: 0.7\npapers: {a: {findings: []}}", "alpha 0.7 must be a one-sided level"),
+    ("alpha: 0.025\npapers: {a: {findings: [{id: x}]}}", "finding a.x: missing paper, ours"),
+    ("alpha: 0.025\npapers: {a: {findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, "
+     "test: bigger, margin: 0}]}}", "test 'bigger' is not one of superiority"),
+    ("alpha: 0.025\npapers: {a: {findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, "
+     "test: superiority, margin: -1}]}}", "margin -1 must be a number >= 0"),
+    ("alpha: 0.025\ntuning_seeds: [0, 9]\nreporting_seeds: {count: 5}\ndeviations: [{date: d}]\n"
+     "papers: {a: {findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, test: superiority, "
+     "margin: 0}]}}", "each deviation needs date, finding, change and why"),
+    ("papers: {a: [", "cannot be read as YAML"),
+])
+def test_a_malformed_registry_is_one_line_naming_what_is_wrong(tmp_path, text, message):
+    path = tmp_path / "registry.yaml"
+    path.write_text(text)
+    with pytest.raises(RegistryError, match=message):
+        registry.load(path)
+
+
+def test_provenance_names_the_commit_that_registered_the_file(tmp_path):
+    path = tmp_path / "registry.yaml"
+    path.write_text(registry.REGISTRY_FILE.read_text())
+    assert registry.provenance(path)["commit"] is None  # not a git checkout
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "registry.yaml"], check=True)
+    subprocess.run([*git, "commit", "-qm", "register"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    found = registry.provenance(path)
+    assert found["commit"] == head and found["modified"] is False and found["deviations"] == []
+    path.write_text(path.read_text() + "\n# edited\n")
+    assert registry.provenance(path)["modified"] is True  # an edit after registering shows

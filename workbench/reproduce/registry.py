@@ -1,0 +1,218 @@
+"""The pre-registration of the reproductions (``registry.yaml`` beside this module): each finding's test, margin
+and alpha, fixed before any reporting run, and the rule that turns a measured effect into a verdict.
+
+:func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field); :func:`decide`
+gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
+interval over seeds; :func:`provenance` says which commit registered it and which deviations followed.
+Details: docs/reproduce.md, "Pre-registration".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import WorkbenchError
+
+REGISTRY_FILE = Path(__file__).resolve().with_name("registry.yaml")
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+# test -> what it claims of the effect (oriented so that positive favours the claim), given the margin m
+TESTS = {
+    "superiority": "effect > {m}",
+    "non_inferiority": "effect > -{m}",
+    "equivalence": "-{m} < effect < {m}",
+    "difference": "|effect| > {m}",
+    "exact": "counted, not sampled: the campaign's check decides",
+}
+FINDING_FIELDS = ("id", "paper", "ours", "metric", "clock", "effect", "test", "margin")
+CLOCKS = ("wall", "rank", "none")
+
+
+class RegistryError(WorkbenchError):
+    """The registry is malformed: one line naming where and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One registered finding: the paper's words, ours, and how it is decided."""
+
+    paper_key: str
+    id: str
+    paper: str
+    ours: str
+    metric: str
+    clock: str
+    effect: str
+    test: str
+    margin: float
+    alpha: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.paper_key}.{self.id}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A finding decided: its status and the effect's mean and interval (two-sided, 1 - 2 alpha)."""
+
+    status: str
+    mean: float
+    low: float
+    high: float
+    n: int
+    detail: str = ""
+
+
+@dataclass
+class Registry:
+    alpha: float
+    findings: dict[str, Finding]
+    papers: dict[str, dict[str, Any]]
+    tuning_seeds: tuple[int, int]
+    reporting_seeds: dict[str, Any]
+    deviations: list[dict[str, Any]] = field(default_factory=list)
+
+    def finding(self, key: str) -> Finding:
+        """``paper.id``; RegistryError naming the registered keys when it is not one."""
+        if key not in self.findings:
+            raise RegistryError(f"no finding {key!r} is registered; registered: {', '.join(self.findings)}")
+        return self.findings[key]
+
+
+def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
+    """Read and check the registry (see the module docstring)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RegistryError(f"{path}: cannot be read as YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("papers"), dict):
+        raise RegistryError(f"{path}: needs a mapping with 'papers'")
+    alpha = _alpha(data.get("alpha"), "alpha")
+    findings: dict[str, Finding] = {}
+    for paper_key, paper in data["papers"].items():
+        rows = paper.get("findings") if isinstance(paper, dict) else None
+        if not isinstance(rows, list) or not rows:
+            raise RegistryError(f"{path}: paper {paper_key!r} needs a non-empty list of findings")
+        for row in rows:
+            finding = _finding(paper_key, row, alpha)
+            if finding.key in findings:
+                raise RegistryError(f"{path}: finding {finding.key!r} is registered twice")
+            findings[finding.key] = finding
+    low, high = _seed_range(data.get("tuning_seeds"))
+    reporting = data.get("reporting_seeds")
+    if not isinstance(reporting, dict) or not isinstance(reporting.get("count"), int) or reporting["count"] < 2:
+        raise RegistryError(f"{path}: reporting_seeds needs a count of at least 2 (and how they are drawn)")
+    deviations = data.get("deviations") or []
+    if not isinstance(deviations, list) or not all(isinstance(d, dict) and {"date", "finding", "change", "why"}
+                                                   <= set(d) for d in deviations):
+        raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
+    return Registry(alpha, findings, data["papers"], (low, high), reporting, deviations)
+
+
+def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
+    where = f"finding {paper_key}.{row.get('id', '?') if isinstance(row, dict) else '?'}"
+    if not isinstance(row, dict):
+        raise RegistryError(f"{where}: needs a mapping with {', '.join(FINDING_FIELDS)}")
+    missing = [name for name in FINDING_FIELDS if name not in row]
+    if missing:
+        raise RegistryError(f"{where}: missing {', '.join(missing)}")
+    if row["test"] not in TESTS:
+        raise RegistryError(f"{where}: test {row['test']!r} is not one of {', '.join(TESTS)}")
+    if row["clock"] not in CLOCKS:
+        raise RegistryError(f"{where}: clock {row['clock']!r} is not one of {', '.join(CLOCKS)}")
+    margin = row["margin"]
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
+        raise RegistryError(f"{where}: margin {margin!r} must be a number >= 0")
+    own = _alpha(row.get("alpha", alpha), f"{where}: alpha")
+    return Finding(paper_key, str(row["id"]), str(row["paper"]), str(row["ours"]), str(row["metric"]),
+                   row["clock"], str(row["effect"]), row["test"], float(margin), own)
+
+
+def _alpha(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 0.5:
+        raise RegistryError(f"{where} {value!r} must be a one-sided level between 0 and 0.5 (e.g. 0.025)")
+    return float(value)
+
+
+def _seed_range(value: Any) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
+            and value[0] <= value[1]):
+        raise RegistryError(f"tuning_seeds {value!r} must be [first, last], the range every named seed lies in")
+    return value[0], value[1]
+
+
+# -- deciding ------------------------------------------------------------------------------------------------------
+def decide(finding: Finding, mean: float, low: float, high: float, n: int) -> Decision:
+    """The verdict of ``finding`` from its effect's interval [low, high] (two-sided at 1 - 2 alpha; the effect
+    oriented so that positive favours the claim): *holds* when the whole interval lies on the claim's side of the
+    margin, *does not hold* when it lies wholly on the other side, *inconclusive* when it straddles a bound (or
+    fewer than 2 values measured it)."""
+    m = finding.margin
+    if finding.test == "exact":
+        raise RegistryError(f"finding {finding.key} is exact: its campaign's check decides it, not an interval")
+    if n < 2 or any(math.isnan(v) for v in (mean, low, high)):
+        return Decision(INCONCLUSIVE, float(mean), float(low), float(high), n, f"{n} value(s): no interval")
+    if finding.test == "superiority":
+        status = HOLDS if low > m else FAILS if high <= m else INCONCLUSIVE
+    elif finding.test == "non_inferiority":
+        status = HOLDS if low > -m else FAILS if high <= -m else INCONCLUSIVE
+    elif finding.test == "equivalence":
+        status = HOLDS if -m < low and high < m else FAILS if low >= m or high <= -m else INCONCLUSIVE
+    else:  # difference: either side beyond the margin; shown equivalent within it
+        status = HOLDS if low > m or high < -m else FAILS if -m <= low and high <= m else INCONCLUSIVE
+    detail = (f"{finding.test.replace('_', '-')} ({TESTS[finding.test].format(m=f'{m:g}')}): "
+              f"{mean:.3g} [{low:.3g}, {high:.3g}], n = {n}, {100 * (1 - 2 * finding.alpha):g} % interval")
+    return Decision(status, float(mean), float(low), float(high), n, detail)
+
+
+def paired_decision(finding: Finding, effects: Iterable[float]) -> Decision:
+    """:func:`decide` on the mean of paired ``effects`` (one per seed, or per model) and its Student-t interval."""
+    from workbench.reproduce.common import mean_interval
+
+    values = [float(v) for v in effects if v is not None and not math.isnan(float(v))]
+    mean, low, high = mean_interval(values, 1 - 2 * finding.alpha)
+    return decide(finding, mean, low, high, len(values))
+
+
+# -- provenance ---------------------------------------------------------------------------------------------------
+def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
+    """The commit that last changed the registry (and its date), whether the file differs from it now, and the
+    deviations it lists: what the report shows beside the results' commit. ``commit`` is None outside a git
+    checkout."""
+    path = Path(path)
+    registry = load(path)
+    out: dict[str, Any] = {"commit": None, "date": None, "modified": None, "deviations": registry.deviations}
+    try:
+        log = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%H %cI", "--", path.name],
+                             capture_output=True, text=True, timeout=5)
+        diff = subprocess.run(["git", "-C", str(path.parent), "diff", "--quiet", "HEAD", "--", path.name],
+                              capture_output=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return out
+    if log.returncode == 0 and log.stdout.strip():
+        out["commit"], out["date"] = log.stdout.split()
+        out["modified"] = diff.returncode != 0
+    return out
+
+
+def reporting_seeds(registry: Registry) -> list[int]:
+    """Fresh reporting seeds, as the registry says: drawn from the operating system's entropy, outside the tuning
+    range and the range to avoid, distinct. The caller records them with its results (they are named nowhere
+    before the run)."""
+    avoid = registry.reporting_seeds.get("avoid", list(registry.tuning_seeds))
+    low, high = min(avoid[0], registry.tuning_seeds[0]), max(avoid[1], registry.tuning_seeds[1])
+    seeds: list[int] = []
+    while len(seeds) < registry.reporting_seeds["count"]:
+        seed = int.from_bytes(os.urandom(4), "big") >> 1  # 31 bits: a valid seed for every generator used
+        if not low <= seed <= high and seed not in seeds:
+            seeds.append(seed)
+    return seeds
