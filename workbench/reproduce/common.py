@@ -25,7 +25,7 @@ __all__ = ["Check", "Verdict", "cached_run", "fmt", "mean_interval", "one_sided"
 
 VERDICT_FILE = "verdict.json"
 FIGURES_DIR = "figures"
-HOLDS, FAILS, NOT_COMPARABLE = "holds", "does not hold", "not comparable"
+HOLDS, FAILS, NOT_COMPARABLE, INCONCLUSIVE = "holds", "does not hold", "not comparable", "inconclusive"
 
 
 @dataclass
@@ -49,25 +49,47 @@ class Verdict:
     comparable: bool = True
     reason: str = ""  # why not comparable, when it is not
     statistics: dict[str, Any] = field(default_factory=dict)
+    # registered findings decided from their intervals (workbench.reproduce.registry): key, label, status, figures
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    commit: str | None = None  # the source commit the campaign ran from (set by save)
 
     @property
     def status(self) -> str:
+        """Not comparable; does not hold (a check failed, or a registered finding does not hold); inconclusive (a
+        registered finding's interval straddles its margin); holds."""
         if not self.comparable:
             return NOT_COMPARABLE
-        return HOLDS if self.checks and all(c.ok for c in self.checks) else FAILS
+        if not (self.checks or self.decisions) or not all(c.ok for c in self.checks) or any(
+                d["status"] == FAILS for d in self.decisions):
+            return FAILS
+        return INCONCLUSIVE if any(d["status"] == INCONCLUSIVE for d in self.decisions) else HOLDS
+
+    def decide(self, key: str, effects: Iterable[float], label: str = "") -> str:
+        """Decide registered finding ``key`` (``paper.id`` of registry.yaml) from paired ``effects`` (oriented so
+        that positive favours the claim), as registered; recorded here, its status returned."""
+        from workbench.reproduce import registry
+
+        finding = registry.load().finding(key)
+        decided = registry.paired_decision(finding, effects)
+        self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
+        return decided.status
 
     def check(self, name: str, ok: bool, detail: str) -> bool:
         self.checks.append(Check(name, bool(ok), detail))
         return bool(ok)
 
     def failed(self) -> list[str]:
-        return [f"{c.name}: {c.detail}" for c in self.checks if not c.ok]
+        return [f"{c.name}: {c.detail}" for c in self.checks if not c.ok] + [
+            f"{d['key']}{' ' + d['label'] if d['label'] else ''} does not hold: {d['detail']}"
+            for d in self.decisions if d["status"] == FAILS]
 
     def summary(self) -> str:
         lines = [f"{self.title} [{self.scale}]: {self.status.upper()}"]
         if not self.comparable:
             lines.append(f"  not comparable: {self.reason}")
         lines += [f"  {'ok ' if c.ok else 'NO '} {c.name}: {c.detail}" for c in self.checks]
+        lines += [f"  {d['status']}: {d['key']}{' (' + d['label'] + ')' if d['label'] else ''}: {d['detail']}"
+                  for d in self.decisions]
         return "\n".join(lines)
 
     def require(self) -> None:
@@ -77,13 +99,21 @@ class Verdict:
         if self.failed():
             raise AssertionError(f"{self.title} [{self.scale}] does not hold: " + "; ".join(self.failed()))
 
+    def require_mechanism(self) -> None:
+        """At a scale too small to decide the registered findings (their intervals are reported, inconclusive or
+        not): raise AssertionError unless the campaign measured and every mechanism check passes."""
+        self.require_measured()
+        broken = [f"{c.name}: {c.detail}" for c in self.checks if not c.ok]
+        if broken:
+            raise AssertionError(f"{self.title} [{self.scale}]: the mechanism fails: " + "; ".join(broken))
+
     def require_measured(self) -> str:
         """Raise AssertionError unless the campaign measured the finding (comparable, with checks); return its
         status, *holds* or *does not hold*, for the notebook to print and the report to show. For a finding that
         does not hold on this workload: reported as such, with every check that missed, none excused."""
         if not self.comparable:
             raise AssertionError(f"{self.title}: not comparable: {self.reason}")
-        if not self.checks:
+        if not (self.checks or self.decisions):
             raise AssertionError(f"{self.title} [{self.scale}]: no check measured")
         return self.status
 
@@ -96,6 +126,9 @@ class Verdict:
             _write(out / FIGURES_DIR / f"{i:02d}.json", fig.to_json())
         if table is not None:
             _write(out / "table.csv", table.to_csv(index=False))
+        from workbench.provenance import git_state
+
+        self.commit = self.commit or git_state()[0]
         data = {**asdict(self), "status": self.status}
         _write(out / VERDICT_FILE, json.dumps(data, indent=1, default=_plain))
         return out / VERDICT_FILE

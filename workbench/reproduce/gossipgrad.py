@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, fmt, one_sided, preflight, scale_settings
+from workbench.reproduce.common import Verdict, cached_run, preflight, scale_settings
 
 KEY = "gossipgrad"
 TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"
@@ -80,19 +80,16 @@ def verdict(frame: Any, scale: str) -> Verdict:
     v.check("allreduce: messages per rank per step grow with p", allreduce.messages.is_monotonic_increasing
             and allreduce.messages.iloc[-1] > allreduce.messages.iloc[0],
             "messages " + ", ".join(f"p={p}: {m:.0f}" for p, m in allreduce.messages.items()))
-    for p in sorted(done.world_size.unique()):
+    for p in sorted(done.world_size.unique()):  # registered: non-inferiority, the lower bound carries the claim
         at = done[done.world_size == p].pivot_table(index="seed", columns="parallelism", values="final_test_accuracy")
-        at = at.dropna()
-        diff = one_sided(100 * (at["gossip"] - at["data"]))
-        v.check(f"gossip matches allreduce's accuracy (p={p})", diff[2] >= -1.0,
-                f"gossip - allreduce test accuracy, paired by seed: {fmt(diff, ' pt')} (one-sided 95 % upper "
-                "bound >= -1 pt: not shown to be worse by more than 1 pt)")
-    cons = done[(done.parallelism == "gossip") & done.consensus_late.notna()]
-    if len(cons):
-        grows = (cons.consensus_late > 2 * cons.consensus_early).sum()
-        v.check("gossip replicas stay close (consensus distance does not grow)", grows == 0,
-                f"{grows} of {len(cons)} runs doubled their consensus distance from the first to the second half; "
-                f"late mean {cons.consensus_late.mean():.3g}")
+        v.decide("gossipgrad.accuracy_non_inferior", (100 * (at["gossip"] - at["data"])).dropna(), f"p={p}")
+    gossip_runs = done[done.parallelism == "gossip"]
+    cons = gossip_runs[gossip_runs.consensus_late.notna()]
+    grows = (cons.consensus_late > 2 * cons.consensus_early).sum()
+    v.check("gossip replicas stay close (consensus distance does not grow)", len(cons) == len(gossip_runs) > 0
+            and grows == 0, f"{grows} of {len(cons)} runs doubled their consensus distance from the first to the "
+            f"second half; late mean {cons.consensus_late.mean():.3g}" if len(cons) == len(gossip_runs) > 0 else
+            f"consensus distance measured in {len(cons)} of {len(gossip_runs)} gossip runs: missing data fails")
     return v
 
 

@@ -1,11 +1,12 @@
 """``runs/reproduce/report.html``: per seed paper, the finding as the paper states it beside our figures, the
-verdict (holds / does not hold / not comparable) with every check's numbers, and how the campaign was run.
+verdict (holds / does not hold / inconclusive / not comparable) with every check's and registered test's numbers,
+the pre-registration's commit beside the results' and its deviations.
 
-Reads what the reproduction notebooks save under ``ROOT/<key>/`` (directly, or in a sweep point directory
-below it): ``verdict.json``, ``figures/*.json`` (plotly) and ``table.csv``. A finding whose notebook did not
-save a verdict is listed as *not run*. plotly.js is inlined once (the page needs no network); written atomically.
+Reads what the reproduction notebooks save under ``ROOT/<key>/`` (or in a sweep point directory below it):
+``verdict.json``, ``figures/*.json`` and ``table.csv``; a finding without a verdict is *not run*. Self-contained.
 
-``python -m workbench.reproduce.report [ROOT] [--out FILE]`` (what ``make reproduce`` ends with).
+``python -m workbench.reproduce.report [ROOT] [--out FILE]`` (what ``make reproduce`` ends with): exit 1 when a
+finding does not hold or was not run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.reproduce.common import FIGURES_DIR, HOLDS, NOT_COMPARABLE, VERDICT_FILE, Verdict
+from workbench.reproduce.common import FAILS, FIGURES_DIR, HOLDS, INCONCLUSIVE, NOT_COMPARABLE, VERDICT_FILE, Verdict
 
 # key -> notebook, in the order of the report
 NOTEBOOKS = {
@@ -27,7 +28,7 @@ NOTEBOOKS = {
     "gossipgrad": "gossipgrad.ipynb",
     "apoptosis": "apoptosis.ipynb",
 }
-_COLOURS = {HOLDS: "#1a7f37", NOT_COMPARABLE: "#9a6700"}
+_COLOURS = {HOLDS: "#1a7f37", NOT_COMPARABLE: "#9a6700", INCONCLUSIVE: "#9a6700"}
 
 
 def find_verdict(root: Path, key: str) -> Path | None:
@@ -46,6 +47,9 @@ def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
     colour = _COLOURS.get(v.status, "#cf222e")
     checks = "".join(f"<tr><td>{'✔' if c.ok else '✘'}</td><td>{html.escape(c.name)}</td>"
                      f"<td>{html.escape(c.detail)}</td></tr>" for c in v.checks)
+    checks += "".join(f"<tr><td>{html.escape(d['status'])}</td><td>registered: {html.escape(d['key'])} "
+                      f"{html.escape(d['label'])}<br><small>{html.escape(d['claim'])}</small></td>"
+                      f"<td>{html.escape(d['detail'])}</td></tr>" for d in v.decisions)
     figures = []
     for fig_path in sorted((path.parent / FIGURES_DIR).glob("*.json")):
         fig = pio.from_json(fig_path.read_text())
@@ -60,7 +64,8 @@ def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
             f"<div class='pair'><div class='paper'><h3>The paper</h3><p>{html.escape(v.paper)}</p>"
             f"<h3>Campaign</h3><ul>{stats}</ul></div><div class='ours'><h3>Ours</h3>{''.join(figures)}</div></div>"
             f"<table><tr><th></th><th>check</th><th>measured</th></tr>{checks}</table>"
-            f"<p><small>{html.escape(str(path.parent))}</small></p></section>")
+            f"<p><small>{html.escape(str(path.parent))}; results from commit {html.escape(str(v.commit))}"
+            "</small></p></section>")
 
 
 def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathLike | None = None) -> Path:
@@ -72,19 +77,38 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     sections = [_section(key, path, first) for key, path in paths.items()]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
     summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b></li>" for k, s in verdicts.items())
+    summary += _registration()
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the seed papers</title><style>"
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px} .status{font-size:1.3em;font-weight:bold}"
         " .pair{display:flex;gap:2em} .paper{flex:1} .ours{flex:2} table{border-collapse:collapse}"
         " td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}</style></head><body>"
         f"<h1>The seed papers' findings, reproduced</h1><p>Written {time.strftime('%Y-%m-%d %H:%M:%S')} from "
-        f"{html.escape(str(root.resolve()))}. A finding holds when every check passes; the thresholds are the "
-        f"paper's direction, not tuned to our numbers.</p><ul>{summary}</ul>{''.join(sections)}</body></html>")
+        f"{html.escape(str(root.resolve()))}. A finding holds when every check passes and every registered test "
+        f"holds (its interval wholly on the claim's side of the registered margin; inconclusive when it straddles "
+        f"it).</p><ul>{summary}</ul>{''.join(sections)}</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(page)
     os.replace(tmp, out)
     return out
+
+
+def _registration() -> str:
+    """The pre-registration's commit (beside each finding's results commit) and its deviations."""
+    from workbench.reproduce import registry
+
+    try:
+        reg = registry.provenance()
+    except registry.RegistryError as exc:
+        return f"<li>pre-registration: <b>unreadable</b>: {html.escape(str(exc))}</li>"
+    edited = " <b>(edited since: uncommitted changes)</b>" if reg["modified"] else ""
+    deviations = "".join(f"<li>{html.escape(str(d['date']))} {html.escape(str(d['finding']))}: "
+                         f"{html.escape(str(d['change']))} ({html.escape(str(d['why']))})</li>"
+                         for d in reg["deviations"]) or "<li>none</li>"
+    return (f"<li>pre-registered in <code>workbench/reproduce/registry.yaml</code>, commit "
+            f"{html.escape(str(reg['commit']))} ({html.escape(str(reg['date']))}){edited}; deviations after "
+            f"reporting runs began:<ul>{deviations}</ul></li>")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,11 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     path = write_report(args.root, args.out)
+    missed = []
     for key in NOTEBOOKS:
         found = find_verdict(Path(args.root), key)
-        print(Verdict.load(found).summary() if found else f"{key}: not run")
+        verdict = Verdict.load(found) if found else None
+        print(verdict.summary() if verdict else f"{key}: not run")
+        if verdict is None or verdict.status == FAILS:
+            missed.append(key)
     print(f"report: {path}")
-    return 0
+    if missed:  # after the report: a finding that does not hold (or was not run) fails `make reproduce`
+        print(f"does not hold or not run: {', '.join(missed)}", file=sys.stderr)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
