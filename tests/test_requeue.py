@@ -124,3 +124,26 @@ def test_sigusr1_preempts_a_local_sweep_and_the_next_invocation_resumes_its_poin
     assert not (out / pid / requeue.PREEMPTED_DIR).exists()
     frame = load_sweep(out)
     assert set(frame.status) == {"completed"}
+
+
+def test_a_notice_signal_to_the_waiting_process_preempts_the_whole_job(tmp_path):
+    """``kill -USR1`` of the process that waits for the run (a ``workbench run``, a kernel): every rank stops at one
+    boundary, which writes the checkpoint the reason names."""
+    import os
+    import threading
+
+    run = workbench.start(world_size=2, steps=5000, eval_interval=5000, out=tmp_path / "job")
+
+    def signal_once_training():
+        until(lambda: len(run.metrics) >= 20 or run.done, 60, "20 steps")
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.getsignal(signal.SIGUSR1)
+    sender = threading.Thread(target=signal_once_training)
+    sender.start()
+    result = run.wait()  # in the main thread: the notice handler is in place while it waits
+    sender.join()
+    assert signal.getsignal(signal.SIGUSR1) is previous  # put back after the wait
+    assert result.outcome == "stopped" and "every rank was preempted" in result.summary["reason"]
+    path = result.summary["reason"].split("resume from ")[1]
+    assert checkpoint.load(path).step == result.summary["steps_completed"] < 5000
