@@ -11,7 +11,6 @@ the thresholds are the paper's direction, not our numbers.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.faults.outcomes import wilson
+from workbench.reproduce.stats import mean_interval, one_sided
 
 __all__ = ["Check", "Verdict", "cached_run", "fmt", "mean_interval", "one_sided", "paired", "preflight",
            "scale_settings", "wilson"]
@@ -214,28 +214,7 @@ def reusable(result: Any) -> bool:
     return result.outcome == "completed" or planned > 0
 
 
-# -- statistics ---------------------------------------------------------------------------------------------------
-def mean_interval(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and its two-sided Student-t interval over ``values`` (NaNs dropped); one value: (v, v, v)."""
-    from scipy import stats
-
-    data = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    if not data:
-        return math.nan, math.nan, math.nan
-    mean = sum(data) / len(data)
-    if len(data) < 2:
-        return mean, mean, mean
-    sd = math.sqrt(sum((v - mean) ** 2 for v in data) / (len(data) - 1))
-    half = stats.t.ppf(0.5 + confidence / 2, len(data) - 1) * sd / math.sqrt(len(data))
-    return mean, mean - half, mean + half
-
-
-def one_sided(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """Mean and its one-sided Student-t bounds (lower, upper) at ``confidence``: for a directional claim
-    ("a costs more than b": the lower bound of the paired differences is above 0)."""
-    return mean_interval(values, 2 * confidence - 1)
-
-
+# -- statistics: workbench.reproduce.stats (mean_interval, one_sided), re-exported ---------------------------------
 def paired(frame: Any, a: str, b: str, column: str, by: Sequence[str] = ("world_size", "seed"),
            label: str = "strategy") -> list[float]:
     """``column`` of rows ``label == a`` minus that of ``label == b``, paired on ``by`` (the same seed and world

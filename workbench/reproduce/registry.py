@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import WorkbenchError
+from workbench.reproduce.stats import mean_interval
 
 REGISTRY_FILE = Path(__file__).resolve().with_name("registry.yaml")
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
@@ -176,8 +177,6 @@ def decide(finding: Finding, mean: float, low: float, high: float, n: int) -> De
 
 def paired_decision(finding: Finding, effects: Iterable[float]) -> Decision:
     """:func:`decide` on the mean of paired ``effects`` (one per seed, or per model) and its Student-t interval."""
-    from workbench.reproduce.common import mean_interval
-
     values = [float(v) for v in effects if v is not None and not math.isnan(float(v))]
     mean, low, high = mean_interval(values, 1 - 2 * finding.alpha)
     return decide(finding, mean, low, high, len(values))
