@@ -2,7 +2,8 @@
 
 A checkpoint holds ``model/<name>`` (the model's current shapes, narrower under apoptosis), ``optimizer/<name>/<key>``,
 ``rng/torch`` and attributes (``format``, ``step``, ``data_cursor``, ``seed``, ``config``, ``apoptosis``,
-``provenance``); the data cursor is the step, so a restart resumes the exact data order. :func:`verify` lists the
+``provenance``, and under ``resize_rule`` linear ``resize_rule``: the resizes so far and the sample cursor); the
+data cursor is the step, so a restart resumes the exact data order. :func:`verify` lists the
 datasets whose bytes no longer match their checksum. Files are written to ``.<name>.tmp`` and renamed; every reader
 first checks the file's kind (:func:`workbench.h5files.require`). The full layout: docs/internals.md.
 """
@@ -24,6 +25,7 @@ from workbench.h5files import CHECKPOINT, FORMATS, FileKindError, reason, requir
 from workbench.h5write import write_hdf5
 
 FORMAT = FORMATS[CHECKPOINT]
+RULE_ATTRIBUTE = "resize_rule"  # workbench.resize_rule.ATTRIBUTE
 
 
 class CheckpointCorrupt(WorkbenchError):
@@ -46,6 +48,7 @@ class Checkpoint:
     config: dict[str, Any] = field(default_factory=dict)
     apoptosis: dict[str, torch.Tensor] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    rule: dict[str, Any] = field(default_factory=dict)  # resize_rule linear: workbench.rank.scaling.rule_record
 
 
 def checksum(array: np.ndarray) -> str:
@@ -71,6 +74,8 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
                 _write(f, f"optimizer/{name}/{key}", value)
         if ckpt.rng is not None:
             _write(f, "rng/torch", ckpt.rng)
+        if ckpt.rule:
+            f.attrs[RULE_ATTRIBUTE] = json.dumps(ckpt.rule)
         if ckpt.apoptosis:
             f.attrs["apoptosis"] = json.dumps({k: [str(v.dtype).removeprefix("torch."), v.tolist()]
                                                for k, v in ckpt.apoptosis.items()})
@@ -152,6 +157,7 @@ def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
                          in json.loads(f.attrs.get("apoptosis", "{}")).items()}
             return Checkpoint(int(f.attrs["step"]), model, optimizer, rng, int(f.attrs.get("seed", 0)),
                               json.loads(f.attrs.get("config", "{}")), apoptosis,
-                              json.loads(f.attrs.get("provenance", "{}")))
+                              json.loads(f.attrs.get("provenance", "{}")),
+                              json.loads(f.attrs.get(RULE_ATTRIBUTE, "{}")))
     except (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:
         raise FileKindError(path, f"is a damaged workbench checkpoint ({reason(exc)})") from None

@@ -24,6 +24,7 @@ from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
 from workbench.faults.slow import check_straggler_settings
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.resize_rule import check as check_rule
 from workbench.resizing import check_notice, check_world
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
@@ -90,6 +91,7 @@ class RunConfig:
     straggler_window: int = 10
     preempt_grace: float = 30.0
     notice_signals: list[str] = field(default_factory=lambda: ["SIGUSR1"])
+    resize_rule: str = "keep"  # workbench.resize_rule: keep, linear
     startup_timeout: float = 120.0
     spawn: str = "template"
     op_timeout: float = 60.0
@@ -220,6 +222,7 @@ class RunConfig:
         if mode != "data" and self.detect:
             raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
                               "takes bit flips without detectors (outcomes are classified against a golden run)")
+        check_rule(self)  # what the rule keeps per rank or per lane (before the planned resizes' checks)
 
     def _check_stage_cuts(self) -> None:
         """User-given cuts: their count and order here, their range against the model at the start (check_model)."""

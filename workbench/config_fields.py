@@ -15,6 +15,7 @@ from typing import Any
 from workbench import config
 from workbench.faults.slow import STRAGGLER_RESPONSES
 from workbench.peers import PEER_STRATEGIES
+from workbench.resize_rule import RULES as RESIZE_RULES
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,11 @@ SETTINGS: dict[str, Setting] = {
     "notice_signals": Setting("signals a rank takes as a preemption notice, comma-separated: {choices} (SIGTERM "
                               "otherwise kills at once)", ("SIGUSR1", "SIGUSR2", "SIGTERM"),
                               docs="[Preemption](permanent-faults.md#preemption-with-notice)"),
+    "resize_rule": Setting("the learning rate after a resize (resize:world=N, run.resize): {choices}; keep: the "
+                           "global batch stays batch_size, split over the ranks, and so does lr; linear: each rank "
+                           "(hybrid: each lane) keeps its batch, the global batch and lr scale with the world "
+                           "(gossip: lr kept); a failure is no resize", RESIZE_RULES,
+                           docs="[The learning-rate rule](permanent-faults.md#the-learning-rate-rule)"),
     "startup_timeout": Setting("seconds a rank may take to start and report ready before it counts as dead",
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench import machine
+from workbench import machine, resize_rule
 from workbench.callables import IMPORT_PATH
 from workbench.errors import ConfigError
 from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
@@ -156,6 +156,7 @@ def _imagefolder(directory: Path) -> DatasetInfo:
 def check_batch(config: Any, info: DatasetInfo) -> None:
     n = info.n_train
     if n is None:
+        resize_rule.check_sizes(config, None)  # a resumed checkpoint's base still has to divide batch_size
         return
     where = f"the {n} training samples of {config.dataset}"
     if config.apoptosis is not None:  # its rule decides on a validation split carved from the training data
@@ -168,6 +169,7 @@ def check_batch(config: Any, info: DatasetInfo) -> None:
     if config.parallelism == "gossip" and max(1, config.batch_size // config.world_size) > n // config.world_size:
         raise ConfigError("batch_size", f"{config.batch_size} over {config.world_size} ranks: each rank's batch "
                           f"exceeds its partition of {n // config.world_size} samples")
+    resize_rule.check_sizes(config, n)  # linear: the global batch of every planned size
 
 
 # -- a resume ----------------------------------------------------------------------------------------------------

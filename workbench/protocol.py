@@ -34,7 +34,8 @@ class Kind:
 
 
 _STEP_FIGURES = ("loss", "train_acc", "samples", "step_time", "t", "messages", "bytes_sent", "test_loss", "test_acc",
-                 "val_acc", "consensus_distance", "parameters", "hidden_units", "participants", "world_size")
+                 "val_acc", "consensus_distance", "parameters", "hidden_units", "participants", "world_size", "lr",
+                 "global_batch")
 _FAILED = "the rank failed on its own (an exception, not a fault) and exits next; ``reason``: the run's reason to fail"
 
 CONTROL_KINDS: dict[str, Kind] = {
@@ -79,7 +80,8 @@ CONTROL_KINDS: dict[str, Kind] = {
                        "join generation ``gen``; ``source`` None: the members pick the most advanced one; ``resume``: "
                        "a checkpoint the source reads; ``faults``: this rank's pending faults; ``pause``: the step "
                        "boundary to stop at (a planned resize or preemption: ``step``, ``checkpoint``); ``lanes``: "
-                       "a resized hybrid run's lanes per stage", ("pause", "lanes")),
+                       "a resized hybrid run's lanes per stage; ``rule``: resize_rule linear's history of resizes "
+                       "(``base``, ``history``: [step, units] pairs)", ("pause", "lanes", "rule")),
     "pause": Kind(SUPERVISOR, ("gen", "step", "checkpoint"), "stop before ``step`` (or at once if past it) and say "
                   "``paused``; ``checkpoint``: write one there first (a preemption's boundary: a "
                   "restart or the whole job's end resumes from it)"),

@@ -17,7 +17,8 @@ def check_world(config: Any, n: Any, what: str) -> int:
     """``n`` if ``config``'s run may be resized to ``n`` ranks, else a ConfigError naming ``what`` and what is
     allowed: data parallel 1..64 ranks (at most ``batch_size``), gossip a power of two >= 2, hybrid a multiple of
     its stage count (whole lanes, each able to hold the micro-batches); a pipeline keeps its one lane, and the
-    peers their own membership."""
+    peers their own membership. Under ``resize_rule`` linear each rank (lane) keeps its batch: the bounds on the
+    batch are the training set's (:func:`workbench.resize_rule.check_sizes`)."""
     mode = config.parallelism
     if strategies.get(config.strategy).peer is not None:
         raise ConfigError("fault", f"{what}: {config.strategy!r} runs the peer system as its users do; resizing is "
@@ -35,10 +36,10 @@ def check_world(config: Any, n: Any, what: str) -> int:
         if n % stages:
             raise ConfigError("fault", f"{what}: {n} is not a multiple of the {stages} pipeline stages: a hybrid run "
                               "grows and shrinks by whole lanes (one replica of every stage)")
-        if config.batch_size // (n // stages) < config.micro_batches:
+        if config.resize_rule == "keep" and config.batch_size // (n // stages) < config.micro_batches:
             raise ConfigError("fault", f"{what}: {n // stages} lanes leave fewer samples per lane than "
                               f"micro_batches={config.micro_batches}")
-    if n > config.batch_size:
+    if n > config.batch_size and config.resize_rule == "keep":  # linear: each rank keeps its batch
         raise ConfigError("fault", f"{what}: {n} ranks cannot split a global batch of {config.batch_size}")
     return n
 

@@ -156,12 +156,19 @@ class Run:
         self._supervisor.command("preempt", FaultSpec("preempt", rank, time=0.0, grace=grace))
 
     def resize(self, world: int) -> None:
-        """Change the world to ``world`` ranks at the next step boundary (data parallel, gossip): newcomers are
-        forked and get the state, or the newest ranks leave. ConfigError for a size the run cannot take."""
+        """Change the world to ``world`` ranks at the next step boundary (data parallel, gossip, hybrid): newcomers
+        are forked and get the state, or the newest ranks leave; the learning rate follows ``resize_rule``.
+        ConfigError for a size the run cannot take."""
         from workbench.errors import ConfigError
         from workbench.resizing import check_world
 
         check_world(self.config, world, f"resize to {world!r}")
+        if self.config.resize_rule == "linear":  # its global batch must fit the training set
+            from workbench import resize_rule
+            from workbench.preflight import dataset_info
+
+            n_train = dataset_info(self.config.dataset, self.config.synthetic_size).n_train
+            resize_rule.check_sizes(self.config, n_train, [world])
         if self.done:
             raise ConfigError("resize", "the run has ended")
         self._supervisor.command("resize", world)

@@ -1,10 +1,10 @@
 """The lab panel: an ipywidgets control panel around a live :class:`~workbench.session.Run`.
 
-``Lab()`` shows the run's configuration, Start / Stop, Kill, Hang, Stall, Preempt and Slow buttons per rank, a
-resize box, a slow-factor box, a bit-flip form, a status line, a live plotly ``FigureWidget`` (loss, accuracy, world
-size, fault and recovery markers) and a per-rank strip of step times (a straggler is a bright row). The run's
-monitor thread only appends to the panel's buffers; a refresher thread redraws at most ``REFRESH_HZ`` times a
-second. Stop, a kernel interrupt and a kernel restart all end the run.
+``Lab()`` shows the run's configuration (the resize rule included), Start / Stop, Kill, Hang, Stall, Preempt and
+Slow buttons per rank, a resize box, a slow-factor box, a bit-flip form, a status line, a live plotly
+``FigureWidget`` (loss, accuracy, world size, fault and recovery markers) and a per-rank strip of step times (a
+straggler is a bright row). The run's monitor thread only appends to the panel's buffers; a refresher thread
+redraws at most ``REFRESH_HZ`` times a second. Stop, a kernel interrupt and a kernel restart all end the run.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
+from workbench.resize_rule import RULES
 from workbench.session import Run, start
 
 REFRESH_HZ = 5
@@ -84,6 +85,7 @@ class Lab:
                                                  style=style)
         self.detect = w.SelectMultiple(options=["guard", "spike", "fingerprint"], value=tuple(base.detect),
                                        description="detectors", rows=3, style=style)
+        self.resize_rule = w.Dropdown(options=RULES, value=base.resize_rule, description="resize rule", style=style)
         self.steps = w.BoundedIntText(value=base.steps, min=1, max=10_000_000, description="steps", style=style)
         self.seed = w.BoundedIntText(value=base.seed, min=0, max=2**31 - 1, description="seed", style=style)
         self.start_button = w.Button(description="Start", button_style="success", icon="play")
@@ -119,7 +121,8 @@ class Lab:
                                  title="per-rank step time (own CPU per step, x the step's median)",
                                  margin={"t": 40, "b": 40})
         config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy,
-                                self.regrow, self.checkpoint_every, self.detect, self.steps, self.seed],
+                                self.regrow, self.checkpoint_every, self.detect, self.resize_rule, self.steps,
+                                self.seed],
                                layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
         flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
                            self.flip_field, self.flip_button])
@@ -143,7 +146,8 @@ class Lab:
             "strategy": self.strategy.value, "regrow": self.regrow.value,
             "checkpoint_every": self.checkpoint_every.value if self._given.get("checkpoint_every") is not None
             or strategies.get(self.strategy.value).checkpoint_every is not None else None,
-            "detect": list(self.detect.value), "steps": self.steps.value, "seed": self.seed.value,
+            "detect": list(self.detect.value), "resize_rule": self.resize_rule.value, "steps": self.steps.value,
+            "seed": self.seed.value,
             "eval_interval": self._given.get("eval_interval", max(1, min(25, self.steps.value // 10)))})
 
     def _offer_flip_tensors(self) -> None:

@@ -29,6 +29,7 @@ from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.optim import make_optimizer
 from workbench.rank.recovery import InFlight
+from workbench.rank.scaling import Scaled
 from workbench.rank.soft_errors import Detected
 from workbench.rank.throttle import Throttle
 from workbench.workloads.data import BatchSequence, load_dataset
@@ -62,8 +63,9 @@ def fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-class BaseTrainer:
-    """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints.
+class BaseTrainer(Scaled):
+    """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints (and
+    the learning-rate rule of a resize: :class:`~workbench.rank.scaling.Scaled`).
 
     A mode implements ``join`` (settle a new generation), ``train_step``, and the state accessors used by
     checkpoints and bit flips (``checkpoint_state``, ``optimizer_state_of``); ``evaluate`` is overridden where the
@@ -149,6 +151,7 @@ class BaseTrainer:
         if live is not None:
             self.throttle.set_live(*live)
         self.throttle.begin(self.step)
+        self.apply_lr()
         if self.injector.flips_state(self.step):
             self._checkpoint_copied()  # a flip writes the weights or the optimizer state in place
         self.injector.at_step_start(self.step, self.optimizer_state_of)
@@ -224,7 +227,7 @@ class BaseTrainer:
             samples = max(stats[2].item(), 1.0)
             report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
                           step_time=time.perf_counter() - started, t=time.time(), messages=self.traffic[0],
-                          bytes_sent=self.traffic[1], **(extra or {}))
+                          bytes_sent=self.traffic[1], **(extra or {}), **self.rule_report(step))
             if evaluation:
                 report.update(evaluation)
         self.channel.send(protocol.message("step", **report))
@@ -232,6 +235,7 @@ class BaseTrainer:
     def _report_joined(self, started: float, started_cpu: float, received: int, recovery: str | None,
                        retried: bool) -> None:
         """The state of this generation is settled: ``joined`` (rank 0 of a recovery generation says how)."""
+        self.apply_lr()  # the state is settled at self.step: a failed step finished now takes its learning rate
         fields: dict[str, Any] = {"sync_cpu": cpu_time() - started_cpu, "bytes_in": received}
         if recovery and self.comm.rank == 0:
             fields.update(recovery=recovery, resume_step=self.step, retried=retried)
@@ -277,7 +281,7 @@ class BaseTrainer:
                 staged.copy(self._staging_cache)  # a small state: copied here, cheaper than waiting for a thread
                 staged = None
         snapshot = ckpt.Checkpoint(self.step, model_state, optimizer_state, torch.get_rng_state(), self.config.seed,
-                                   {}, self.extra_state(), self.provenance)  # the run's config: by the writer
+                                   {}, self.extra_state(), self.provenance, self.rule_record())  # config: by the writer
         path = self.checkpoint_dir / (name or ckpt.checkpoint_name(self.step))
         cache, taken, handed_over = self._staging_cache, [0.0], threading.Event()
 
@@ -335,6 +339,7 @@ class BaseTrainer:
         while True:
             try:
                 if self.comm.gen != assignment["gen"]:
+                    self.adopt_rule(assignment)
                     self.join(assignment)
                 while self.step < self.config.steps:
                     self.comm.check()

@@ -198,7 +198,7 @@ class GossipTrainer(BaseTrainer):
 
     @property
     def local_batch(self) -> int:
-        return max(1, self.config.batch_size // self.comm.size)
+        return max(1, self.global_batch(self.step) // self.comm.size)  # linear: batch_size / base after resizes
 
     # -- one step -----------------------------------------------------------------------------------------------
     def train_step(self) -> None:

@@ -299,7 +299,7 @@ class PipelineTrainer(BaseTrainer):
         lanes = np.array_split(np.arange(len(batch)), self.layout.lanes)
         micro = [np.array_split(lane, self.config.micro_batches) for lane in lanes]
         self.grads.zero_()
-        stats = self.pipe.forward_backward(x, y, micro, 1.0 / self.config.batch_size)
+        stats = self.pipe.forward_backward(x, y, micro, 1.0 / self.global_batch(step))
         for p, view in zip(self.params, self.views):
             if p.grad is not view:  # autograd replaced the gradient tensor: bring it back into the flat buffer
                 view.copy_(p.grad)

@@ -23,7 +23,7 @@ from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.data_parallel import DataParallel, clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors, Injector
-from workbench.workloads.data import BatchSequence, shard
+from workbench.workloads.data import shard
 
 NO_ALARMS = [0.0] * ALARM_SLOTS
 
@@ -94,7 +94,7 @@ class Trainer(BaseTrainer):
         replica draws the same batches."""
         folded = self.rule.folded(step, self.config.steps, self.config.eval_interval)
         if self.data.fold_validation(folded):
-            self.batches = BatchSequence(len(self.data.y_train), self.config.batch_size, self.config.seed)
+            self.batches = self.batch_sequence()
 
     def _apoptosis_step(self, evaluation: dict[str, float] | None) -> None:
         """At an evaluation: rank 0 (which holds the validation accuracy) observes the replicated parameters' unit
@@ -334,7 +334,7 @@ class Trainer(BaseTrainer):
             alarms = self.detectors.local_alarms(loss_value / len(y))
             self.detector_s += time.thread_time() - began
         self.dp.begin(torch.tensor([loss_value, correct.item(), float(len(y)), *alarms]))
-        (loss_sum / self.config.batch_size).backward()
+        (loss_sum / self.global_batch(step)).backward()
         stats = self.dp.finish()
         self.inflight = None
         self._commit(step, stats, started)
@@ -353,7 +353,7 @@ class Trainer(BaseTrainer):
             # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same
             pressure = self.rule.pressure_due(step, self.config.steps)
             if pressure > 0:
-                apo.group_lasso_(self.model, self.pairs, pressure, self.config.lr, self.rule.gamma)
+                apo.group_lasso_(self.model, self.pairs, pressure, self.lr_at(step), self.rule.gamma)
         self.traffic = self.dp.traffic()
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
         self._report_step(step, stats, started, extra=dict(self.size), evaluation=evaluation)
@@ -379,3 +379,6 @@ class Trainer(BaseTrainer):
 
     def optimizer_state_of(self, name: str) -> dict[str, torch.Tensor]:
         return self.dp.optimizer_state_of(name)
+
+    def optimizers(self) -> list[Any]:
+        return [bucket.optimizer for bucket in self.dp.buckets]

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoint as ckpt
-from workbench import protocol, strategies
+from workbench import protocol, resize_rule, strategies
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
+from workbench.resize_rule import units
 from workbench.resizing import leaving
 
 MARGIN_STEPS = 3  # a live boundary lies this many steps past the furthest step committed (ranks run in lockstep)
@@ -43,6 +44,7 @@ class Commands:
     boundary: Boundary | None = None
     keep_stopped: Any = None  # called with the checkpoint a whole job stopped at (workbench.sweeps.requeue)
     lanes: int | None = None  # a resized hybrid run's lanes per stage (None: the configuration's replicas)
+    scale: resize_rule.Scale | None = None  # resize_rule linear: the resizes so far (every generation says them)
 
     def command(self: Any, name: str, arg: Any = None) -> None:
         """Queue a command (stop, kill, hang, stall, flip, preempt, resize) from any thread."""
@@ -183,7 +185,9 @@ class Commands:
             self._apply(self.membership.grow(world - len(members) - growing))
         if at is None:
             self._tell_members()
-        self.recorder.event("resize", b.step, f"{len(members)} -> {world} ranks at step {b.step}")
+        rule = "" if self.scale is None else "; " + self.scale.resized(b.step, units(self.config, world)).describe(
+            b.step)
+        self.recorder.event("resize", b.step, f"{len(members)} -> {world} ranks at step {b.step}{rule}")
 
     def _on_paused(self: Any, w: Any, m: dict[str, Any]) -> None:
         b = self.boundary
@@ -243,6 +247,8 @@ class Commands:
                 self.control.send(w, protocol.message("stop", reason=f"left the run at step {b.step}"))
         if b.world is not None and self.config.parallelism == "hybrid":
             self.lanes = b.world // self.config.pipeline_stages  # every generation message says so from here on
+        if b.world is not None and self.scale is not None:
+            self.scale = self.recorder.scale = self.scale.resized(b.step, units(self.config, b.world))
         self._apply(self.membership.at_boundary(causes, b.step, world=b.world))
         return True
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoint as ckpt
-from workbench import clock, protocol, provenance, strategies
+from workbench import clock, protocol, provenance, resize_rule, strategies
 from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
@@ -134,6 +134,7 @@ class Supervisor(Commands, SlowRanks):
                                  note=lambda detail: self.recorder.event("template", -1, detail))
         if self.peer is not None:
             self.lighthouse_address = self.peer.start_service(self.launcher, self.host, self.config.heartbeat_timeout)
+        self.scale = self.recorder.scale = resize_rule.start(self.config)  # None under keep
         self._apply(self.membership.start())
         if self.peer is not None:
             self.agent = self.peer.start_agent(self.launcher, self.config, self.store_address, self.plan.planned(),
@@ -254,6 +255,7 @@ class Supervisor(Commands, SlowRanks):
             self.control.send(self.launcher.workers[id], protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
                 resume=d.resume, recovery=d.recovery, pause=pause, **({"lanes": self.lanes} if self.lanes else {}),
+                **({"rule": self.scale.message()} if self.scale is not None else {}),
                 **self.plan.for_member(label, members)))
         resize = [f for f in self.plan.step_faults if f.kind == "resize" and pause and f.step == pause["step"]]
         if resize and self.boundary is None:

@@ -83,6 +83,7 @@ class Recorder:
         self.committed = 0  # steps committed by the run (rank 0 of the current generation)
         self.gen = -1
         self.world_size = 0
+        self.scale: Any = None  # resize_rule linear: the supervisor's workbench.resize_rule.Scale (the global batch)
         self.last_checkpoint: dict[str, Any] | None = None
         self.final_checkpoint: str | None = None
         self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
@@ -100,7 +101,7 @@ class Recorder:
     # -- membership -------------------------------------------------------------------------------------------
     def lost(self, decision: Lost, step: int, fault_time: float, peer: bool) -> Failure:
         """A member failed: open its failure record (``peer``: the peer's own detection will be the one)."""
-        batch, size = self.config.batch_size, decision.size
+        batch, size = self.config.batch_size if self.scale is None else self.scale.global_batch(step), decision.size
         share = batch // size + (1 if decision.position < batch % size else 0)
         failure = Failure(decision.label, step, decision.cause, fault_time, None if peer else time.time(),
                           committed=self.committed, lost_share=share, world_size_after=decision.world_size_after,
@@ -200,7 +201,7 @@ class Recorder:
                "samples": m["samples"], "world_size": self.world_size, "generation": self.gen,
                "step_time": m["step_time"]}
         for key in ("test_acc", "test_loss", "val_acc", "messages", "bytes_sent", "consensus_distance", "parameters",
-                    "hidden_units"):
+                    "hidden_units", "lr", "global_batch"):
             row[key] = m.get(key, float("nan"))
         self.rank_time.on_row(m["gen"], row)
         self.metrics.append(row)

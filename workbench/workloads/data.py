@@ -108,9 +108,16 @@ def _tensors(x_train, y_train, x_test, y_test) -> Dataset:  # noqa: ANN001 - arr
 
 class BatchSequence:
     """The global batch of every step: epoch ``e`` is a permutation seeded by (seed, e); the last partial batch
-    of an epoch is dropped so every step has exactly ``batch_size`` samples."""
+    of an epoch is dropped so every step has exactly ``batch_size`` samples.
 
-    def __init__(self, n_train: int, batch_size: int, seed: int) -> None:
+    ``segments`` (``resize_rule`` linear: :meth:`workbench.resize_rule.Scale.segments`): (first step, global batch)
+    of each stretch of constant global batch. The stream is then read by a sample cursor, (epoch, offset) into the
+    same permutations: a step takes the next ``batch`` samples of the epoch, or the first ``batch`` of the next one
+    where fewer are left (those are dropped). The cursor of step ``s`` depends on the seed, the segments and ``s``
+    only; with one segment it is the stream above, bit for bit."""
+
+    def __init__(self, n_train: int, batch_size: int, seed: int,
+                 segments: list[tuple[int, int]] | None = None) -> None:
         if batch_size > n_train:
             raise ConfigError("batch_size", f"{batch_size} is larger than the {n_train} training samples")
         self.n_train = n_train
@@ -118,13 +125,47 @@ class BatchSequence:
         self.seed = seed
         self.per_epoch = n_train // batch_size
         self._perm: tuple[int, np.ndarray] | None = None
+        self.segments = list(segments) if segments and len(segments) > 1 else None
+        for _, batch in self.segments or []:
+            if batch > n_train:
+                raise ConfigError("resize_rule", f"a global batch of {batch} exceeds the {n_train} training samples")
 
     def __call__(self, step: int) -> np.ndarray:
-        epoch, offset = divmod(step, self.per_epoch)
+        if self.segments is None:
+            epoch, offset = divmod(step, self.per_epoch)
+            start, size = offset * self.batch_size, self.batch_size
+        else:
+            epoch, start, size = self.cursor(step)
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, np.random.default_rng((self.seed, epoch)).permutation(self.n_train))
-        start = offset * self.batch_size
-        return self._perm[1][start : start + self.batch_size]
+        return self._perm[1][start : start + size]
+
+    def cursor(self, step: int) -> tuple[int, int, int]:
+        """(epoch, offset, global batch) of step ``step``: where its samples start in the stream, and how many."""
+        segments = self.segments or [(0, self.batch_size)]
+        epoch, offset = 0, 0
+        for i, (first, batch) in enumerate(segments):
+            end = segments[i + 1][0] if i + 1 < len(segments) else None
+            steps = (min(end, step) if end is not None else step) - first
+            epoch, offset = self._advance(epoch, offset, batch, max(steps, 0))
+            if end is None or step < end:
+                return (epoch + 1, 0, batch) if offset + batch > self.n_train else (epoch, offset, batch)
+        raise AssertionError("unreachable: the last segment has no end")
+
+    def _advance(self, epoch: int, offset: int, batch: int, steps: int) -> tuple[int, int]:
+        """The cursor after ``steps`` batches of ``batch`` samples from (epoch, offset)."""
+        if offset + batch > self.n_train:
+            epoch, offset = epoch + 1, 0
+        left = (self.n_train - offset) // batch  # batches this epoch still holds
+        if steps < left:
+            return epoch, offset + steps * batch
+        full, rest = divmod(steps - left, self.n_train // batch)
+        return epoch + 1 + full, rest * batch
+
+    def samples(self, step: int) -> int:
+        """The sample cursor before step ``step`` as one number: epoch x n_train + offset."""
+        epoch, offset, _ = self.cursor(step)
+        return epoch * self.n_train + offset
 
 
 def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:
