@@ -170,6 +170,15 @@ def test_linear_4_8_2_scales_batch_and_lr_per_step_and_equals_restarts_at_each_s
     assert max_diff(final_weights(resized), final_weights(third)) <= 1e-5
 
 
+def test_the_scaled_lr_and_batch_are_what_trains_a_resize_at_step_0_equals_keep_at_twice_the_batch_and_lr(tmp_path):
+    # from step 0 the cursor reads keep's stream of 128-sample batches: only a learning rate or a loss scale that
+    # is not applied would tell the two apart
+    linear = completed(tmp_path, "linear", world_size=2, steps=12, faults=["resize:world=4,step=0"])
+    keep = completed(tmp_path, "keep", world_size=4, steps=12, batch_size=128, lr=0.1, resize_rule="keep")
+    assert set(rule_by_step(linear).values()) == {(128, 0.1)}
+    assert max_diff(final_weights(linear), final_weights(keep)) <= 1e-5
+
+
 def test_linear_without_a_resize_is_keep_bit_for_bit(tmp_path):
     keep = completed(tmp_path, "keep", world_size=2, steps=12, resize_rule="keep")
     linear = completed(tmp_path, "linear", world_size=2, steps=12)
