@@ -4,6 +4,7 @@ batch and lr with the world, reads the sample stream by a cursor, and equals a r
 
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -170,6 +171,15 @@ def test_linear_4_8_2_scales_batch_and_lr_per_step_and_equals_restarts_at_each_s
     assert max_diff(final_weights(resized), final_weights(third)) <= 1e-5
 
 
+def test_the_scaled_lr_and_batch_are_what_trains_a_resize_at_step_0_equals_keep_at_twice_the_batch_and_lr(tmp_path):
+    # from step 0 the cursor reads keep's stream of 128-sample batches: only a learning rate or a loss scale that
+    # is not applied would tell the two apart
+    linear = completed(tmp_path, "linear", world_size=2, steps=12, faults=["resize:world=4,step=0"])
+    keep = completed(tmp_path, "keep", world_size=4, steps=12, batch_size=128, lr=0.1, resize_rule="keep")
+    assert set(rule_by_step(linear).values()) == {(128, 0.1)}
+    assert max_diff(final_weights(linear), final_weights(keep)) <= 1e-5
+
+
 def test_linear_without_a_resize_is_keep_bit_for_bit(tmp_path):
     keep = completed(tmp_path, "keep", world_size=2, steps=12, resize_rule="keep")
     linear = completed(tmp_path, "linear", world_size=2, steps=12)
@@ -202,3 +212,29 @@ def test_gossip_linear_keeps_each_ranks_batch_and_its_lr(tmp_path):
     assert {s: by_step(result, "samples")[s] for s in (9, 10)} == {9: 64, 10: 128}  # 16 per rank throughout
     assert set(by_step(result, "lr").values()) == {0.05}
     assert by_step(result, "global_batch")[10] == 128
+
+
+def test_a_live_resize_scales_at_its_boundary_and_one_beyond_the_training_set_is_refused_at_the_call(tmp_path):
+    run = workbench.start(world_size=2, steps=400, eval_interval=400, resize_rule="linear", out=tmp_path / "live")
+    try:
+        deadline = time.monotonic() + 60
+        while not run.metrics:
+            assert time.monotonic() < deadline and not run.done, run.events[-3:]
+            time.sleep(0.05)
+        with pytest.raises(workbench.ConfigError, match="resize_rule: linear at world size 64 makes the global batch "
+                           "2048"):
+            run.resize(64)
+        run.resize(4)
+        while not any(r["world_size"] == 4 for r in run.metrics):
+            assert time.monotonic() < deadline and not run.done, run.events[-3:]
+            time.sleep(0.05)
+    finally:
+        run.stop()
+        result = run.wait(60)
+    [event] = [e["detail"] for e in result.events if e["kind"] == "resize" and "ranks at step" in e["detail"]]
+    assert event.startswith("2 -> 4 ranks at step") and event.endswith("; resize_rule linear: lr 0.1, global batch 128")
+    # the rule changes with the world, at the step the ranks stopped before (a live boundary may lie behind them)
+    at = min(r["step"] for r in result.metrics if r["world_size"] == 4)
+    rules = rule_by_step(result)
+    assert rules[at - 1] == (64, 0.05) and {rules[s] for s in rules if s >= at} == {(128, 0.1)}
+    assert by_step(result, "samples")[at] == 128

@@ -247,8 +247,9 @@ class Commands:
                 self.control.send(w, protocol.message("stop", reason=f"left the run at step {b.step}"))
         if b.world is not None and self.config.parallelism == "hybrid":
             self.lanes = b.world // self.config.pipeline_stages  # every generation message says so from here on
-        if b.world is not None and self.scale is not None:
-            self.scale = self.recorder.scale = self.scale.resized(b.step, units(self.config, b.world))
+        if b.world is not None and self.scale is not None:  # from the step the members stopped before (a live
+            at = max([b.step, *b.paused.values()])  # boundary may lie behind them when its message reached them)
+            self.scale = self.recorder.scale = self.scale.resized(at, units(self.config, b.world))
         self._apply(self.membership.at_boundary(causes, b.step, world=b.world))
         return True
 
