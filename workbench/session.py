@@ -150,10 +150,16 @@ class Run:
             raise ConfigError("strategy", f"{self.config.strategy!r} runs the peer system as its users do: it has no "
                               "notice path (kill the rank instead)")
         rank = live_rank(rank, "preempt", self.status, self.events, self.config.world_size, self.done)
+        self._supervisor.command("preempt", FaultSpec("preempt", rank, time=0.0, grace=self._grace(grace)))
+
+    def _grace(self, grace: float | None) -> float:
+        """``grace`` (default ``preempt_grace``), or a ConfigError saying what is allowed."""
+        from workbench.errors import ConfigError
+
         grace = self.config.preempt_grace if grace is None else grace
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
             raise ConfigError("grace", f"{grace!r} is not allowed: a number of seconds >= 0")
-        self._supervisor.command("preempt", FaultSpec("preempt", rank, time=0.0, grace=grace))
+        return float(grace)
 
     def resize(self, world: int) -> None:
         """Change the world to ``world`` ranks at the next step boundary (data parallel, gossip, hybrid): newcomers
@@ -180,8 +186,9 @@ class Run:
         """Give the whole job notice of preemption: every rank stops at one step boundary, whose checkpoint the
         run's reason names (``resume=PATH`` goes on from it); ``grace`` seconds (default ``preempt_grace``). What
         the run's process does on a signal of ``notice_signals`` while :meth:`wait` blocks in the main thread."""
+        grace = self._grace(grace)
         self._noticed = True
-        self._supervisor.command("notice", self.config.preempt_grace if grace is None else grace)
+        self._supervisor.command("notice", grace)
 
     def wait(self, timeout: float | None = None) -> RunResult:
         """Block until the run ends and return its result. Ctrl-C stops the run, then re-raises; a signal of
@@ -271,8 +278,9 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
         track = require(track)
     config = prepare(config, **overrides)
     point = PointRun.of(config)
-    if point is not None and point.resume_from():  # an earlier attempt of this sweep point was preempted here
-        config = prepare(config, resume=point.resume_from())
+    kept = point.resume_from() if point is not None else None
+    if kept:  # an earlier attempt of this sweep point was preempted here
+        config = prepare(config, resume=kept)
     if out is not None:
         from workbench.outdir import claim
 
