@@ -273,7 +273,8 @@ def test_synthetic_image_is_seeded_by_size_only():
 
 def test_synthetic_image_is_learnable_by_a_small_cnn():
     """Measured (4 model seeds, 200 SGD steps of 64, lr 0.05, momentum 0.9, this net, size 1024): test accuracy
-    0.91-0.96 (chance 0.10); at 100 steps 0.20-0.50. The bound leaves a wide margin."""
+    0.59-0.65 (chance 0.10); at 100 steps 0.10-0.28. Hard on purpose (a second class's waves laid over each image,
+    docs/reproduce.md): the bound is well above chance and well below a ceiling no model passes."""
     data = synthetic_image(1024)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(),
@@ -289,7 +290,7 @@ def test_synthetic_image_is_learnable_by_a_small_cnn():
         optimizer.step()
     with torch.no_grad():
         accuracy = (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
-    assert accuracy >= 0.6
+    assert 0.45 <= accuracy <= 0.85
 
 
 # -- crop_flip -------------------------------------------------------------------------------------------------

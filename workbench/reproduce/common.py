@@ -20,8 +20,8 @@ from typing import Any
 from workbench.faults.outcomes import wilson
 from workbench.reproduce.stats import mean_interval, one_sided
 
-__all__ = ["Check", "Verdict", "cached_run", "fmt", "mean_interval", "one_sided", "paired", "preflight",
-           "scale_settings", "wilson"]
+__all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "one_sided", "paired",
+           "preflight", "scale_settings", "wilson"]
 
 VERDICT_FILE = "verdict.json"
 FIGURES_DIR = "figures"
@@ -168,6 +168,23 @@ def scale_settings(scales: dict[str, dict[str, Any]], scale: str, overrides: dic
         raise ConfigError("settings", f"unknown campaign setting(s) {', '.join(unknown)}; this campaign's are "
                           f"{', '.join(scales[scale])}")
     return {**scales[scale], **overrides}
+
+
+def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, out: str | os.PathLike,
+                      overrides: dict[str, Any]) -> dict[str, Any]:
+    """A campaign's settings: at the small scale the module's (tuning seeds: the mechanism only); at the paper
+    scale the registry's workload (registry.yaml) with the reporting seeds of ``out``, drawn once when the campaign
+    first runs (:func:`workbench.reproduce.registry.seeds_of`). Seeds given as an override make it a tuning run:
+    ``settings["reporting"]`` says which it is."""
+    from workbench.reproduce import registry
+
+    if scale == "paper":
+        scales = {**scales, "paper": {**scales.get("paper", {}), **registry.load().workload(key)}}
+    settings = scale_settings(scales, scale, overrides)
+    settings["reporting"] = scale == "paper" and "seeds" not in overrides
+    if settings["reporting"]:
+        settings["seeds"] = registry.seeds_of(out, key)["seeds"]
+    return settings
 
 
 def preflight(*runs: dict[str, Any]) -> None:

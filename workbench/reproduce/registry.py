@@ -79,6 +79,17 @@ class Registry:
     reporting_seeds: dict[str, Any]
     deviations: list[dict[str, Any]] = field(default_factory=list)
 
+    def workload(self, paper: str) -> dict[str, Any]:
+        """The paper scale of ``paper``'s campaign as registered: its settings (model, dataset, worlds, steps, ...),
+        a copy; RegistryError when the paper is not registered."""
+        if paper not in self.papers:
+            raise RegistryError(f"no paper {paper!r} is registered; registered: {', '.join(self.papers)}")
+        return dict(self.papers[paper]["workload"])
+
+    def seed_count(self, paper: str) -> int:
+        """How many reporting seeds ``paper``'s campaign draws (its own count, else the registry's)."""
+        return int(self.papers.get(paper, {}).get("reporting_seeds") or self.reporting_seeds["count"])
+
     def finding(self, key: str) -> Finding:
         """``paper.id``; RegistryError naming the registered keys when it is not one."""
         if key not in self.findings:
@@ -101,6 +112,11 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
     findings: dict[str, Finding] = {}
     for paper_key, paper in data["papers"].items():
         rows = paper.get("findings") if isinstance(paper, dict) else None
+        if not isinstance(paper, dict) or not isinstance(paper.get("workload"), dict):
+            raise RegistryError(f"{path}: paper {paper_key!r} needs a workload mapping (its campaign's paper scale)")
+        count = paper.get("reporting_seeds")
+        if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 2):
+            raise RegistryError(f"{path}: paper {paper_key!r}: reporting_seeds {count!r} must be an integer >= 2")
         if not isinstance(rows, list) or not rows:
             raise RegistryError(f"{path}: paper {paper_key!r} needs a non-empty list of findings")
         for row in rows:
@@ -203,15 +219,47 @@ def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
     return out
 
 
-def reporting_seeds(registry: Registry) -> list[int]:
+def reporting_seeds(registry: Registry, count: int | None = None) -> list[int]:
     """Fresh reporting seeds, as the registry says: drawn from the operating system's entropy, outside the tuning
     range and the range to avoid, distinct. The caller records them with its results (they are named nowhere
     before the run)."""
     avoid = registry.reporting_seeds.get("avoid", list(registry.tuning_seeds))
     low, high = min(avoid[0], registry.tuning_seeds[0]), max(avoid[1], registry.tuning_seeds[1])
     seeds: list[int] = []
-    while len(seeds) < registry.reporting_seeds["count"]:
+    while len(seeds) < (count or registry.reporting_seeds["count"]):
         seed = int.from_bytes(os.urandom(4), "big") >> 1  # 31 bits: a valid seed for every generator used
         if not low <= seed <= high and seed not in seeds:
             seeds.append(seed)
     return seeds
+
+
+SEEDS_FILE = "reporting_seeds.json"
+
+
+def seeds_of(out: str | os.PathLike, paper: str) -> dict[str, Any]:
+    """The reporting seeds of the campaign writing to ``out``: drawn once, when its first paper-scale run starts,
+    and kept in ``out/reporting_seeds.json`` with the time and the registry's commit, so that an interrupted
+    campaign resumes on the same seeds. A file that is not such a record is refused (RegistryError)."""
+    import json
+    from datetime import datetime, timezone
+
+    path = Path(out) / SEEDS_FILE
+    if path.exists():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise RegistryError(f"{path}: not a record of reporting seeds ({exc}); remove it to draw afresh") from None
+        seeds = record.get("seeds") if isinstance(record, dict) else None
+        if record.get("paper") != paper or not (isinstance(seeds, list) and seeds
+                                                and all(isinstance(s, int) for s in seeds)):
+            raise RegistryError(f"{path}: not {paper}'s reporting seeds; remove it or choose another out")
+        return record
+    registry = load()
+    record = {"paper": paper, "seeds": reporting_seeds(registry, registry.seed_count(paper)),
+              "drawn": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "registry_commit": provenance()["commit"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return record
