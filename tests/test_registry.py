@@ -64,8 +64,12 @@ def test_too_few_values_are_inconclusive_and_exact_findings_are_the_campaigns():
     ("alpha: 0.025\npapers: {a: {findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, "
      "test: superiority, margin: -1}]}}", "margin -1 must be a number >= 0"),
     ("alpha: 0.025\ntuning_seeds: [0, 9]\nreporting_seeds: {count: 5}\ndeviations: [{date: d}]\n"
-     "papers: {a: {findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, test: superiority, "
-     "margin: 0}]}}", "each deviation needs date, finding, change and why"),
+     "papers: {a: {workload: {}, findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, "
+     "test: superiority, margin: 0}]}}", "each deviation needs date, finding, change and why"),
+    ("alpha: 0.025\npapers: {a: {findings: [{id: x, paper: p, ours: o, metric: m, clock: rank, effect: e, "
+     "test: superiority, margin: 0}]}}", "paper 'a' needs a workload mapping"),
+    ("alpha: 0.025\npapers: {a: {workload: {}, reporting_seeds: 1, findings: [{id: x, paper: p, ours: o, "
+     "metric: m, clock: rank, effect: e, test: superiority, margin: 0}]}}", "reporting_seeds 1 must be an integer"),
     ("papers: {a: [", "cannot be read as YAML"),
 ])
 def test_a_malformed_registry_is_one_line_naming_what_is_wrong(tmp_path, text, message):
@@ -88,3 +92,17 @@ def test_provenance_names_the_commit_that_registered_the_file(tmp_path):
     assert found["commit"] == head and found["modified"] is False and found["deviations"] == []
     path.write_text(path.read_text() + "\n# edited\n")
     assert registry.provenance(path)["modified"] is True  # an edit after registering shows
+
+
+def test_reporting_seeds_are_drawn_once_per_campaign_directory_and_kept(tmp_path):
+    first = registry.seeds_of(tmp_path, "gossipgrad")
+    reg = registry.load()
+    assert len(first["seeds"]) == reg.seed_count("gossipgrad") and first["paper"] == "gossipgrad"
+    assert not any(reg.tuning_seeds[0] <= s <= 1000 for s in first["seeds"])
+    assert registry.seeds_of(tmp_path, "gossipgrad") == first  # a resumed campaign: the same seeds
+    with pytest.raises(RegistryError, match="not ccgrid22's reporting seeds"):
+        registry.seeds_of(tmp_path, "ccgrid22")
+    (tmp_path / registry.SEEDS_FILE).write_text("{")
+    with pytest.raises(RegistryError, match="not a record of reporting seeds"):
+        registry.seeds_of(tmp_path, "gossipgrad")
+    assert registry.seeds_of(tmp_path / "other", "gossipgrad")["seeds"] != first["seeds"]

@@ -112,11 +112,6 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
     findings: dict[str, Finding] = {}
     for paper_key, paper in data["papers"].items():
         rows = paper.get("findings") if isinstance(paper, dict) else None
-        if not isinstance(paper, dict) or not isinstance(paper.get("workload"), dict):
-            raise RegistryError(f"{path}: paper {paper_key!r} needs a workload mapping (its campaign's paper scale)")
-        count = paper.get("reporting_seeds")
-        if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 2):
-            raise RegistryError(f"{path}: paper {paper_key!r}: reporting_seeds {count!r} must be an integer >= 2")
         if not isinstance(rows, list) or not rows:
             raise RegistryError(f"{path}: paper {paper_key!r} needs a non-empty list of findings")
         for row in rows:
@@ -124,6 +119,7 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
             if finding.key in findings:
                 raise RegistryError(f"{path}: finding {finding.key!r} is registered twice")
             findings[finding.key] = finding
+        _check_paper(path, paper_key, paper)
     low, high = _seed_range(data.get("tuning_seeds"))
     reporting = data.get("reporting_seeds")
     if not isinstance(reporting, dict) or not isinstance(reporting.get("count"), int) or reporting["count"] < 2:
@@ -133,6 +129,14 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
                                                    <= set(d) for d in deviations):
         raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
     return Registry(alpha, findings, data["papers"], (low, high), reporting, deviations)
+
+
+def _check_paper(path: Path, key: str, paper: dict[str, Any]) -> None:
+    if not isinstance(paper.get("workload"), dict):
+        raise RegistryError(f"{path}: paper {key!r} needs a workload mapping (its campaign's paper scale)")
+    count = paper.get("reporting_seeds")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 2):
+        raise RegistryError(f"{path}: paper {key!r}: reporting_seeds {count!r} must be an integer >= 2")
 
 
 def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
