@@ -202,7 +202,8 @@ def gossip_frame(gossip_messages=(3, 3)):
                          "consensus_early": None, "consensus_late": None})
             rows.append({"parallelism": "gossip", "world_size": p, "seed": seed, "outcome": "completed",
                          "reason": "", "final_test_accuracy": 0.955, "messages": gm, "bytes_sent": 1e5,
-                         "consensus_early": 0.1, "consensus_late": 0.1})
+                         "consensus_early": 0.1, "consensus_late": 0.1, "diffusion_rounds": p.bit_length() - 1,
+                         "spread_before": 0.2, "spread_after": 0.0})
     return pd.DataFrame(rows)
 
 
@@ -238,6 +239,20 @@ def test_gossip_without_consensus_data_fails_its_check():
     v = gossipgrad.verdict(frame, "small")
     assert [c.name for c in v.checks if not c.ok] == ["gossip replicas stay close (consensus distance does not grow)"]
     assert "missing data fails" in v.failed()[0]
+
+
+@pytest.mark.parametrize("spread_after,missing", [(0.05, False), (None, True)])
+def test_gossip_whose_replicas_stay_apart_after_log2_p_rounds_does_not_hold(spread_after, missing):
+    """A gossip that skips a round (tests/test_gossip_diffusion.py measures one) leaves its replicas apart after
+    ceil(log2 p) rounds; a campaign without the measurement fails the finding too."""
+    frame = gossip_frame()
+    frame.loc[(frame.parallelism == "gossip") & (frame.world_size == 4), "spread_after"] = spread_after
+    v = gossipgrad.verdict(frame, "small")
+    failed = [c for c in v.checks if not c.ok]
+    assert [c.name.split(":")[0] for c in failed] == ["gossipgrad.diffusion_in_log_p"] and v.status == "does not hold"
+    assert ("measured in 3 of 6" in failed[0].detail) == missing
+    with pytest.raises(AssertionError, match="diffusion_in_log_p"):
+        v.require_mechanism()
 
 
 def test_the_report_shows_the_registration_and_fails_make_reproduce_when_a_finding_does_not_hold(tmp_path, capsys):

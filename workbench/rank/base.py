@@ -355,7 +355,12 @@ class BaseTrainer(Scaled):
         if self._writer is not None:
             self._writer.join()
         self.channel.send(protocol.message("done", step=self.step, fingerprint=fingerprint(self.model),
-                                           group=self.replica_group(), detector_s=self.detector_s))
+                                           group=self.replica_group(), detector_s=self.detector_s,
+                                           **self._done_figures()))
+
+    def _done_figures(self) -> dict[str, Any]:
+        """Figures a mode measures once its steps are done, sent with ``done`` (none by default)."""
+        return {}
 
     def _pause_if_due(self) -> None:
         """A step boundary the supervisor asked for (a resize, a preemption): write its checkpoint if asked, say

@@ -64,6 +64,29 @@ def gossip_average(current: torch.Tensor, sent: torch.Tensor, pair_sum: torch.Te
     return (current - sent) + 0.5 * pair_sum
 
 
+def diffusion(comm: Comm, schedule: GossipSchedule, vector: torch.Tensor, after_step: int) -> dict[str, float]:
+    """How far ``vector`` (this replica's state) diffuses in ``ceil(log2 p)`` gossip rounds without updates: the
+    replicas' relative spread before and after the rounds of the next partner cycle after ``after_step`` (each
+    round ``v <- (v + v_partner) / 2`` over the same pair links as training). With p a power of two the rounds
+    reach the mean exactly; a skipped round leaves the replicas apart. A measurement on a copy: the model stays."""
+    before = relative_spread(comm, vector)
+    vector = vector.clone()
+    start = -(-after_step // schedule.k) * schedule.k  # the first step of a cycle: k rounds of one labelling
+    for step in range(start, start + schedule.k):
+        partner = schedule.partner(step, comm.rank)
+        if partner is not None:
+            comm.wait(comm.link(partner).group.allreduce([vector]))
+            vector *= 0.5
+    return {"rounds": schedule.k, "before": before, "after": relative_spread(comm, vector)}
+
+
+def relative_spread(comm: Comm, vector: torch.Tensor) -> float:
+    """Mean over replicas of ``|v_i - mean| / |mean|``: 0 when every replica holds the same state."""
+    mean = comm.allreduce_now(vector.clone()) / comm.size
+    own = (torch.linalg.vector_norm(vector - mean) / torch.linalg.vector_norm(mean).clamp_min(1e-30)).reshape(1)
+    return comm.allreduce_now(own).item() / comm.size
+
+
 class PairExchange:
     """The exchange of one flat state vector (parameters and history) with a partner.
 
@@ -253,6 +276,10 @@ class GossipTrainer(BaseTrainer):
 
     def _before_fault(self) -> None:
         pass  # the exchange is posted; the partner finds it broken
+
+    def _done_figures(self) -> dict[str, Any]:
+        """The diffusion measurement (:func:`diffusion`) of the final replicas, sent with ``done``."""
+        return {"diffusion": diffusion(self.comm, self.schedule, self._flat(), self.step)}
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         extra: dict[str, Any] = {}

@@ -111,6 +111,7 @@ class Supervisor(Commands, SlowRanks):
                                       replicas_identical=replicas_identical(workers),
                                       keep_checkpoint=self.out_dir is not None)
         result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
+        result.summary["diffusion"] = next((w.diffusion for w in workers if w.diffusion), None)  # gossip: the same
         result.rank_steps, result.summary["stragglers"] = self.stragglers.table(), sum(
             e["kind"] == "straggler" for e in self.events)
         result.provenance = provenance.finish(self.provenance)
@@ -359,6 +360,7 @@ class Supervisor(Commands, SlowRanks):
         elif kind == "done":
             w.done = True
             w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
+            w.diffusion = m.get("diffusion")
         elif kind == "error":
             self._outcome = ("failed", self.recorder.rank_error(w.label, w.steps_done, m))
 

@@ -46,6 +46,7 @@ class Worker:
     fingerprint: str | None = None  # hash of the final parameters, sent with "done"
     group: int = 0  # members of one group hold the same parameters (a pipeline stage's replicas)
     detector_s: float = 0.0  # its time in the soft-error detectors, sent with "done"
+    diffusion: dict | None = None  # gossip: the replicas' spread before/after log2 p rounds, sent with "done"
     host: str = "local"  # address of the host it runs on (multi-host runs)
     remote: bool = False  # not a child process of this machine: signals travel as control messages
     pid: int | None = None  # a process of this machine started by a peer's launcher (torchrun, mpirun)
