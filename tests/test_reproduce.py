@@ -134,8 +134,8 @@ def test_ccgrid_seeds_without_a_failure_are_left_out_of_the_statistics():
     frame = pd.concat([ccgrid_frame(), pd.DataFrame(calm)], ignore_index=True)
     v = ccgrid22.verdict(frame, "paper")
     assert v.status == "holds" and v.statistics["seeds_with_failures"] == [0, 1, 2, 3]
-    restart = next(c.detail for c in v.checks if c.name.startswith("checkpoint_restart/30 adds"))
-    assert restart.startswith("checkpoint_restart/30 - rollback overhead (rank-time), paired by seed: 40.0 [")
+    restart = next(d for d in v.decisions if d["label"].startswith("checkpoint_restart/30 - rollback"))
+    assert restart["n"] == 4 and restart["mean"] == pytest.approx(40.0) and restart["status"] == "holds"
     assert ccgrid22.statistics(frame).set_index("strategy").loc["rollback", "completed"] == 4
 
 
@@ -145,14 +145,48 @@ def test_ccgrid_compares_the_whole_runtime_on_the_rank_time_clock():
     it."""
     frame = ccgrid_frame()
     frame.loc[(frame.strategy == "rollback") & (frame.seed == 1), "overhead_pct"] = 150.0
-    for scale in ("small", "paper"):
-        v = ccgrid22.verdict(frame, scale)
-        assert v.status == "holds"
-        detail = next(c.detail for c in v.checks if c.name.startswith("checkpoint_restart/30 adds"))
-        assert detail.startswith("checkpoint_restart/30 - rollback overhead (rank-time), paired by seed: 40.0 [")
-    frame.loc[frame.strategy == "checkpoint_restart/30", "rank_overhead_pct"] = 6.0
+    v = ccgrid22.verdict(frame, "small")
+    assert v.status == "holds"
+    detail = next(c.detail for c in v.checks if c.name.startswith("checkpoint_restart/30 adds"))
+    assert detail.startswith("checkpoint_restart/30 - rollback overhead (rank-time), paired by seed: 40.0 [")
+    paper = ccgrid22.verdict(frame, "paper")  # the registered tests decide, on rank-time too
+    assert paper.status == "holds" and not any("adds" in c.name for c in paper.checks)
+    assert {d["key"] for d in paper.decisions} == {
+        "ccgrid22.rollback_keeps_accuracy", "ccgrid22.forward_loses_accuracy_bounded",
+        "ccgrid22.forward_faster_than_rollback", "ccgrid22.restart_costs_more"}
+    frame.loc[frame.strategy == "checkpoint_restart/30", "rank_overhead_pct"] = 0.0
     failed = ccgrid22.verdict(frame, "small").failed()
-    assert len(failed) == 1 and failed[0].startswith("checkpoint_restart/30 adds more runtime than rollback")
+    assert failed[0].startswith("checkpoint_restart/30 adds more runtime than rollback")
+    assert failed[1].startswith("ccgrid22.restart_costs_more checkpoint_restart/30 - rollback, rank-time pt does not")
+
+
+@pytest.mark.parametrize("change,finding", [
+    ({"strategy": "rollback", "accuracy_loss_pt": 2.5}, "ccgrid22.rollback_keeps_accuracy"),  # rollback loses a share
+    ({"strategy": "forward", "accuracy_loss_pt": 4.0}, "ccgrid22.forward_loses_accuracy_bounded"),
+    ({"strategy": "forward", "rank_overhead_pct": 30.0}, "ccgrid22.forward_faster_than_rollback"),
+])
+def test_ccgrid_a_broken_strategy_turns_its_registered_finding_to_does_not_hold(change, finding):
+    frame = ccgrid_frame()
+    rows = frame.strategy == change.pop("strategy")
+    for column, value in change.items():
+        frame[column] = frame[column].astype(float)
+        frame.loc[rows, column] = value + frame.loc[rows, "seed"] * 0.1  # some spread: an interval, not a point
+    v = ccgrid22.verdict(frame, "paper")
+    assert {d["key"] for d in v.decisions if d["status"] == "does not hold"} == {finding}
+    assert v.status == "does not hold"
+    with pytest.raises(AssertionError, match=finding):
+        v.require()
+
+
+def test_ccgrid_pairs_each_strategy_with_the_same_failures_over_the_mtbf_axis():
+    frame = pd.concat([ccgrid_frame().assign(mtbf=60), ccgrid_frame().assign(mtbf=150)], ignore_index=True)
+    frame.loc[(frame.mtbf == 150) & (frame.strategy == "checkpoint_restart/30"), "rank_overhead_pct"] -= 20
+    v = ccgrid22.verdict(frame, "paper")
+    restart = next(d for d in v.decisions if d["key"] == "ccgrid22.restart_costs_more")
+    assert restart["n"] == 8 and restart["mean"] == pytest.approx(30.0)  # 4 seeds x 2 MTBFs, pooled
+    stats = ccgrid22.statistics(frame)
+    assert sorted(stats.mtbf.unique()) == [60, 150] and len(stats) == 6
+    assert len(ccgrid22.curve(frame).data) == 6  # per strategy: overhead and accuracy against 1000 / MTBF
 
 
 def test_ccgrid_time_lost_is_the_resumes_plus_the_redone_steps_at_the_runs_own_pace():

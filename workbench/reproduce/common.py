@@ -20,8 +20,8 @@ from typing import Any
 from workbench.faults.outcomes import wilson
 from workbench.reproduce.stats import mean_interval, one_sided
 
-__all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "one_sided", "paired",
-           "preflight", "scale_settings", "wilson"]
+__all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "on_reporting_seeds",
+           "one_sided", "paired", "preflight", "scale_settings", "wilson"]
 
 VERDICT_FILE = "verdict.json"
 FIGURES_DIR = "figures"
@@ -185,6 +185,11 @@ def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, o
     if settings["reporting"]:
         settings["seeds"] = registry.seeds_of(out, key)["seeds"]
     return settings
+
+
+def on_reporting_seeds(frame: Any) -> bool:
+    """Whether every run of a campaign's table ran on reporting seeds (its ``reporting`` column)."""
+    return bool(len(frame)) and "reporting" in frame and bool(frame["reporting"].all())
 
 
 def preflight(*runs: dict[str, Any]) -> None:
