@@ -106,3 +106,15 @@ def test_reporting_seeds_are_drawn_once_per_campaign_directory_and_kept(tmp_path
     with pytest.raises(RegistryError, match="not a record of reporting seeds"):
         registry.seeds_of(tmp_path, "gossipgrad")
     assert registry.seeds_of(tmp_path / "other", "gossipgrad")["seeds"] != first["seeds"]
+
+
+def test_the_report_can_tell_whether_the_registration_precedes_the_results():
+    import subprocess
+
+    registered = registry.provenance()["commit"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True,
+                           check=True).stdout.split()[0]
+    assert registry.precedes(registered, head) is True
+    assert registry.precedes(registered, first) is False  # results from before the registration
+    assert registry.precedes(None, head) is None and registry.precedes(registered, "0" * 40) is None

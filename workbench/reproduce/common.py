@@ -127,8 +127,11 @@ class Verdict:
         if table is not None:
             _write(out / "table.csv", table.to_csv(index=False))
         from workbench.provenance import git_state
+        from workbench.reproduce.registry import SEEDS_FILE
 
         self.commit = self.commit or git_state()[0]
+        if (out / SEEDS_FILE).is_file():  # a paper-scale campaign's reporting seeds: when drawn, under which registry
+            self.statistics["reporting_seeds"] = json.loads((out / SEEDS_FILE).read_text())
         data = {**asdict(self), "status": self.status}
         _write(out / VERDICT_FILE, json.dumps(data, indent=1, default=_plain))
         return out / VERDICT_FILE

@@ -223,6 +223,19 @@ def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
     return out
 
 
+def precedes(registered: str | None, results: str | None, where: str | os.PathLike = REGISTRY_FILE) -> bool | None:
+    """Whether commit ``registered`` is an ancestor of (or is) commit ``results``: the registration came first.
+    None when either is unknown or git cannot tell (outside a checkout, a commit not in it)."""
+    if not registered or not results:
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(Path(where).parent), "merge-base", "--is-ancestor", registered,
+                               results.split("+")[0]], capture_output=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: True, 1: False}.get(done.returncode)
+
+
 def reporting_seeds(registry: Registry, count: int | None = None) -> list[int]:
     """Fresh reporting seeds, as the registry says: drawn from the operating system's entropy, outside the tuning
     range and the range to avoid, distinct. The caller records them with its results (they are named nowhere

@@ -37,7 +37,16 @@ def find_verdict(root: Path, key: str) -> Path | None:
     return found[-1] if found else None
 
 
-def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
+def _order(registered: str | None, results: str | None) -> str:
+    """Whether the pre-registration's commit precedes the results' commit, in words."""
+    from workbench.reproduce import registry
+
+    first = registry.precedes(registered, results)
+    return {True: "the registration precedes these results", False: "<b>these results precede the registration"
+            "</b>", None: "the order of registration and results is unknown"}[first]
+
+
+def _section(key: str, path: Path | None, first_figure: list[bool], registered: str | None = None) -> str:
     import plotly.io as pio
 
     if path is None:
@@ -64,8 +73,8 @@ def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
             f"<div class='pair'><div class='paper'><h3>The paper</h3><p>{html.escape(v.paper)}</p>"
             f"<h3>Campaign</h3><ul>{stats}</ul></div><div class='ours'><h3>Ours</h3>{''.join(figures)}</div></div>"
             f"<table><tr><th></th><th>check</th><th>measured</th></tr>{checks}</table>"
-            f"<p><small>{html.escape(str(path.parent))}; results from commit {html.escape(str(v.commit))}"
-            "</small></p></section>")
+            f"<p><small>{html.escape(str(path.parent))}; results from commit {html.escape(str(v.commit))}; "
+            f"{_order(registered, v.commit)}</small></p></section>")
 
 
 def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathLike | None = None) -> Path:
@@ -74,7 +83,8 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     out = Path(out) if out is not None else root / "report.html"
     first = [True]
     paths = {key: find_verdict(root, key) for key in NOTEBOOKS}
-    sections = [_section(key, path, first) for key, path in paths.items()]
+    registered = _registered_commit()
+    sections = [_section(key, path, first, registered) for key, path in paths.items()]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
     summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b></li>" for k, s in verdicts.items())
     summary += _registration()
@@ -92,6 +102,15 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     tmp.write_text(page)
     os.replace(tmp, out)
     return out
+
+
+def _registered_commit() -> str | None:
+    from workbench.reproduce import registry
+
+    try:
+        return registry.provenance()["commit"]
+    except registry.RegistryError:
+        return None
 
 
 def _registration() -> str:
