@@ -118,3 +118,25 @@ def test_the_report_can_tell_whether_the_registration_precedes_the_results():
     assert registry.precedes(registered, head) is True
     assert registry.precedes(registered, first) is False  # results from before the registration
     assert registry.precedes(None, head) is None and registry.precedes(registered, "0" * 40) is None
+
+
+def test_a_papers_registration_commit_is_not_moved_by_another_papers_edit(tmp_path):
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    path = tmp_path / "registry.yaml"
+    text = registry.REGISTRY_FILE.read_text()
+    path.write_text(text)
+    git("add", "."), git("commit", "-qm", "register")
+    first = git("rev-parse", "HEAD").strip()
+    path.write_text(text.replace("title: \"GossipGraD", "title: \"GossipGraD (edited)"))
+    git("commit", "-qam", "edit gossipgrad")
+    second = git("rev-parse", "HEAD").strip()
+    assert registry.paper_commit("ccgrid22", path) == first  # another paper's edit does not move it
+    assert registry.paper_commit("gossipgrad", path) == second
+    path.write_text(text.replace("alpha: 0.025", "alpha: 0.05"))  # a shared rule, not committed: none is
+    assert registry.paper_commit("ccgrid22", path) is None

@@ -223,6 +223,34 @@ def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
     return out
 
 
+def paper_commit(paper: str, path: str | os.PathLike = REGISTRY_FILE) -> str | None:
+    """The commit since which ``paper``'s registration (its section and the shared rules: alpha and the seeds)
+    reads as it does now: its own registration, which later edits of other papers do not move. None outside a
+    checkout, or when this part of the file is not committed as it reads now."""
+    import yaml
+
+    path = Path(path)
+
+    def part(text: str) -> Any:
+        data = yaml.safe_load(text) or {}
+        shared = {key: data.get(key) for key in ("alpha", "tuning_seeds", "reporting_seeds")}
+        return {**shared, "paper": (data.get("papers") or {}).get(paper)}
+
+    now, since = part(path.read_text()), None
+    try:
+        log = subprocess.run(["git", "-C", str(path.parent), "log", "--format=%H", "--", path.name],
+                             capture_output=True, text=True, timeout=10)
+        for commit in log.stdout.split() if log.returncode == 0 else []:
+            shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{commit}:./{path.name}"],
+                                   capture_output=True, text=True, timeout=10)
+            if shown.returncode != 0 or part(shown.stdout) != now:
+                break
+            since = commit
+    except (OSError, subprocess.TimeoutExpired, yaml.YAMLError):
+        return None
+    return since
+
+
 def precedes(registered: str | None, results: str | None, where: str | os.PathLike = REGISTRY_FILE) -> bool | None:
     """Whether commit ``registered`` is an ancestor of (or is) commit ``results``: the registration came first.
     None when either is unknown or git cannot tell (outside a checkout, a commit not in it)."""

@@ -42,8 +42,9 @@ def _order(registered: str | None, results: str | None) -> str:
     from workbench.reproduce import registry
 
     first = registry.precedes(registered, results)
-    return {True: "the registration precedes these results", False: "<b>these results precede the registration"
-            "</b>", None: "the order of registration and results is unknown"}[first]
+    said = {True: "precedes these results", False: "<b>follows these results</b>", None: "cannot be ordered "
+            "against these results"}[first]
+    return f"this paper's registration (commit {html.escape(str(registered))}, its section unchanged since) {said}"
 
 
 def _section(key: str, path: Path | None, first_figure: list[bool], registered: str | None = None) -> str:
@@ -83,8 +84,7 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     out = Path(out) if out is not None else root / "report.html"
     first = [True]
     paths = {key: find_verdict(root, key) for key in NOTEBOOKS}
-    registered = _registered_commit()
-    sections = [_section(key, path, first, registered) for key, path in paths.items()]
+    sections = [_section(key, path, first, _registered_commit(key)) for key, path in paths.items()]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
     summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b></li>" for k, s in verdicts.items())
     summary += _registration()
@@ -104,12 +104,12 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     return out
 
 
-def _registered_commit() -> str | None:
+def _registered_commit(key: str) -> str | None:
     from workbench.reproduce import registry
 
     try:
-        return registry.provenance()["commit"]
-    except registry.RegistryError:
+        return registry.paper_commit(key)
+    except (OSError, registry.RegistryError):
         return None
 
 
