@@ -25,7 +25,7 @@ from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import cpu_time
-from workbench.rank.comm import Comm
+from workbench.rank.comm import Comm, CommError, GenerationChanged
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
 from workbench.workloads.data import LocalPartition
@@ -278,8 +278,12 @@ class GossipTrainer(BaseTrainer):
         pass  # the exchange is posted; the partner finds it broken
 
     def _done_figures(self) -> dict[str, Any]:
-        """The diffusion measurement (:func:`diffusion`) of the final replicas, sent with ``done``."""
-        return {"diffusion": diffusion(self.comm, self.schedule, self._flat(), self.step)}
+        """The diffusion measurement (:func:`diffusion`) of the final replicas, sent with ``done``; none when a
+        member is lost meanwhile (a measurement after the last step must not fail a finished run)."""
+        try:
+            return {"diffusion": diffusion(self.comm, self.schedule, self._flat(), self.step)}
+        except (CommError, GenerationChanged):
+            return {}
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         extra: dict[str, Any] = {}
