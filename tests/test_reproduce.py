@@ -1,7 +1,8 @@
 """The reproductions' statistics and verdicts (workbench.reproduce), on synthetic campaign tables: a finding holds
 on numbers in the paper's direction, and each broken direction (rollback losing samples, shrink not continuing,
 gossip messages growing, bit 30 masked, apoptosis not shrinking) makes its verdict fail, so the notebook's last
-cell fails. The campaigns themselves run in the notebooks (nbval) at their small scale."""
+cell fails (EuroMPI'17's verdicts: tests/test_reproduce_europmpi17.py). The campaigns themselves run in the
+notebooks (nbval) at their small scale."""
 
 from __future__ import annotations
 
@@ -201,25 +202,6 @@ def test_ccgrid_time_lost_is_the_resumes_plus_the_redone_steps_at_the_runs_own_p
 
 
 # -- EuroMPI'17 -----------------------------------------------------------------------------------------------------
-def europ_frame(shrink_final=2):
-    rows = []
-    for seed in range(2):
-        for strategy in europmpi17.STRATEGIES:
-            for k in (0, 2):
-                final = 4 if strategy != "shrink" or k == 0 else shrink_final
-                rows.append({"strategy": strategy, "failures": k, "seed": seed, "world_size": 4,
-                             "outcome": "completed", "reason": "", "final_test_accuracy": 0.95, "train_s": 1.0,
-                             "world_size_final": final, "steps_redone": 0 if strategy == "shrink" or k == 0 else 9,
-                             "samples_lost": 0, "checkpoints": 3 if strategy == "checkpoint_restart" else 0})
-    return pd.DataFrame(rows)
-
-
-def test_europmpi_holds_and_fails_when_shrink_does_not_continue_on_the_survivors():
-    assert europmpi17.verdict(europ_frame(), "small").status == "holds"
-    broken = europmpi17.verdict(europ_frame(shrink_final=4), "small")
-    assert [c.name for c in broken.checks if not c.ok] == ["shrink continues on the survivors (k=2)"]
-
-
 def test_kills_are_distinct_ranks_at_evenly_spaced_steps():
     assert europmpi17.kills(8, 200, 3) == ["kill:rank=7,step=50", "kill:rank=0,step=100", "kill:rank=5,step=150"]
     assert europmpi17.kills(8, 200, 0) == []
