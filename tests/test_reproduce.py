@@ -1,6 +1,6 @@
 """The reproductions' statistics and verdicts (workbench.reproduce), on synthetic campaign tables: a finding holds
 on numbers in the paper's direction, and each broken direction (rollback losing samples, shrink not continuing,
-gossip messages growing, bit 30 masked, apoptosis not shrinking) makes its verdict fail, so the notebook's last
+gossip messages growing, bit 30 masked) makes its verdict fail, so the notebook's last
 cell fails. The campaigns themselves run in the notebooks (nbval) at their small scale."""
 
 from __future__ import annotations
@@ -323,39 +323,6 @@ def test_jpdc_holds_and_fails_when_exponent_flips_are_masked():
         "exponent bit 30 wrecks more often than mantissa bits (pipeline)"}
 
 
-# -- apoptosis ------------------------------------------------------------------------------------------------------
-def apoptosis_frame(end=3000, wide_ratio=0.5):
-    rows = []
-    for seed in range(3):
-        for arm, params, change, ratio in [("off", 17226, 0.0, 1.0), ("on", end, -0.2 - 0.1 * seed, 0.8),
-                                           ("threshold only (lasso=0)", 17226, 0.1, 1.0)]:
-            rows.append({"config": apoptosis.MAIN, "arm": arm, "world_size": 2, "seed": seed, "outcome": "completed",
-                         "reason": "", "parameters_start": 17226, "parameters_end": params,
-                         "reduction": 17226 / params, "accuracy_change_pt": change, "time_ratio": ratio})
-        for arm, params, ratio in [("off", 1126410, 1.0), ("on", 20000, wide_ratio)]:
-            rows.append({"config": apoptosis.WIDE, "arm": arm, "world_size": 2, "seed": seed, "outcome": "completed",
-                         "reason": "", "parameters_start": 1126410, "parameters_end": params,
-                         "reduction": 1126410 / params, "accuracy_change_pt": -0.3, "time_ratio": ratio})
-    return pd.DataFrame(rows)
-
-
-def test_apoptosis_holds_and_fails_when_the_network_does_not_shrink():
-    verdict = apoptosis.verdict(apoptosis_frame(), "small")
-    assert verdict.status == "holds"
-    assert [c.name for c in verdict.checks][-1] == "training gets faster where compute counts (MLP 1024-1024, world 2)"
-    accuracy = next(c.detail for c in verdict.checks if c.name.startswith("accuracy stays"))
-    assert "mean -0.30 [" in accuracy and "over 3 seeds" in accuracy  # the mean change with its t interval
-    broken = apoptosis.verdict(apoptosis_frame(end=9000), "small")
-    assert [c.name for c in broken.checks if not c.ok] == ["the network shrinks >= 3x (world 2)"]
-    slow = apoptosis.verdict(apoptosis_frame(wide_ratio=1.1), "small")
-    assert [c.name for c in slow.checks if not c.ok] == [
-        "training gets faster where compute counts (MLP 1024-1024, world 2)"]
-    table = apoptosis.table(apoptosis_frame()).set_index(["config", "arm"])
-    low, mean, high = table.loc[(apoptosis.MAIN, "on"), ["accuracy_mean_low", "accuracy_mean_pt",
-                                                          "accuracy_mean_high"]]
-    assert low < mean < high and mean == pytest.approx(-0.3)
-
-
 # -- the report -----------------------------------------------------------------------------------------------------
 def test_report_shows_each_verdict_and_lists_the_findings_not_run(tmp_path):
     import plotly.graph_objects as go
@@ -386,21 +353,8 @@ def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match=r"^scale: 'medium' is not a scale of this campaign; choose one of small, "
                                           r"paper$"):
         gossipgrad.campaign("medium", out=tmp_path)
-    with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) sedes; this campaign's are worlds, seeds"):
+    with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) sedes; this campaign's are model, dataset, worlds, seeds"):
         ccgrid22.campaign("small", out=tmp_path, sedes=[1])
     with pytest.raises(ConfigError, match=r"cannot shrink this model \(--model resnet20\)"):
         apoptosis.campaign("small", out=tmp_path, model="resnet20")  # before the runs without apoptosis
     assert not any(tmp_path.iterdir())
-
-
-def test_apoptosis_reports_an_accuracy_miss_at_every_scale():
-    """No scale excuses a check: an apoptosis that costs accuracy makes the verdict "does not hold" at both."""
-    costly = apoptosis_frame()
-    costly.loc[costly.arm == "on", "accuracy_change_pt"] = -0.9
-    for scale in apoptosis.SCALES:
-        verdict = apoptosis.verdict(costly, scale)
-        assert [c.name for c in verdict.checks if not c.ok] == ["accuracy stays: median >= -0.5 pt, worst >= -1.5 pt "
-                                                                 "(world 2)"]
-        assert verdict.require_measured() == "does not hold"
-        with pytest.raises(AssertionError, match="accuracy stays"):
-            verdict.require()
