@@ -232,13 +232,19 @@ def gossip_frame(gossip_messages=(3, 3)):
     for seed in range(3):
         for (p, gm, am) in zip((2, 4), gossip_messages, (4, 12)):
             rows.append({"parallelism": "data", "world_size": p, "seed": seed, "outcome": "completed", "reason": "",
-                         "final_test_accuracy": 0.95, "messages": am, "bytes_sent": 1e5,
+                         "plateau_accuracy": 0.95, "messages": am, "bytes_sent": 1e5,
                          "consensus_early": None, "consensus_late": None})
             rows.append({"parallelism": "gossip", "world_size": p, "seed": seed, "outcome": "completed",
-                         "reason": "", "final_test_accuracy": 0.955, "messages": gm, "bytes_sent": 1e5,
+                         "reason": "", "plateau_accuracy": 0.955, "messages": gm, "bytes_sent": 1e5,
                          "consensus_early": 0.1, "consensus_late": 0.1, "diffusion_rounds": p.bit_length() - 1,
                          "spread_before": 0.2, "spread_after": 0.0})
     return pd.DataFrame(rows)
+
+
+def test_gossip_accuracy_is_the_mean_of_the_last_three_evaluations():
+    steps = pd.DataFrame({"test_acc": [0.1, None, 0.5, None, 0.7, 0.4, None, 0.8]})
+    assert gossipgrad.plateau_accuracy(steps) == pytest.approx((0.7 + 0.4 + 0.8) / 3)
+    assert gossipgrad.plateau_accuracy(pd.DataFrame({"test_acc": [None]})) is None
 
 
 def test_gossip_holds_and_fails_when_its_messages_grow_with_p():
@@ -255,7 +261,7 @@ def test_gossip_holds_and_fails_when_its_messages_grow_with_p():
 def test_gossip_accuracy_is_the_registered_non_inferiority_test(gossip_accuracy, status):
     frame = gossip_frame()
     for seed, acc in enumerate(gossip_accuracy):
-        frame.loc[(frame.parallelism == "gossip") & (frame.seed == seed), "final_test_accuracy"] = acc
+        frame.loc[(frame.parallelism == "gossip") & (frame.seed == seed), "plateau_accuracy"] = acc
     v = gossipgrad.verdict(frame, "paper")
     assert {d["key"] for d in v.decisions} == {"gossipgrad.accuracy_non_inferior"}
     assert {d["status"] for d in v.decisions} == {status} and v.status == status
@@ -294,7 +300,7 @@ def test_the_report_shows_the_registration_and_fails_make_reproduce_when_a_findi
 
     for key, accuracy in (("gossipgrad", 0.92), ("apoptosis", None)):
         frame = gossip_frame()
-        frame.loc[frame.parallelism == "gossip", "final_test_accuracy"] = accuracy or 0.95
+        frame.loc[frame.parallelism == "gossip", "plateau_accuracy"] = accuracy or 0.95
         gossipgrad.verdict(frame, "paper").save(tmp_path / key)
     assert report.main([str(tmp_path)]) == 1  # gossipgrad does not hold; three findings not run
     err = capsys.readouterr().err
@@ -353,7 +359,8 @@ def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match=r"^scale: 'medium' is not a scale of this campaign; choose one of small, "
                                           r"paper$"):
         gossipgrad.campaign("medium", out=tmp_path)
-    with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) sedes; this campaign's are model, dataset, worlds, seeds"):
+    with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) sedes; this campaign's are model, dataset, "
+                                          r"worlds, seeds"):
         ccgrid22.campaign("small", out=tmp_path, sedes=[1])
     with pytest.raises(ConfigError, match=r"cannot shrink this model \(--model resnet20\)"):
         apoptosis.campaign("small", out=tmp_path, model="resnet20")  # before the runs without apoptosis
