@@ -74,6 +74,16 @@ class Verdict:
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
         return decided.status
 
+    def decide_share(self, key: str, successes: int, trials: int, label: str = "", sign: int = 1) -> str:
+        """As :meth:`decide`, from a share (``successes`` of ``trials``) and its Wilson interval; ``sign=-1`` when
+        a small share favours the claim (:func:`workbench.reproduce.registry.share_decision`)."""
+        from workbench.reproduce import registry
+
+        finding = registry.load().finding(key)
+        decided = registry.share_decision(finding, successes, trials, sign)
+        self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
+        return decided.status
+
     def check(self, name: str, ok: bool, detail: str) -> bool:
         self.checks.append(Check(name, bool(ok), detail))
         return bool(ok)
