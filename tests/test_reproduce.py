@@ -1,7 +1,8 @@
 """The reproductions' statistics and verdicts (workbench.reproduce), on synthetic campaign tables: a finding holds
 on numbers in the paper's direction, and each broken direction (rollback losing samples, shrink not continuing,
-gossip messages growing, bit 30 masked) makes its verdict fail, so the notebook's last
-cell fails. The campaigns themselves run in the notebooks (nbval) at their small scale."""
+gossip messages growing) makes its verdict fail, so the notebook's last cell fails (JPDC'24:
+tests/test_reproduce_jpdc24.py; apoptosis: tests/test_reproduce_apoptosis.py). The campaigns themselves run in the
+notebooks (nbval) at their small scale."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.reproduce import apoptosis, ccgrid22, common, europmpi17, gossipgrad, jpdc24
+from workbench.reproduce import apoptosis, ccgrid22, common, europmpi17, gossipgrad
 from workbench.reproduce.common import Verdict, mean_interval, one_sided, paired, wilson
 from workbench.reproduce.report import write_report
 from workbench.results import RunResult
@@ -310,23 +311,6 @@ def test_the_report_shows_the_registration_and_fails_make_reproduce_when_a_findi
     assert "registered: gossipgrad.accuracy_non_inferior" in page and "results from commit" in page
 
 
-# -- JPDC'24 --------------------------------------------------------------------------------------------------------
-def jpdc_frames(bit30_wrecks=True):
-    alterations = pd.DataFrame([{"platform": p, "world_size": 2, "group": "weights", "flips": k, "trial": t,
-                                 "outcome": "masked" if k == 1 else "nonfinite"}
-                                for p in ("data", "pipeline") for k in (1, 100) for t in range(3)])
-    bits = pd.DataFrame([{"platform": p, "bit": b, "dataset": "fc1.weight",
-                          "outcome": "nonfinite" if b == 30 and bit30_wrecks and t % 2 == 0 else "masked"}
-                         for p in ("data", "pipeline") for b in (30, 22, 0) for t in range(20)])
-    return alterations, bits
-
-
-def test_jpdc_holds_and_fails_when_exponent_flips_are_masked():
-    assert jpdc24.verdict(*jpdc_frames(), "small").status == "holds"
-    broken = jpdc24.verdict(*jpdc_frames(bit30_wrecks=False), "small")
-    assert {c.name for c in broken.checks if not c.ok} == {
-        "exponent bit 30 wrecks more often than mantissa bits (data)",
-        "exponent bit 30 wrecks more often than mantissa bits (pipeline)"}
 
 
 # -- the report -----------------------------------------------------------------------------------------------------
@@ -339,18 +323,6 @@ def test_report_shows_each_verdict_and_lists_the_findings_not_run(tmp_path):
     assert "holds" in page and "rollback loses no samples" in page and html.escape(v.paper) in page
     assert page.count("not run") >= 4  # the other four findings
     assert json.loads((tmp_path / "ccgrid22" / "point-1" / "verdict.json").read_text())["status"] == "holds"
-
-
-def test_jpdc_altered_checkpoints_of_another_model_are_never_reused(tmp_path):
-    """The same ``out`` for another model: the altered checkpoints are made again from that model's checkpoint
-    (a stale one would fail to load, and its failure would count as a soft-error outcome)."""
-    tiny = {"worlds": [2], "platforms": ["data"], "steps": 8, "resume_steps": 4, "flips": [1], "groups": ["weights"],
-            "trials": 1, "bits": [0], "per_bit": 1, "bit_steps": 2}
-    for model in ("mlp", "cnn"):
-        alterations, _ = jpdc24.campaign("small", out=tmp_path, model=model, **tiny)
-        # bit 0 moves one weight by 2**-23 of itself: masked (a stale checkpoint would crash: fail to load)
-        assert len(alterations) == 1 and alterations.outcome.iloc[0] == "masked", (model, alterations)
-    assert len(list((tmp_path / "runs" / "data-w2").glob("weights-k1-t0-*.h5"))) == 2
 
 
 def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
