@@ -68,7 +68,7 @@ demo: setup
 # The seed papers' findings at paper scale (notebooks/reproduce/, one sweep point each; 33-40 min on 2 cores),
 # then runs/reproduce/report.html with a verdict per finding. Resumable: every run of a campaign is cached, and
 # a second invocation re-runs only unfinished notebooks. A finding that does not hold fails its notebook's last
-# cell (apoptosis's, which does not hold on the digits MLP, reports it instead); the report is written anyway, and
+# cell; the report is written anyway, and
 # then the target exits 1 when a finding does not hold or was not run (docs/reproduce.md, "Pre-registration").
 REPRO ?= runs/reproduce
 REPRODUCE_NOTEBOOKS = ccgrid22:ccgrid22_resilience jpdc24:jpdc24_soft_errors europmpi17:europmpi17_mpi_needs \

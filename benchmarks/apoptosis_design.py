@@ -1,5 +1,8 @@
 """Apoptosis settings over tuning seeds, replayed in one process: how docs/apoptosis.md "Design" was measured.
 
+Superseded: this scores the digits MLP's settings on the TEST split (the older digits campaigns, design-on-test).
+The registered paper-scale setting is chosen by ``benchmarks/apoptosis_design_cnn.py``, on a validation split only.
+
 A data-parallel apoptosis run computes, on every replica, a full-batch SGD step (the ranks' gradients summed by
 the allreduce), the group-lasso pressure, and at each evaluation the rule's decision on rank 0's validation
 accuracy. This script replays that computation in one process with the workbench's own pieces (dataset and

@@ -140,3 +140,19 @@ def test_a_papers_registration_commit_is_not_moved_by_another_papers_edit(tmp_pa
     assert registry.paper_commit("gossipgrad", path) == second
     path.write_text(text.replace("alpha: 0.025", "alpha: 0.05"))  # a shared rule, not committed: none is
     assert registry.paper_commit("ccgrid22", path) is None
+
+
+@pytest.mark.parametrize("successes,trials,sign,status", [
+    (0, 230, -1, HOLDS),          # none of 230 not masked: the Wilson upper bound 1.6 % lies below 5 %
+    (0, 46, -1, INCONCLUSIVE),    # none of 46: the upper bound 7.7 % straddles 5 %
+    (40, 200, -1, FAILS),         # 20 %: wholly above 5 %
+    (0, 0, -1, INCONCLUSIVE),     # no trial: no interval
+])
+def test_a_share_decides_from_its_wilson_interval(successes, trials, sign, status):
+    small = finding("non_inferiority", 0.05)  # claim: -share > -0.05, i.e. the share is below 5 %
+    decided = registry.share_decision(small, successes, trials, sign)
+    assert decided.status == status
+    if trials:
+        assert decided.mean == pytest.approx(-successes / trials) and decided.low <= decided.mean <= decided.high
+        assert decided.n == trials and decided.low < decided.high
+    assert registry.share_decision(finding("superiority", 0.5), 90, 100).status == HOLDS  # sign +1: the share

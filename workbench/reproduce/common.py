@@ -69,8 +69,20 @@ class Verdict:
         that positive favours the claim), as registered; recorded here, its status returned."""
         from workbench.reproduce import registry
 
+        return self._record(key, label, lambda finding: registry.paired_decision(finding, effects))
+
+    def decide_share(self, key: str, successes: int, trials: int, label: str = "", sign: int = 1) -> str:
+        """As :meth:`decide`, from a share (``successes`` of ``trials``) and its Wilson interval; ``sign=-1`` when
+        a small share favours the claim (:func:`workbench.reproduce.registry.share_decision`)."""
+        from workbench.reproduce import registry
+
+        return self._record(key, label, lambda finding: registry.share_decision(finding, successes, trials, sign))
+
+    def _record(self, key: str, label: str, deciding: Any) -> str:
+        from workbench.reproduce import registry
+
         finding = registry.load().finding(key)
-        decided = registry.paired_decision(finding, effects)
+        decided = deciding(finding)
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
         return decided.status
 

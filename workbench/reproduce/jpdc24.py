@@ -1,11 +1,11 @@
 """*A Characterization of Soft-error Sensitivity in Data-parallel and Model-parallel Distributed Deep Learning*
 (JPDC 2024): checkpoint alteration — bit flips written into a training checkpoint, which is then resumed.
 
-The finding, in our words: high exponent bits wreck training, mantissa flips are almost always masked, more
-flips do more damage, and data- and model-parallel training differ in sensitivity (reported, not checked). Two
-parts, each on every platform's own checkpoint resumed by that platform: an alteration campaign (1, 10 or 100
-flips into one state group, outcome against the unaltered resume) and per-bit sensitivity with Wilson
-intervals. Details: docs/reproduce.md and docs/internals.md.
+One model trained per seed and platform (data-parallel, pipeline); its checkpoint altered (1-100 flips into a
+state group, the same flips on both platforms) and resumed by that platform, against the unaltered resume; single
+flips of bit 30 and of every mantissa bit 0-22 resumed in-process. The registered findings
+(registry.yaml, ``jpdc24``) are decided over the models; the mechanism is checked, counted, at every scale.
+Details: docs/reproduce.md.
 """
 
 from __future__ import annotations
@@ -18,79 +18,122 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, preflight, scale_settings, wilson
+from workbench.reproduce.common import Verdict, cached_run, campaign_settings, preflight, wilson
 
 KEY = "jpdc24"
 TITLE = "Soft errors in data- and model-parallel DL (JPDC'24)"
 PAPER = ("Checkpoint alteration: flips of the high exponent bits wreck training (non-finite or lasting accuracy "
          "loss), mantissa flips are masked; more flips per checkpoint, more damage; data- and model-parallel "
-         "platforms differ in sensitivity (no direction given in the abstract: reported as measured).")
+         "platforms differ in sensitivity (no direction given in the abstract).")
 GROUPS = {"weights": lambda n: n.startswith("model/") and "running_" not in n,
           "optimizer": lambda n: n.startswith("optimizer/"),
           "buffers": lambda n: n.startswith("model/") and "running_" in n}
+EXPONENT_BIT, MANTISSA_BITS = 30, tuple(range(23))
 
+# the small scale: the mechanism, in seconds (two models per platform: tuning seeds); the paper scale is the
+# registry's workload (registry.yaml, jpdc24) with its reporting seeds
 SCALES: dict[str, dict[str, Any]] = {
-    "small": {"worlds": [2], "platforms": ["data", "pipeline"], "steps": 60, "resume_steps": 20, "flips": [1, 100],
-              "groups": ["weights"], "trials": 2, "bits": [30, 22, 0], "per_bit": 10, "bit_steps": 10},
-    "paper": {"worlds": [2, 4], "platforms": ["data", "pipeline"], "steps": 300, "resume_steps": 100,
-              "flips": [1, 10, 100], "groups": ["weights", "optimizer", "buffers"], "trials": 5,
-              "bits": [31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 20, 16, 8, 0], "per_bit": 100, "bit_steps": 20},
+    "small": {"model": "lenet5", "dataset": "digits", "synthetic_size": 4096, "seeds": [0, 1], "worlds": [2],
+              "platforms": ["data", "pipeline"], "steps": 40, "resume_steps": 10, "flips": [1, 100],
+              "groups": ["weights"], "trials": 1, "bit30_trials": 6, "mantissa_trials": 1, "bit_steps": 5,
+              "tolerance": 0.01},
+    "paper": {"seeds": None},  # None: the reporting seeds, drawn when the campaign first runs; a list: tuning seeds
 }
 
 
-def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", model: str = "lenet5",
-             dataset: str = "digits", tolerance: float = 0.01, seed: int = 0, **overrides: Any) -> tuple[Any, Any]:
-    """(alteration trials, per-bit trials): one row per altered-checkpoint resume, one per single-bit trial."""
+def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", model: str | None = None,
+             dataset: str | None = None, **overrides: Any) -> tuple[Any, Any]:
+    """(alteration trials, single-bit trials) of every model (one per seed and platform) of the scale: one row
+    per altered-checkpoint resume, one per single-bit trial. ``model``/``dataset`` default to the scale's."""
     import pandas as pd
 
-    from workbench.faults.hdf5 import alter_checkpoint, float_datasets
-    from workbench.studies.sensitivity import bit_sensitivity
-
-    settings = scale_settings(SCALES, scale, overrides)
+    overrides.update({k: v for k, v in (("model", model), ("dataset", dataset)) if v is not None})
+    settings = campaign_settings(KEY, SCALES, scale, out, overrides)
     out = Path(out)
-    preflight(*[{"world_size": world, "parallelism": platform, "model": model, "dataset": dataset, "seed": seed}
+    preflight(*[{"world_size": world, "parallelism": platform, "model": settings["model"],
+                 "dataset": settings["dataset"]}
                 for world in settings["worlds"] for platform in settings["platforms"]])  # e.g. a model without stages
     rows, bit_frames = [], []
-    for world in settings["worlds"]:
+    for seed in settings["seeds"]:
         for platform in settings["platforms"]:
-            common = {"world_size": world, "parallelism": platform, "model": model, "dataset": dataset, "seed": seed}
-            where = out / "runs" / f"{platform}-w{world}"
-            trained = cached_run(where / "train", **common, steps=settings["steps"], out=str(where / "train"))
-            original = trained.summary["final_checkpoint"]
-            resume = {**common, "steps": settings["steps"] + settings["resume_steps"],
-                      "eval_interval": max(settings["resume_steps"] // 5, 1)}
-            clean = cached_run(where / "clean", **resume, resume=original)
-            source = hashlib.sha256(Path(original).read_bytes()).hexdigest()
-            sizes = {name: count for name, (count, _) in float_datasets(original).items()}
-            names = list(sizes)
-            for group in settings["groups"]:
-                targets = [n for n in names if GROUPS[group](n)]
-                if not targets:
-                    continue  # e.g. buffers of a model without batch norm
-                for k in settings["flips"]:
-                    flipped = min(k, sum(sizes[n] for n in targets))  # lenet5's buffers: 44 values in all
-                    for trial in range(settings["trials"]):
-                        flip_seed = zlib.crc32(f"{seed}-{world}-{platform}-{group}-{k}-{trial}".encode())
-                        # named by what it is made of (the original's content, the datasets, the count, the
-                        # seed): another model or scale never finds a stale copy under the same name, and the
-                        # cached resume of it (keyed by its path) goes with it
-                        recipe = hashlib.sha256(json.dumps([source, targets, flipped, flip_seed]).encode())
-                        altered = where / f"{group}-k{k}-t{trial}-{recipe.hexdigest()[:12]}.h5"
-                        if not altered.is_file():  # altered aside, then renamed: never a half-altered copy
-                            partial = altered.with_name(f".{altered.name}.tmp")
-                            alter_checkpoint(original, datasets=targets, count=flipped, seed=flip_seed, out=partial)
-                            os.replace(partial, altered)
-                        result = cached_run(where / f"{group}-k{k}-t{trial}", **resume, resume=str(altered),
-                                            resume_verify=False)
-                        rows.append({"platform": platform, "world_size": world, "group": group, "flips": k,
-                                     "flipped": flipped, "trial": trial,
-                                     **_outcome(result, clean, tolerance, settings["steps"])})
-            if world == min(settings["worlds"]):  # per bit: the in-process resume does not depend on the world
-                weights = [n[len("model/"):] for n in names if GROUPS["weights"](n)]  # state-dict names
-                bits = bit_sensitivity(original, bits=settings["bits"], trials=settings["per_bit"],
-                                       steps=settings["bit_steps"], datasets=weights, tolerance=tolerance, seed=seed)
-                bit_frames.append(bits.assign(platform=platform))
-    return pd.DataFrame(rows), pd.concat(bit_frames, ignore_index=True)
+            originals = {}
+            for world in settings["worlds"]:
+                originals[world], part = _alterations(out / "runs" / f"s{seed}-{platform}-w{world}", settings,
+                                                      seed, platform, world)
+                rows += part
+            # per bit: the in-process resume does not depend on the world
+            bits = _bits(originals[min(originals)], settings, seed)
+            bit_frames.append(bits.assign(platform=platform, seed=seed))
+    alterations = pd.DataFrame(rows)
+    alterations.attrs["reporting"] = settings["reporting"]  # reporting seeds (drawn at run time) or tuning seeds
+    return alterations, pd.concat(bit_frames, ignore_index=True)
+
+
+def _alterations(where: Path, settings: dict[str, Any], seed: int, platform: str,
+                 world: int) -> tuple[str, list[dict[str, Any]]]:
+    """Train one model on ``platform``, resume its checkpoint unaltered and altered: (checkpoint, rows)."""
+    from workbench.errors import WorkbenchError
+    from workbench.faults.hdf5 import alter_checkpoint, float_datasets
+
+    common = {"world_size": world, "parallelism": platform, "model": settings["model"],
+              "dataset": settings["dataset"], "synthetic_size": settings["synthetic_size"], "seed": seed}
+    trained = cached_run(where / "train", **common, steps=settings["steps"], out=str(where / "train"))
+    original = trained.summary["final_checkpoint"]
+    if trained.outcome != "completed" or not original:
+        raise WorkbenchError(f"jpdc24: the {platform} model of seed {seed} did not train: {trained.summary['reason']}")
+    resume = {**common, "steps": settings["steps"] + settings["resume_steps"],
+              "eval_interval": max(settings["resume_steps"] // 5, 1)}
+    clean = cached_run(where / "clean", **resume, resume=original)
+    source = hashlib.sha256(Path(original).read_bytes()).hexdigest()
+    sizes = {name: count for name, (count, _) in float_datasets(original).items()}
+    rows = []
+    for group in settings["groups"]:
+        targets = [n for n in sizes if GROUPS[group](n)]
+        if not targets:
+            continue  # e.g. buffers of a model without batch norm
+        for k in settings["flips"]:
+            flipped = min(k, sum(sizes[n] for n in targets))  # lenet5's buffers: 44 values in all
+            for trial in range(settings["trials"]):
+                # the same flips on both platforms (paired by model seed): the seed names no platform
+                flip_seed = zlib.crc32(f"{seed}-{world}-{group}-{k}-{trial}".encode())
+                # named by what it is made of (the original's content, the datasets, the count, the seed): another
+                # model or scale never finds a stale copy under the same name, nor its cached resume
+                recipe = hashlib.sha256(json.dumps([source, targets, flipped, flip_seed]).encode())
+                altered = where / f"{group}-k{k}-t{trial}-{recipe.hexdigest()[:12]}.h5"
+                if not altered.is_file():  # altered aside, then renamed: never a half-altered copy
+                    partial = altered.with_name(f".{altered.name}.tmp")
+                    alter_checkpoint(original, datasets=targets, count=flipped, seed=flip_seed, out=partial)
+                    os.replace(partial, altered)
+                result = cached_run(where / f"{group}-k{k}-t{trial}", **resume, resume=str(altered),
+                                    resume_verify=False)
+                rows.append({"platform": platform, "seed": seed, "world_size": world, "group": group, "flips": k,
+                             "flipped": flipped, "landed": _landed(original, altered, targets), "trial": trial,
+                             "clean_outcome": clean.outcome,
+                             **_outcome(result, clean, settings["tolerance"], settings["steps"])})
+    return original, rows
+
+
+def _landed(original: str | Path, altered: Path, targets: list[str]) -> int:
+    """Values of the altered checkpoint whose bits differ from the original's: in the targets, or -1 elsewhere."""
+    from workbench.faults.hdf5 import compare_checkpoints
+
+    changed = {row["dataset"]: row["changed"] for row in compare_checkpoints(original, altered) if row["changed"]}
+    return -1 if set(changed) - {n for n in targets} else int(sum(changed.values()))
+
+
+def _bits(original: str, settings: dict[str, Any], seed: int) -> Any:
+    """Single flips of bit 30 and of every mantissa bit in the weights, resumed in-process as the platform
+    computes (the same elements drawn for every bit: :func:`workbench.studies.sensitivity.bit_sensitivity`)."""
+    import pandas as pd
+
+    from workbench.faults.hdf5 import float_datasets
+    from workbench.studies.sensitivity import bit_sensitivity
+
+    weights = [n[len("model/"):] for n in float_datasets(original) if GROUPS["weights"](n)]  # state-dict names
+    common = {"steps": settings["bit_steps"], "datasets": weights, "tolerance": settings["tolerance"], "seed": seed}
+    return pd.concat([bit_sensitivity(original, bits=[EXPONENT_BIT], trials=settings["bit30_trials"], **common),
+                      bit_sensitivity(original, bits=MANTISSA_BITS, trials=settings["mantissa_trials"], **common)],
+                     ignore_index=True)
 
 
 def _outcome(result: Any, clean: Any, tolerance: float, start: int) -> dict[str, Any]:
@@ -121,37 +164,78 @@ def shares(frame: Any, by: list[str]) -> Any:
     return pd.DataFrame(rows)
 
 
+def not_masked(frame: Any, by: Any) -> Any:
+    """The share of ``frame``'s trials not masked per ``by`` (a Series; e.g. one value per model seed)."""
+    return (frame.outcome != "masked").groupby([frame[b] for b in ([by] if isinstance(by, str) else by)]).mean()
+
+
 def verdict(alterations: Any, bits: Any, scale: str) -> Verdict:
+    """The mechanism, counted at every scale (:func:`mechanism`), and the registered findings decided over the
+    models (:func:`decide`); not comparable without both platforms, two flip counts, bit 30 and the mantissa."""
     v = Verdict(KEY, TITLE, PAPER, scale)
     v.statistics = {"alteration_resumes": len(alterations), "bit_trials": len(bits),
-                    "trials_per_bit": int(bits.groupby(["platform", "bit"]).size().min()) if len(bits) else 0,
-                    "platforms": sorted(alterations.platform.unique().tolist()),
-                    "worlds": sorted(alterations.world_size.unique().tolist())}
-    per_platform = shares(alterations, ["platform"]).set_index("platform")
-    v.statistics["not_masked_by_platform"] = per_platform[["trials", "not_masked", "low", "high"]].to_dict("index")
-    for platform, part in bits.groupby("platform"):
-        hi = part[part.bit == 30]
-        mantissa = part[part.bit <= 22]
-        if not len(hi) or not len(mantissa):
-            v.comparable, v.reason = False, "the per-bit campaign needs bit 30 and mantissa bits"
-            return v
-        h = wilson(int((hi.outcome != "masked").sum()), len(hi))
-        m = wilson(int((mantissa.outcome != "masked").sum()), len(mantissa))
-        v.check(f"exponent bit 30 wrecks more often than mantissa bits ({platform})", h[1] > m[2],
-                f"not masked: bit 30 {h[0]:.0%} [{h[1]:.0%}, {h[2]:.0%}] of {len(hi)}, mantissa bits {m[0]:.0%} "
-                f"[{m[1]:.0%}, {m[2]:.0%}] of {len(mantissa)} (Wilson intervals apart)")
-        low_bits = part[part.bit <= 20]
-        lo = wilson(int((low_bits.outcome != "masked").sum()), len(low_bits))
-        v.check(f"low mantissa flips are masked ({platform})", len(low_bits) and lo[0] <= 0.05,
-                f"{lo[0]:.1%} [{lo[1]:.1%}, {lo[2]:.1%}] of {len(low_bits)} flips of bits 0-20 not masked (<= 5 %)")
-    per_k = shares(alterations, ["platform", "flips"])
-    for platform, part in per_k.groupby("platform"):
-        part = part.sort_values("flips")
-        first, last = part.iloc[0], part.iloc[-1]
-        v.check(f"more flips, more damage ({platform})", last.not_masked > first.not_masked,
-                ", ".join(f"{int(r.flips)} flips: {r.not_masked:.0%} of {int(r.trials)} not masked"
-                          for r in part.itertuples()))
+                    "reporting_seeds": bool(alterations.attrs.get("reporting", False))}
+    if not (len(alterations) and len(bits) and alterations.platform.nunique() >= 2
+            and alterations.flips.nunique() >= 2 and (bits.bit == EXPONENT_BIT).any()
+            and bits.bit.isin(MANTISSA_BITS).any()):
+        v.comparable, v.reason = False, ("needs altered resumes on two platforms with two flip counts, and single "
+                                         "flips of bit 30 and of the mantissa")
+        return v
+    v.statistics.update({
+        "seeds": sorted(alterations.seed.unique().tolist()),
+        "models_per_platform": alterations.groupby("platform").seed.nunique().to_dict(),
+        "worlds": sorted(alterations.world_size.unique().tolist()),
+        "not_masked_by_platform": shares(alterations, ["platform"]).set_index("platform")[
+            ["trials", "not_masked", "low", "high"]].to_dict("index")})
+    mechanism(v, alterations, bits)
+    decide(v, alterations, bits)
     return v
+
+
+def mechanism(v: Verdict, alterations: Any, bits: Any) -> None:
+    """The checks every scale must pass, counted: the references ran, each flip landed once where aimed, each
+    single flip's outcome is one its value allows, mantissa flips are masked in a clear majority, bit 30 wrecks."""
+    from workbench.faults.outcomes import possible_outcomes
+
+    bad = alterations[alterations.clean_outcome != "completed"][["seed", "platform", "world_size"]].drop_duplicates()
+    v.check("every unaltered resume completes", bad.empty,
+            f"{len(bad)} failed: " + ", ".join(f"seed {r.seed} {r.platform} w{r.world_size}" for r in bad.itertuples())
+            if len(bad) else f"{alterations.groupby(['seed', 'platform', 'world_size']).ngroups} references")
+    missed = alterations[alterations.landed != alterations.flipped]
+    v.check("every flip landed once, in its state group", missed.empty,
+            f"{len(alterations) - len(missed)} of {len(alterations)} altered checkpoints differ from their original "
+            f"in exactly their {int(alterations.flipped.sum())} flips"
+            + ("" if missed.empty else f"; not: {missed[['seed', 'platform', 'group', 'flips', 'landed']].values}"))
+    allowed = [o in possible_outcomes(a, b) for o, a, b in zip(bits.outcome, bits.old, bits.new)]
+    v.check("every single flip's outcome is one its value allows", all(allowed),
+            f"{sum(allowed)} of {len(allowed)} (non-finite weight: non-finite; a change <= 2^-13 of it: masked)")
+    for platform, part in bits.groupby("platform"):
+        mantissa = part[part.bit.isin(MANTISSA_BITS)]
+        share, low, high = wilson(int((mantissa.outcome == "masked").sum()), len(mantissa))
+        v.check(f"mantissa flips (bits 0-22) masked in a clear majority ({platform})", low > 0.5,
+                f"{share:.0%} [{low:.0%}, {high:.0%}] of {len(mantissa)} masked (Wilson lower bound > 50 %)")
+        wrecked = int((part[part.bit == EXPONENT_BIT].outcome != "masked").sum())
+        v.check(f"bit 30 flips wreck training ({platform})", wrecked > 0,
+                f"{wrecked} of {int((part.bit == EXPONENT_BIT).sum())} not masked")
+
+
+def decide(v: Verdict, alterations: Any, bits: Any) -> None:
+    """The registered findings (registry.yaml, jpdc24): intervals over the models, a Wilson one for the
+    mantissa's small share (a t interval over models of shares near 0 would collapse)."""
+    for platform, part in bits.groupby("platform"):
+        mantissa = part[part.bit.isin(MANTISSA_BITS)]
+        wrecks = not_masked(part[part.bit == EXPONENT_BIT], "seed") - not_masked(mantissa, "seed")
+        v.decide(f"{KEY}.exponent_wrecks", wrecks.dropna(), platform)
+        v.decide_share(f"{KEY}.low_mantissa_masked", int((mantissa.outcome != "masked").sum()), len(mantissa),
+                       platform, sign=-1)
+    per_model = not_masked(alterations, ["seed", "platform"]).unstack("platform")
+    a, b = sorted(per_model.columns)[:2]
+    v.decide(f"{KEY}.data_vs_model_parallel", (per_model[a] - per_model[b]).dropna(), f"{a} - {b}")
+    for platform, part in alterations.groupby("platform"):
+        per_k = not_masked(part, ["seed", "flips"]).unstack("flips")
+        most, least = per_k.columns.max(), per_k.columns.min()
+        v.decide(f"{KEY}.more_flips_more_damage", (per_k[most] - per_k[least]).dropna(),
+                 f"{platform}: {most} vs {least} flips")
 
 
 def figures(alterations: Any, bits: Any) -> list[Any]:

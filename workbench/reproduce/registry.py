@@ -3,8 +3,8 @@ and alpha, fixed before any reporting run, and the rule that turns a measured ef
 
 :func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field); :func:`decide`
 gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
-interval over seeds; :func:`provenance` says which commit registered it and which deviations followed.
-Details: docs/reproduce.md, "Pre-registration".
+interval over seeds, :func:`share_decision` a share's over trials; :func:`provenance` says which commit registered
+it and which deviations followed. Details: docs/reproduce.md, "Pre-registration".
 """
 
 from __future__ import annotations
@@ -200,6 +200,22 @@ def paired_decision(finding: Finding, effects: Iterable[float]) -> Decision:
     values = [float(v) for v in effects if v is not None and not math.isnan(float(v))]
     mean, low, high = mean_interval(values, 1 - 2 * finding.alpha)
     return decide(finding, mean, low, high, len(values))
+
+
+def share_decision(finding: Finding, successes: int, trials: int, sign: int = 1) -> Decision:
+    """:func:`decide` on a share, ``successes`` of ``trials``, and its Wilson interval (two-sided, 1 - 2 alpha):
+    for trials pooled where a t interval over seeds would collapse (a share near 0 in every seed). ``sign=-1``
+    decides on minus the share, for a claim that the share is small."""
+    from scipy.stats import norm
+
+    from workbench.faults.outcomes import wilson
+
+    if trials < 1:
+        return decide(finding, math.nan, math.nan, math.nan, 0)
+    share, low, high = wilson(int(successes), int(trials), float(norm.ppf(1 - finding.alpha)))
+    if sign < 0:
+        share, low, high = -share, -high, -low
+    return decide(finding, share, low, high, int(trials))
 
 
 # -- provenance ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""The apoptosis reproduction's verdict (workbench.reproduce.apoptosis) on synthetic campaign frames: the
+registered findings (registry.yaml, ``apoptosis``) hold on numbers in the paper's direction, and each broken one
+(an accuracy cost, a run that did not shrink, too few seeds) gives its status; the paper scale is the registry's
+workload with reporting seeds drawn at run time. The campaign itself runs in its notebook (nbval, small scale)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from workbench.reproduce import apoptosis, registry
+from workbench.reproduce.common import campaign_settings
+
+CHANGES = [0.3, -0.2, 0.1, 0.0, 0.4, -0.1, 0.2, 0.1]  # accuracy change with apoptosis per seed, points
+RATIOS = [0.62, 0.70, 0.66, 0.75, 0.68, 0.64, 0.71, 0.69]  # training time with / without, rank-time clock
+
+
+def frame(seeds: int = 8, cost: float = 0.0, reduction: list[float] | None = None) -> pd.DataFrame:
+    """A campaign's rows at world 4: off, on (reduction, accuracy change - cost, ratio) and threshold only."""
+    rows = []
+    for k in range(seeds):
+        shrink = (reduction or [4.0] * seeds)[k]
+        for arm, red, change, ratio in [("off", 1.0, 0.0, 1.0), ("on", shrink, CHANGES[k] - cost, RATIOS[k]),
+                                        ("threshold only (lasso=0)", 1.1, 0.0, 0.98)]:
+            rows.append({"arm": arm, "world_size": 4, "seed": 1000 + k, "outcome": "completed", "reason": "",
+                         "reduction": red, "accuracy_change_pt": change, "time_ratio": ratio,
+                         "log_speedup": -math.log(ratio)})
+    return pd.DataFrame(rows)
+
+
+def statuses(verdict) -> dict[str, str]:
+    return {d["key"]: d["status"] for d in verdict.decisions}
+
+
+def test_a_correct_campaign_holds():
+    verdict = apoptosis.verdict(frame(), "paper")
+    assert statuses(verdict) == {"apoptosis.accuracy_kept": "holds", "apoptosis.training_faster": "holds"}
+    assert all(c.ok for c in verdict.checks) and verdict.status == "holds"
+    assert any(c.name.startswith("fewer_parameters") for c in verdict.checks)
+    verdict.require()
+
+
+def test_an_apoptosis_costing_three_points_does_not_keep_accuracy():
+    verdict = apoptosis.verdict(frame(cost=3.0), "paper")
+    assert statuses(verdict)["apoptosis.accuracy_kept"] == "does not hold"
+    assert statuses(verdict)["apoptosis.training_faster"] == "holds"
+    assert verdict.status == "does not hold"
+    with pytest.raises(AssertionError, match="accuracy_kept"):
+        verdict.require()
+    verdict.require_mechanism()  # the mechanism worked: the finding is what failed
+
+
+def test_too_few_seeds_are_inconclusive():
+    verdict = apoptosis.verdict(frame(seeds=1), "paper")
+    assert set(statuses(verdict).values()) == {"inconclusive"}
+    assert verdict.status == "inconclusive"
+    two = apoptosis.verdict(frame(seeds=2), "paper")  # +0.3 and -0.2 pt: an interval far wider than the margin
+    assert statuses(two)["apoptosis.accuracy_kept"] == "inconclusive"
+
+
+def test_a_run_that_did_not_shrink_three_times_fails_fewer_parameters():
+    verdict = apoptosis.verdict(frame(reduction=[4.0, 4.2, 2.5, 3.9, 4.1, 3.6, 3.3, 5.0]), "paper")
+    failed = [c.name for c in verdict.checks if not c.ok]
+    assert failed == ["fewer_parameters: the parameters shrink >= 3x in every run"]
+    assert "/ 2.50 at least (world 4, seed 1002)" in next(c.detail for c in verdict.checks if not c.ok)
+    assert verdict.status == "does not hold"
+    with pytest.raises(AssertionError, match="fewer_parameters"):
+        verdict.require_mechanism()
+
+
+def test_a_failed_run_fails_the_mechanism():
+    broken = frame()
+    broken.loc[(broken.arm == "on") & (broken.seed == 1003), ["outcome", "reason"]] = ["failed", "rank 2 died"]
+    verdict = apoptosis.verdict(broken, "small")
+    assert not verdict.checks[0].ok and "seed 1003: rank 2 died" in verdict.checks[0].detail
+    with pytest.raises(AssertionError, match="every run completes"):
+        verdict.require_mechanism()
+
+
+def test_the_paper_scale_is_the_registered_workload_on_drawn_seeds(tmp_path):
+    workload = registry.load().workload("apoptosis")
+    settings = campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {})
+    assert settings["reporting"] and {k: settings[k] for k in workload} == workload
+    assert (workload["model"], workload["dataset"]) == ("lenet5", "synthetic_image")
+    assert set(apoptosis.SCALES["small"]) | {"seeds"} == set(workload) | {"seeds"}  # the same keys at both scales
+    seeds = settings["seeds"]
+    assert len(seeds) == registry.load().seed_count("apoptosis") >= 6 and not any(0 <= s <= 1000 for s in seeds)
+    assert campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {})["seeds"] == seeds  # kept
+    tuning = campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {"seeds": [12]})
+    assert not tuning["reporting"] and tuning["seeds"] == [12]
