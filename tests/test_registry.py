@@ -120,7 +120,7 @@ def test_the_report_can_tell_whether_the_registration_precedes_the_results():
     assert registry.precedes(None, head) is None and registry.precedes(registered, "0" * 40) is None
 
 
-def test_a_papers_registration_commit_is_not_moved_by_another_papers_edit(tmp_path):
+def test_results_are_checked_against_the_registration_they_ran_under(tmp_path):
     import subprocess
 
     def git(*args):
@@ -135,11 +135,11 @@ def test_a_papers_registration_commit_is_not_moved_by_another_papers_edit(tmp_pa
     first = git("rev-parse", "HEAD").strip()
     path.write_text(text.replace("title: \"GossipGraD", "title: \"GossipGraD (edited)"))
     git("commit", "-qam", "edit gossipgrad")
-    second = git("rev-parse", "HEAD").strip()
-    assert registry.paper_commit("ccgrid22", path) == first  # another paper's edit does not move it
-    assert registry.paper_commit("gossipgrad", path) == second
-    path.write_text(text.replace("alpha: 0.025", "alpha: 0.05"))  # a shared rule, not committed: none is
-    assert registry.paper_commit("ccgrid22", path) is None
+    assert registry.registered_at("ccgrid22", first, path) is True  # another paper's edit: still in force
+    assert registry.registered_at("gossipgrad", first, path) is False  # changed after results of that commit
+    path.write_text(text.replace("alpha: 0.025", "alpha: 0.05"))  # a shared rule changed: no paper is
+    assert registry.registered_at("ccgrid22", first, path) is False
+    assert registry.registered_at("ccgrid22", "0" * 40, path) is None and registry.registered_at("x", None) is None
 
 
 @pytest.mark.parametrize("successes,trials,sign,status", [

@@ -239,32 +239,27 @@ def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
     return out
 
 
-def paper_commit(paper: str, path: str | os.PathLike = REGISTRY_FILE) -> str | None:
-    """The commit since which ``paper``'s registration (its section and the shared rules: alpha and the seeds)
-    reads as it does now: its own registration, which later edits of other papers do not move. None outside a
-    checkout, or when this part of the file is not committed as it reads now."""
+def registered_at(paper: str, commit: str | None, path: str | os.PathLike = REGISTRY_FILE) -> bool | None:
+    """Whether ``paper``'s registration (its section and the shared rules: alpha and the seeds) reads at
+    ``commit`` (the results') as it reads now: the results ran under the registration in force, committed before
+    them. None outside a checkout or for a commit git does not know."""
     import yaml
 
     path = Path(path)
+    if not commit:
+        return None
 
     def part(text: str) -> Any:
         data = yaml.safe_load(text) or {}
         shared = {key: data.get(key) for key in ("alpha", "tuning_seeds", "reporting_seeds")}
         return {**shared, "paper": (data.get("papers") or {}).get(paper)}
 
-    now, since = part(path.read_text()), None
     try:
-        log = subprocess.run(["git", "-C", str(path.parent), "log", "--format=%H", "--", path.name],
-                             capture_output=True, text=True, timeout=10)
-        for commit in log.stdout.split() if log.returncode == 0 else []:
-            shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{commit}:./{path.name}"],
-                                   capture_output=True, text=True, timeout=10)
-            if shown.returncode != 0 or part(shown.stdout) != now:
-                break
-            since = commit
+        shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{commit.split('+')[0]}:./{path.name}"],
+                               capture_output=True, text=True, timeout=10)
+        return part(shown.stdout) == part(path.read_text()) if shown.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, yaml.YAMLError):
         return None
-    return since
 
 
 def precedes(registered: str | None, results: str | None, where: str | os.PathLike = REGISTRY_FILE) -> bool | None:

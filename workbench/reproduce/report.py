@@ -37,17 +37,17 @@ def find_verdict(root: Path, key: str) -> Path | None:
     return found[-1] if found else None
 
 
-def _order(registered: str | None, results: str | None) -> str:
-    """Whether the pre-registration's commit precedes the results' commit, in words."""
+def _order(key: str, results: str | None) -> str:
+    """Whether the results ran under this paper's registration as it reads now, in words."""
     from workbench.reproduce import registry
 
-    first = registry.precedes(registered, results)
-    said = {True: "precedes these results", False: "<b>follows these results</b>", None: "cannot be ordered "
-            "against these results"}[first]
-    return f"this paper's registration (commit {html.escape(str(registered))}, its section unchanged since) {said}"
+    said = {True: "its registration, as it reads now, was committed before these results",
+            False: "<b>its registration changed after these results</b>",
+            None: "its registration cannot be checked against these results"}
+    return said[registry.registered_at(key, results)]
 
 
-def _section(key: str, path: Path | None, first_figure: list[bool], registered: str | None = None) -> str:
+def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
     import plotly.io as pio
 
     if path is None:
@@ -75,7 +75,7 @@ def _section(key: str, path: Path | None, first_figure: list[bool], registered: 
             f"<h3>Campaign</h3><ul>{stats}</ul></div><div class='ours'><h3>Ours</h3>{''.join(figures)}</div></div>"
             f"<table><tr><th></th><th>check</th><th>measured</th></tr>{checks}</table>"
             f"<p><small>{html.escape(str(path.parent))}; results from commit {html.escape(str(v.commit))}; "
-            f"{_order(registered, v.commit)}</small></p></section>")
+            f"{_order(key, v.commit)}</small></p></section>")
 
 
 def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathLike | None = None) -> Path:
@@ -84,7 +84,7 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     out = Path(out) if out is not None else root / "report.html"
     first = [True]
     paths = {key: find_verdict(root, key) for key in NOTEBOOKS}
-    sections = [_section(key, path, first, _registered_commit(key)) for key, path in paths.items()]
+    sections = [_section(key, path, first) for key, path in paths.items()]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
     summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b></li>" for k, s in verdicts.items())
     summary += _registration()
@@ -102,15 +102,6 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     tmp.write_text(page)
     os.replace(tmp, out)
     return out
-
-
-def _registered_commit(key: str) -> str | None:
-    from workbench.reproduce import registry
-
-    try:
-        return registry.paper_commit(key)
-    except (OSError, registry.RegistryError):
-        return None
 
 
 def _registration() -> str:
