@@ -61,7 +61,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", 
     import pandas as pd
 
     settings = campaign_settings(KEY, SCALES, scale, out, overrides)
-    size = {"synthetic_size": settings["synthetic_size"]} if "synthetic_size" in settings else {}
+    size = {"synthetic_size": settings["synthetic_size"]}
     rows = []
     for world in settings["worlds"]:
         for seed in settings["seeds"]:

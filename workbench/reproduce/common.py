@@ -191,11 +191,13 @@ def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, o
     scale the registry's workload (registry.yaml) with the reporting seeds of ``out``, drawn once when the campaign
     first runs (:func:`workbench.reproduce.registry.seeds_of`). Seeds given as an override make it a tuning run:
     ``settings["reporting"]`` says which it is."""
+    from workbench.config import RunConfig
     from workbench.reproduce import registry
 
     if scale == "paper":
         scales = {**scales, "paper": {**scales.get("paper", {}), **registry.load().workload(key)}}
     settings = scale_settings(scales, scale, overrides)
+    settings.setdefault("synthetic_size", RunConfig.synthetic_size)  # a synthetic dataset's size: the run's default
     settings["reporting"] = scale == "paper" and "seeds" not in overrides
     if settings["reporting"]:
         settings["seeds"] = registry.seeds_of(out, key)["seeds"]

@@ -35,7 +35,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
 
     settings = campaign_settings(KEY, SCALES, scale, out, overrides)
     model, dataset = settings["model"], settings["dataset"]
-    size = {"synthetic_size": settings["synthetic_size"]} if "synthetic_size" in settings else {}
+    size = {"synthetic_size": settings["synthetic_size"]}
     preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset}
                 for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
