@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import config
+from workbench import config, devices
 from workbench.cli import _config_from_args, build_parser
 from workbench.config import RunConfig
 from workbench.config_fields import SETTINGS, Setting, flag_of, help_text
@@ -25,7 +25,7 @@ FLAGS = ("--world-size --steps --batch-size --lr --optimizer --model --hidden --
          "--eval-interval --detect --detect-every --fault --parallelism --micro-batches --pipeline-stages "
          "--stage-cuts --gossip-sync --shuffle --consensus-every --apoptosis --bucket-cap-mb --buckets "
          "--heartbeat-timeout --progress-timeout --straggler-response --straggler-factor --straggler-window "
-         "--preempt-grace --notice-signals --resize-rule --spawn --bind --store-port").split()
+         "--preempt-grace --notice-signals --resize-rule --spawn --device --bind --store-port").split()
 
 
 def run_actions() -> dict[str, argparse.Action]:
@@ -41,6 +41,7 @@ def test_every_field_has_exactly_one_setting():
 def test_the_allowed_values_are_the_tuples_the_configuration_checks():
     assert SETTINGS["strategy"].choices is config.STRATEGIES  # imported, not restated
     assert SETTINGS["optimizer"].choices is config.OPTIMIZERS and SETTINGS["spawn"].choices is config.SPAWNS
+    assert SETTINGS["device"].choices is devices.DEVICES
     for name, setting in SETTINGS.items():
         if setting.choices:
             assert "{choices}" in setting.help, name

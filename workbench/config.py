@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import strategies
+from workbench import devices, strategies
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.cluster.hosts_file import check_hosts
 from workbench.config_types import as_floats, coerce_types
@@ -94,6 +94,7 @@ class RunConfig:
     resize_rule: str = "keep"  # workbench.resize_rule: keep, linear
     startup_timeout: float = 120.0
     spawn: str = "template"
+    device: str = "cpu"  # workbench.devices: cpu, cuda, auto
     op_timeout: float = 60.0
     hosts: list[dict[str, Any]] | None = None
     bind: str | None = None
@@ -182,6 +183,7 @@ class RunConfig:
 
     def _check_parallelism(self) -> None:
         _choice("parallelism", self.parallelism, PARALLELISMS)
+        devices.check_choice(self)  # which modes run on GPUs
         _choice("shuffle", self.shuffle, SHUFFLES)
         _int_in("consensus_every", self.consensus_every, 1, 10_000_000)
         if not isinstance(self.gossip_sync, bool):

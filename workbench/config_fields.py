@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from workbench import config
+from workbench import config, devices
 from workbench.faults.slow import STRAGGLER_RESPONSES
 from workbench.peers import PEER_STRATEGIES
 from workbench.resize_rule import RULES as RESIZE_RULES
@@ -132,6 +132,9 @@ SETTINGS: dict[str, Setting] = {
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "
                      "interpreter each (~1 s of torch import)", config.SPAWNS),
+    "device": Setting("where ranks compute: {choices}; cuda: the ranks share this machine's GPUs round-robin and "
+                      "exchange over gloo on CUDA tensors (parallelism data); auto: cuda where a GPU is usable, "
+                      "else cpu", devices.DEVICES, docs="[GPU ranks](devices.md)"),
     "op_timeout": Setting("seconds a collective may take before the rank gives up on it", flag=None),
     "hosts": Setting("where the ranks run: hosts in order, the first this machine, each with its address, slots "
                      "and launch command; unset: every rank on this machine (command line: --hosts-file, --slurm)",

@@ -31,8 +31,8 @@ COMMAND_VAR = "WORKBENCH_COMMAND"
 NOTEBOOK_VAR = "WORKBENCH_NOTEBOOK"
 PACKAGES = ("workbench", "torch", "numpy", "h5py", "papermill")
 FIELDS = ("workbench", "commit", "dirty", "python", *PACKAGES[1:], "host", "cpu", "cores", "usable_cores",
-          "memory_gib", "load_start", "load_end", "steal_pct", "started_utc", "ended_utc", "command", "notebook",
-          "seed")
+          "memory_gib", "device", "load_start", "load_end", "steal_pct", "started_utc", "ended_utc", "command",
+          "notebook", "seed")
 _TICKS = "_cpu_ticks"  # the host's (steal, total) CPU ticks at the start: steal_pct at the end
 UNKNOWN = "unknown"
 _SOURCE = Path(__file__).resolve().parents[1]  # the directory holding the workbench package
@@ -44,10 +44,11 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def collect(seed: int | None = None) -> dict[str, Any]:
-    """Provenance at the start of a run: every key of :data:`FIELDS`, ``load_end`` and ``ended_utc`` still None."""
+def collect(seed: int | None = None, device: str | None = None) -> dict[str, Any]:
+    """Provenance at the start of a run: every key of :data:`FIELDS`, ``load_end`` and ``ended_utc`` still None;
+    ``device``: where the ranks compute (:func:`workbench.devices.describe`; None for a sweep point)."""
     commit, dirty = git_state()
-    return {**static(), "commit": commit, "dirty": dirty, "usable_cores": machine.usable_cores(),
+    return {**static(), "commit": commit, "dirty": dirty, "device": device, "usable_cores": machine.usable_cores(),
             "load_start": _load(), "load_end": None, "steal_pct": None, "started_utc": utc_now(), "ended_utc": None,
             "command": command(), "notebook": notebook(), "seed": seed, _TICKS: machine.cpu_ticks()}
 

@@ -124,7 +124,7 @@ def unit_norms(model: nn.Module, pairs: list[Pair]) -> dict[str, tuple[torch.Ten
         # consumer weight (out, units*block[, k, k]) -> per unit all the weights reading it
         outgoing = consumer.weight.detach().double().reshape(consumer.weight.shape[0], units, block, -1)
         outgoing = outgoing.transpose(0, 1).reshape(units, -1)
-        norms[pair.layer] = (incoming.pow(2).mean(1).sqrt(), outgoing.pow(2).mean(1).sqrt())
+        norms[pair.layer] = (incoming.pow(2).mean(1).sqrt().cpu(), outgoing.pow(2).mean(1).sqrt().cpu())
     return norms
 
 
@@ -216,8 +216,9 @@ def _resize_norm(model: nn.Module, name: str, module: nn.Module, shapes: Mapping
     key = f"{name}.running_mean" if f"{name}.running_mean" in shapes else f"{name}.weight"
     if key not in shapes or tuple(shapes[key])[0] == module.num_features:
         return False
+    device = next(iter([*module.parameters(), *module.buffers()]), torch.empty(0)).device  # the CPU or the GPU
     new = type(module)(tuple(shapes[key])[0], module.eps, module.momentum, module.affine,
-                       module.track_running_stats, device="meta").to_empty(device="cpu").train(module.training)
+                       module.track_running_stats, device="meta").to_empty(device=device).train(module.training)
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     return True

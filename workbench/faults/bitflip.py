@@ -149,9 +149,11 @@ def _values(x: torch.Tensor | np.ndarray, indices: np.ndarray) -> np.ndarray:
 def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int] | np.ndarray,
                 masks: Iterable[int] | np.ndarray, target: str = "") -> FlipLog:
     """XOR ``masks`` into the elements at flat ``indices``, in place; returns the log."""
-    view = bits_view(x)
     indices = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices), dtype=np.int64)
     masks_arr = np.asarray(masks if isinstance(masks, np.ndarray) else list(masks), dtype=np.uint64)
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        return _apply_gathered(x, indices, masks_arr, target)
+    view = bits_view(x)
     masks_arr = masks_arr.astype(view.dtype)
     if len(indices) and (indices.min() < 0 or indices.max() >= view.size):
         bad = int(indices[(indices < 0) | (indices >= view.size)][0])
@@ -161,6 +163,23 @@ def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int] | np.ndarra
         np.bitwise_xor.at(view, indices, masks_arr)  # .at: two flips of one element both apply
         new = _values(x, indices)
     return FlipLog([(target, len(indices))], indices, masks_arr.astype(np.uint64), old, new)
+
+
+def _apply_gathered(x: torch.Tensor, indices: np.ndarray, masks: np.ndarray, target: str) -> FlipLog:
+    """A tensor off the CPU (a GPU's): the elements hit come to the host, are flipped there exactly as a CPU
+    tensor's would be (the same bits, the same values), and go back; nothing else moves."""
+    if not x.is_contiguous():
+        raise FlipError(f"{target or 'the tensor'} must be contiguous to be flipped in place")
+    flat = x.detach().view(-1)
+    if len(indices) and (indices.min() < 0 or indices.max() >= flat.numel()):
+        bad = int(indices[(indices < 0) | (indices >= flat.numel())][0])
+        raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {flat.numel()} elements")
+    unique, inverse = np.unique(indices, return_inverse=True)
+    where = torch.from_numpy(unique).to(x.device)
+    host = flat[where].cpu()  # one element per distinct index: two flips of one element both apply, as on the CPU
+    done = apply_masks(host, inverse, masks, target)
+    flat[where] = host.to(x.device)
+    return FlipLog([(target, len(indices))], indices, done.masks, done.old, done.new)
 
 
 def flip(x: torch.Tensor | np.ndarray, index: int, bit: int, target: str = "") -> Flip:

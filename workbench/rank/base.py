@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
-from workbench import protocol, strategies
+from workbench import devices, protocol, strategies
 from workbench.config import FaultSpec, RunConfig
 from workbench.h5files import OutputError
 from workbench.rank import staging
@@ -44,11 +44,12 @@ def evaluate(model: torch.nn.Module, data: Any) -> dict[str, float]:
     has a validation split (``val_acc``: what apoptosis decides on)."""
     training = model.training
     model.eval()
-    out = model(data.x_test)
-    figures = {"test_loss": F.cross_entropy(out, data.y_test).item(),
-               "test_acc": (out.argmax(1) == data.y_test).float().mean().item()}
+    device = next(model.parameters()).device  # a GPU rank's model: the test set goes there (a no-op on the CPU)
+    out, y_test = model(data.x_test.to(device)), data.y_test.to(device)
+    figures = {"test_loss": F.cross_entropy(out, y_test).item(),
+               "test_acc": (out.argmax(1) == y_test).float().mean().item()}
     if getattr(data, "x_val", None) is not None:
-        figures["val_acc"] = (model(data.x_val).argmax(1) == data.y_val).float().mean().item()
+        figures["val_acc"] = (model(data.x_val.to(device)).argmax(1) == data.y_val.to(device)).float().mean().item()
     model.train(training)
     return figures
 
@@ -59,7 +60,7 @@ def fingerprint(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
+        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -79,9 +80,10 @@ class BaseTrainer(Scaled):
         self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (workbench/strategies.py)
         self.channel = channel
         self.checkpoint_dir = checkpoint_dir
+        self.device = devices.rank_device(config.device, channel.worker_id)  # the CPU, or this rank's GPU
         self.data = load_dataset(config)
         self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
-        self.model = build_model(config, self.data.input_shape, self.data.num_classes)
+        self.model = build_model(config, self.data.input_shape, self.data.num_classes).to(self.device)
         self.comm = Comm(store, channel, config.op_timeout)
         self.step = 0
         self.trained = False  # holds a real training state (not a fresh replacement)

@@ -109,7 +109,7 @@ class DataParallel:
             params = [p for _, p in group]
             numel = sum(p.numel() for p in params) + (self.tail if i == 0 else 0)
             bucket = Bucket(i, [n for n, _ in group], params, make_optimizer(optimizer, params, lr, momentum),
-                            torch.zeros(numel))
+                            torch.zeros(numel, device=params[0].device if params else None))
             offset = 0
             for p in params:
                 # gradients live in the bucket (DDP's gradient_as_bucket_view): autograd accumulates into the

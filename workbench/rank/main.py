@@ -52,8 +52,11 @@ def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
         code = 1
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         output = isinstance(exc, OutputError)
-        channel.send(protocol.message("error" if output else error_kind, message=detail,
-                                      reason=str(exc) if output else None, traceback=traceback.format_exc(limit=8)))
+        reason = str(exc) if output else None
+        if isinstance(exc, getattr(torch, "OutOfMemoryError", ())):  # a GPU's memory: one line, the run's reason
+            reason = detail = f"GPU out of memory on {torch.cuda.current_device()}: {str(exc).splitlines()[0][:160]}"
+        channel.send(protocol.message("error" if output or reason else error_kind, message=detail, reason=reason,
+                                      traceback=traceback.format_exc(limit=8)))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -199,7 +199,8 @@ class Trainer(BaseTrainer):
                             if name.startswith("model/")})  # e.g. a full-size replacement receiving a shrunk model
         own = dict(self._named_state())
         self._incoming = {name: own[name] if name in own and own[name].shape == shape and own[name].dtype == dtype
-                          else torch.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
+                          else torch.empty(shape, dtype=dtype, device=self.device)
+                          for name, (shape, dtype) in specs.items()}
         return self._incoming
 
     def _adopt_received(self, meta: dict[str, Any]) -> None:
@@ -323,6 +324,7 @@ class Trainer(BaseTrainer):
             self._fold_split(step)
         indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
         x, y = self.data.train_batch(indices, step)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)  # CPU: no copy
         self.model.train()
         out = self.model(x)
         loss_sum = F.cross_entropy(out, y, reduction="sum")

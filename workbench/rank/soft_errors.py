@@ -223,7 +223,7 @@ class Detectors:
             flat = gradients.detach()
             if float(torch.dot(flat, flat)) <= bound:  # NaN and inf fail "<=": they are looked at below
                 continue
-            values = flat.numpy()
+            values = flat.cpu().numpy()
             low, high = float(values.min()), float(values.max())
             if not (-self.limit <= low and high <= self.limit):  # NaN fails "<=" too
                 raise Detected("guard", f"non-finite or > {self.limit:g} gradient in {', '.join(names)} at step "

@@ -72,8 +72,8 @@ class Staged:
             spare = cache.get(address)
             if spare is None or spare.shape != live.shape or spare.dtype != live.dtype \
                     or spare.stride() != live.stride():
-                spare = cache[address] = torch.empty_like(live)
-            holder[key] = spare.copy_(live)
+                spare = cache[address] = _host_like(live)
+            holder[key] = spare.copy_(live)  # from a GPU: synchronous, into pinned memory
 
     def wait(self, part: int | None = None) -> None:
         """Training thread, before it modifies the state in place: return once ``part`` (None: the last one) and
@@ -179,3 +179,10 @@ def stage_replica(model: torch.nn.Module, groups: list[tuple[list[str], list[tor
         if name not in staged_names:
             model_state[name] = model_state[name].detach().clone()
     return model_state, optimizer_state, Staged(parts)
+
+
+def _host_like(live: torch.Tensor) -> torch.Tensor:
+    """An uninitialised host tensor laid out like ``live``: pinned for a GPU tensor (the copy goes at full speed)."""
+    if live.device.type == "cpu":
+        return torch.empty_like(live)
+    return torch.empty_strided(live.size(), live.stride(), dtype=live.dtype, device="cpu", pin_memory=True)

@@ -43,7 +43,7 @@ def _bit_sum(tensor: torch.Tensor) -> int:
     whole = raw.numel() // 8 * 8
     value = int(raw[:whole].view(torch.int64).sum()) if whole else 0
     if whole < raw.numel():
-        value += int.from_bytes(raw[whole:].numpy().tobytes(), "little")
+        value += int.from_bytes(raw[whole:].cpu().numpy().tobytes(), "little")
     return value % (1 << 64)
 
 

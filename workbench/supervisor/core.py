@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoint as ckpt
-from workbench import clock, protocol, provenance, resize_rule, strategies
+from workbench import clock, devices, protocol, provenance, resize_rule, strategies
 from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
@@ -94,7 +94,7 @@ class Supervisor(Commands, SlowRanks):
     def run(self) -> RunResult:
         """Run to the end; the result carries the run's provenance (:mod:`workbench.provenance`)."""
         outcome, reason = "failed", "the run did not start"
-        self.provenance = provenance.collect(self.config.seed)
+        self.provenance = provenance.collect(self.config.seed, devices.describe(self.config))
         try:
             self._start()
             outcome, reason = self._loop()

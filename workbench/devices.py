@@ -1,0 +1,139 @@
+"""Where ranks compute: ``RunConfig.device`` is ``cpu``, ``cuda`` or ``auto`` (cuda where a GPU is usable).
+
+The machine's GPUs are read once per process by a short child process (:func:`inventory`), so no process that
+forks ranks (a kernel, the rank template) ever initialises CUDA: a forked child of a CUDA process cannot use it.
+A rank picks its GPU after it starts (:func:`rank_device`): the spawn slot's index modulo the GPUs, so ranks
+share GPUs round-robin. Ranks exchange over gloo, which reduces CUDA tensors in place (NCCL refuses two ranks on
+one GPU). What is supported and measured: docs/devices.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from workbench import strategies
+from workbench.errors import ConfigError
+
+DEVICES = ("cpu", "cuda", "auto")
+# asked of a fresh interpreter: torch's build, then each GPU's name and memory (this reads the driver, the caller
+# never does); nvidia-smi adds the driver's version where it is installed
+_PROBE = """
+import json, subprocess, torch
+found = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": []}
+if torch.version.cuda is not None and torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        found["gpus"].append({"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1)})
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        found["driver"] = out[0] if out else None
+    except (OSError, subprocess.SubprocessError):
+        found["driver"] = None
+print(json.dumps(found))
+"""
+_PROBE_TIMEOUT_S = 120  # torch's import on a loaded machine, then the driver's first answer
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The GPUs torch can use on this machine (none on a CPU build), and why there are none."""
+
+    torch: str
+    cuda: str | None  # the CUDA version torch was built with; None: a CPU build
+    gpus: tuple[dict[str, Any], ...] = ()
+    driver: str | None = None
+    problem: str | None = None  # the probe itself failed: what it said
+
+    def why_none(self) -> str:
+        if self.problem:
+            return self.problem
+        if self.cuda is None:
+            return f"torch {self.torch} is a CPU build (no CUDA)"
+        return f"torch {self.torch} (CUDA {self.cuda}) sees no GPU on this machine"
+
+    def describe(self) -> str:
+        """One line: the GPUs, their memory, driver and CUDA version (provenance's ``device``)."""
+        names: dict[str, int] = {}
+        for gpu in self.gpus:
+            key = f"{gpu['name']} ({gpu['memory_gib']:g} GiB)"
+            names[key] = names.get(key, 0) + 1
+        listed = ", ".join(f"{n} x {key}" if n > 1 else key for key, n in names.items())
+        return f"{listed}; driver {self.driver or 'unknown'}, CUDA {self.cuda}, torch {self.torch}"
+
+
+@functools.cache
+def inventory() -> Inventory:
+    """This machine's GPUs, read once per process in a child interpreter (never initialising CUDA here)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return Inventory("unknown", None, problem=f"the GPU probe failed ({type(exc).__name__})")
+    return Inventory(found["torch"], found["cuda"], tuple(found["gpus"]), found.get("driver"))
+
+
+def check_choice(config: Any) -> None:
+    """What the configuration's values alone decide (RunConfig): the choice, and the modes that run on GPUs."""
+    device = config.device
+    if device not in DEVICES:
+        raise ConfigError("device", f"{device!r} is not known: allowed {', '.join(DEVICES)}")
+    if device == "cpu":
+        return
+    if config.parallelism != "data":
+        raise ConfigError("device", f"{device!r} runs parallelism 'data'; parallelism {config.parallelism!r} "
+                          "ranks run on the CPU (--device cpu)")
+    if strategies.get(config.strategy).peer is not None:
+        raise ConfigError("device", f"{device!r} runs our strategies; strategy {config.strategy!r} runs the peer "
+                          "system on the CPU (--device cpu)")
+    if config.hosts:
+        raise ConfigError("device", f"{device!r} runs ranks on this machine; a run over hosts runs on the CPU "
+                          "(--device cpu)")
+
+
+def resolve(config: Any) -> Any:
+    """The configuration with ``device`` settled on this machine (``auto`` becomes ``cuda`` or ``cpu``); ConfigError
+    (one line, before any process starts) when ``cuda`` is asked for and no GPU is usable."""
+    if config.device == "cpu":
+        return config
+    found = inventory()
+    if not found.gpus:
+        if config.device == "cuda":
+            raise ConfigError("device", f"'cuda' asked for, but {found.why_none()}: use --device cpu, or auto "
+                              "(cuda where a GPU is usable)")
+        return _replace(config, "cpu")
+    return _replace(config, "cuda")
+
+
+def _replace(config: Any, device: str) -> Any:
+    return config if config.device == device else dataclasses.replace(config, device=device)
+
+
+def describe(config: Any) -> str:
+    """Provenance's ``device``: ``cpu``, or the GPUs the ranks share and how they exchange."""
+    if config.device != "cuda":
+        return "cpu"
+    found = inventory()
+    return f"cuda, gloo on CUDA tensors, {config.world_size} ranks on {len(found.gpus)} GPU(s): {found.describe()}"
+
+
+def rank_device(device: str, slot: int | None) -> Any:
+    """In a rank process, after it started: its torch device. ``cuda``: GPU ``slot`` modulo the GPUs (round-robin),
+    made this process's current device."""
+    import torch
+
+    if device != "cuda":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise RuntimeError("device 'cuda': this rank's process sees no GPU")
+    index = (slot or 0) % count
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
