@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: setup setup-dev setup-browser demo reproduce test lint lab bench docs clean
+.PHONY: setup setup-dev setup-browser demo reproduce test test-slow test-all lint lab bench docs clean
 
 setup: $(STAMP)
 
@@ -80,13 +80,21 @@ reproduce: setup
 	done
 	$(PY) -m workbench.reproduce.report $(REPRO)
 
-# The tests and every notebook (nbval) in one pytest session over two workers (pytest-xdist): their waits for
+# The tests and every notebook (nbval) in pytest sessions over two workers (pytest-xdist): their waits for
 # processes, kernels and timeouts overlap. tests/ci_guard.py schedules them: a notebook's cells in one worker (and
 # kernel), tests/cluster's tests with their one Slurm cluster, every other test on its own; under CI=true a skip
-# fails. The notebooks first: the longest scopes start early. tests/notebooks holds fixtures, not notebooks to
-# check. --durations: to keep the suite within its budget.
+# fails. tests/tiers.py splits the suite in two: `make test` runs the fast tier (within 10 minutes on 2 cores),
+# `make test-slow` the tests listed in tests/slow.txt; CI (.ci/run) runs both, `make test-all` both in one session.
+# tests/notebooks holds fixtures, not notebooks to check. --durations: to keep each tier within its budget.
+PYTEST_SUITE = $(VENV)/bin/pytest -q -rs -n 2 --durations=15 --nbval-lax --ignore=tests/notebooks
 test: setup-dev
-	$(VENV)/bin/pytest -q -rs -n 2 --durations=15 --nbval-lax --ignore=tests/notebooks notebooks tests
+	$(PYTEST_SUITE) -m "not slow" notebooks tests
+
+test-slow: setup-dev
+	$(PYTEST_SUITE) -m slow notebooks tests
+
+test-all: setup-dev
+	$(PYTEST_SUITE) notebooks tests
 
 # ruff, then tools/check_structure.py: no import cycles in workbench/, no module over 400 lines, no function over
 # 80 (unless its docstring says why in "One piece: ...")

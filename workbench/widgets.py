@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from workbench import strategies
 from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
+from workbench.devices import DEVICES
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
@@ -88,6 +89,7 @@ class Lab:
         self.resize_rule = w.Dropdown(options=RULES, value=base.resize_rule, description="resize rule", style=style)
         self.steps = w.BoundedIntText(value=base.steps, min=1, max=10_000_000, description="steps", style=style)
         self.seed = w.BoundedIntText(value=base.seed, min=0, max=2**31 - 1, description="seed", style=style)
+        self.device = w.Dropdown(options=list(DEVICES), value=base.device, description="device", style=style)
         self.start_button = w.Button(description="Start", button_style="success", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.start_button.on_click(lambda _b: self.start())
@@ -122,7 +124,7 @@ class Lab:
                                  margin={"t": 40, "b": 40})
         config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy,
                                 self.regrow, self.checkpoint_every, self.detect, self.resize_rule, self.steps,
-                                self.seed],
+                                self.seed, self.device],
                                layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
         flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
                            self.flip_field, self.flip_button])
@@ -147,7 +149,7 @@ class Lab:
             "checkpoint_every": self.checkpoint_every.value if self._given.get("checkpoint_every") is not None
             or strategies.get(self.strategy.value).checkpoint_every is not None else None,
             "detect": list(self.detect.value), "resize_rule": self.resize_rule.value, "steps": self.steps.value,
-            "seed": self.seed.value,
+            "seed": self.seed.value, "device": self.device.value,
             "eval_interval": self._given.get("eval_interval", max(1, min(25, self.steps.value // 10)))})
 
     def _offer_flip_tensors(self) -> None:
