@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import leaks
+import pytest
 
 from workbench.results import RunResult
 from workbench.sweeps.run import load_sweep
@@ -49,10 +50,11 @@ def no_project_processes_left(before):
     assert not left, "left running:\n" + "\n".join(map(str, left))
 
 
-def test_a_sweep_runs_as_a_job_array_seen_by_sacct(slurm, tmp_path):
+@pytest.mark.timeout(540)  # four 4-rank points, one after another (each task asks for the node's 2 cores): 235 s in
+def test_a_sweep_runs_as_a_job_array_seen_by_sacct(slurm, tmp_path):  # CI, 280+ s on a loaded VM
     out = tmp_path / "s"
     done = subprocess.run(sweep_cli(out, "-p", "strategy", "shrink", "rollback", "-p", "seed", "0", "1"),
-                          capture_output=True, text=True, timeout=280)
+                          capture_output=True, text=True, timeout=480)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"4 points: 4 executed \(4 completed, 0 failed\), 0 already complete; .*; Slurm job \d+; "
                      r"report: ", done.stdout), done.stdout
