@@ -122,10 +122,9 @@ class Lab:
         self.strip.update_layout(template="plotly_white", height=200, xaxis_title="step",
                                  title="per-rank step time (own CPU per step, x the step's median)",
                                  margin={"t": 40, "b": 40})
-        config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy,
-                                self.regrow, self.checkpoint_every, self.detect, self.resize_rule, self.steps,
-                                self.seed, self.device],
-                               layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
+        config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy, self.regrow,
+                                self.checkpoint_every, self.detect, self.resize_rule, self.steps, self.seed,
+                                self.device], layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
         flip_box = w.HBox([self.flip_rank, self.flip_target, self.flip_tensor, self.flip_index, self.flip_bit,
                            self.flip_field, self.flip_button])
         self.widget = w.VBox([config_box, w.HBox([self.start_button, self.stop_button]), self.rank_buttons,

@@ -80,7 +80,7 @@ class BaseTrainer(Scaled):
         self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (workbench/strategies.py)
         self.channel = channel
         self.checkpoint_dir = checkpoint_dir
-        self.device = devices.rank_device(config.device, channel.worker_id)  # the CPU, or this rank's GPU
+        self.device = devices.rank_device(config.device, getattr(channel, "worker_id", None))  # CPU, or its GPU
         self.data = load_dataset(config)
         self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
         self.model = build_model(config, self.data.input_shape, self.data.num_classes).to(self.device)
