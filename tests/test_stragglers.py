@@ -116,7 +116,9 @@ def test_the_throttle_makes_a_step_take_factor_times_its_own_cpu():
         assert throttle.end() == (3.0 if step >= 10 else None)
         spent.append(cpu_time() - began)
     ratio = statistics.median(spent[12:]) / statistics.median(spent[2:10])
-    assert 2.6 <= ratio <= 3.4, ratio  # 3 within 15 %: the CPU clocks' granularity and this machine's noise
+    # 3 within 20 %: the CPU clocks' granularity and a loaded machine's noise (2.50 once at load 7); a factor
+    # of 2 or no throttle at all still fails
+    assert 2.4 <= ratio <= 3.6, ratio
     throttle.set_live(2.0, 0.0)  # a live slow-down whose time is up: full speed
     assert throttle.factor_at(30) == 1.0 and throttle.live == (1.0, None)
 
