@@ -86,12 +86,11 @@ _TRIPWIRE = """
 import os, sys
 log = os.environ.get("WB_CUDA_LOG")
 if log:
-    import torch, torch.cuda
+    import json, torch, torch.cuda
     def _note(what):
         with open(log, "a") as f:
             argv = open("/proc/self/cmdline", "rb").read().replace(b"\\0", b" ").decode().strip()
             f.write(json.dumps({"pid": os.getpid(), "argv": argv, "what": what}) + "\\n")
-    import json
     _note("installed")
     def _wrap(name, fn):
         def recorded(*args, **kwargs):

@@ -155,14 +155,18 @@ def apply_masks(x: torch.Tensor | np.ndarray, indices: Iterable[int] | np.ndarra
         return _apply_gathered(x, indices, masks_arr, target)
     view = bits_view(x)
     masks_arr = masks_arr.astype(view.dtype)
-    if len(indices) and (indices.min() < 0 or indices.max() >= view.size):
-        bad = int(indices[(indices < 0) | (indices >= view.size)][0])
-        raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {view.size} elements")
+    _check_range(indices, view.size, target)
     with np.errstate(all="ignore"):  # the values are meant to become NaN or Inf sometimes
         old = _values(x, indices)
         np.bitwise_xor.at(view, indices, masks_arr)  # .at: two flips of one element both apply
         new = _values(x, indices)
     return FlipLog([(target, len(indices))], indices, masks_arr.astype(np.uint64), old, new)
+
+
+def _check_range(indices: np.ndarray, size: int, target: str) -> None:
+    if len(indices) and (indices.min() < 0 or indices.max() >= size):
+        bad = int(indices[(indices < 0) | (indices >= size)][0])
+        raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {size} elements")
 
 
 def _apply_gathered(x: torch.Tensor, indices: np.ndarray, masks: np.ndarray, target: str) -> FlipLog:
@@ -171,9 +175,7 @@ def _apply_gathered(x: torch.Tensor, indices: np.ndarray, masks: np.ndarray, tar
     if not x.is_contiguous():
         raise FlipError(f"{target or 'the tensor'} must be contiguous to be flipped in place")
     flat = x.detach().view(-1)
-    if len(indices) and (indices.min() < 0 or indices.max() >= flat.numel()):
-        bad = int(indices[(indices < 0) | (indices >= flat.numel())][0])
-        raise FlipError(f"index {bad} is out of range for {target or 'the tensor'} with {flat.numel()} elements")
+    _check_range(indices, flat.numel(), target)
     unique, inverse = np.unique(indices, return_inverse=True)
     where = torch.from_numpy(unique).to(x.device)
     host = flat[where].cpu()  # one element per distinct index: two flips of one element both apply, as on the CPU
