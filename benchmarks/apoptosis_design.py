@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from workbench.apoptosis import rule as apo
 from workbench.config import RunConfig
-from workbench.rank.base import evaluate
+from workbench.rank.readings import evaluate
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
 

@@ -322,7 +322,7 @@ def test_an_image_dataset_validation_split_is_normalised_like_the_test_set():
 
 
 def test_the_rule_reads_the_validation_accuracy_that_every_evaluation_reports():
-    from workbench.rank.base import evaluate
+    from workbench.rank.readings import evaluate
 
     data = load_dataset_with_val()
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))

@@ -17,6 +17,7 @@ from workbench import devices
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
 from workbench.faults import bitflip
+from workbench.results import RunResult
 from workbench.session import prepare, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,3 +187,85 @@ def test_training_needs_only_what_the_gpu_host_has(tmp_path):
     assert figures["device"] == "cpu" and figures["strategies"], figures
     for name, row in figures["strategies"].items():
         assert row["outcome"] == "completed" and row["replicas_identical"], (name, row)
+
+
+# -- a GPU rank takes its GPU when first put in a generation ---------------------------------------------------
+_FAKE_GPU = """
+import json, os
+log = os.environ.get("WB_GPU_LOG")
+if log:
+    import torch
+    from workbench import devices
+    def _note(**what):
+        with open(log, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), **what}) + "\\n")
+    devices.inventory = lambda: devices.Inventory("fake", "13.0", ({"name": "Fake GPU", "memory_gib": 1.0},), "1")
+    def rank_device(device, slot):
+        _note(what="took", slot=slot)
+        return torch.device("cpu")  # the CPU stands in for the GPU: the path a GPU rank takes, on this machine
+    def wait_for_release(dead_pids, timeout=None):
+        _note(what="waited", dead=list(dead_pids))
+        return 0.0
+    devices.rank_device, devices.wait_for_release = rank_device, wait_for_release
+"""
+
+
+def _fake_gpu_run(tmp_path, name, *args):
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(textwrap.dedent(_FAKE_GPU))
+    log = tmp_path / f"{name}.log"
+    env = {**os.environ, **NO_GPU, "WB_GPU_LOG": str(log), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    done = subprocess.run([sys.executable, "-m", "workbench", "run", "--world-size", "2", "--steps", "30",
+                           "--eval-interval", "10", "--strategy", "rollback", "--regrow", "--warm-spares", "1",
+                           "--out", str(tmp_path / name), "--json", *args], env=env, capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    notes = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return json.loads(done.stdout.strip().splitlines()[-1]), notes
+
+
+def test_a_warm_spare_takes_no_gpu_until_it_replaces_a_dead_rank_and_waits_for_its_memory(tmp_path):
+    """``--device cuda`` with a stand-in GPU (the inventory reports one; the rank's device is the CPU): the two
+    ranks take their GPU at generation 0, the warm spare only when it replaces the killed rank, after waiting
+    for the killed process's memory; the model moved after it was built trains exactly as the CPU run does."""
+    quiet, quiet_notes = _fake_gpu_run(tmp_path, "quiet", "--device", "cuda")
+    assert quiet["outcome"] == "completed" and quiet["replicas_identical"] is True, quiet
+    assert sorted(n["slot"] for n in quiet_notes if n["what"] == "took") == [0, 1], quiet_notes  # not the spare (2)
+    assert all(n["dead"] == [] for n in quiet_notes if n["what"] == "waited"), quiet_notes
+
+    killed, notes = _fake_gpu_run(tmp_path, "killed", "--device", "cuda", "--fault", "kill:rank=1,step=12")
+    assert killed["outcome"] == "completed" and killed["replicas_identical"] is True, killed
+    took = [n for n in notes if n["what"] == "took"]
+    assert sorted(n["slot"] for n in took) == [0, 1, 2], notes
+    spare = next(n["pid"] for n in took if n["slot"] == 2)
+    victim = next(n["pid"] for n in took if n["slot"] == 1)
+    assert [n["dead"] for n in notes if n["what"] == "waited" and n["pid"] == spare] == [[victim]], notes
+    result = RunResult.load(killed["result_path"])
+    assert any("took its GPU after" in e["detail"] for e in result.events if e["kind"] == "joined"), result.events
+
+    on_cpu, _ = _fake_gpu_run(tmp_path, "cpu", "--device", "cpu", "--fault", "kill:rank=1,step=12")
+    losses = [(m["step"], m["loss"]) for m in RunResult.load(on_cpu["result_path"]).metrics]
+    assert losses == [(m["step"], m["loss"]) for m in result.metrics] and len(losses) >= 30
+    assert on_cpu["final_test_accuracy"] == killed["final_test_accuracy"], (on_cpu, killed)
+
+
+def test_a_rank_waits_for_a_dead_ranks_gpu_memory_until_the_driver_frees_it(tmp_path, monkeypatch):
+    """``wait_for_release`` asks nvidia-smi (a stand-in here that lists the dead pid for its first 3 answers)
+    and returns once the pid is gone; it gives up at its bound, and waits for nothing where nvidia-smi is absent
+    or lists none of the dead."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    count = tmp_path / "asked"
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho x >> {count}\nif [ $(wc -l < {count}) -le 3 ]; then echo 4242; fi\necho 17\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert devices.gpu_holders() == {4242, 17}
+    waited = devices.wait_for_release([4242], timeout=10)
+    assert count.read_text().count("x") == 4 and 0.1 <= waited < 5, waited  # 3 answers still held it
+    assert devices.wait_for_release([99999], timeout=10) < 1  # not listed: nothing to wait for
+    smi.write_text("#!/bin/sh\necho 4242\n")  # the driver never frees it
+    assert 0.3 <= devices.wait_for_release([4242], timeout=0.3) < 2  # held past the bound: it goes on
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert devices.gpu_holders() is None and devices.wait_for_release([4242]) < 0.5

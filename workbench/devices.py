@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,8 @@ if torch.version.cuda is not None and torch.cuda.is_available():
 print(json.dumps(found))
 """
 _PROBE_TIMEOUT_S = 120  # torch's import on a loaded machine, then the driver's first answer
+RELEASE_TIMEOUT_S = 30.0  # the longest a GPU rank waits for a dead rank's memory before it takes its GPU anyway
+_RELEASE_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -137,3 +141,31 @@ def rank_device(device: str, slot: int | None) -> Any:
     index = (slot or 0) % count
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
+
+
+def gpu_holders() -> set[int] | None:
+    """The pids the driver lists as holding GPU memory (``nvidia-smi``'s compute processes); None where it cannot
+    be asked (no nvidia-smi, no answer)."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return {int(word) for word in done.stdout.split() if word.isdigit()}
+
+
+def wait_for_release(dead_pids: list[int], timeout: float = RELEASE_TIMEOUT_S) -> float:
+    """In a GPU rank before it takes its GPU: wait until the driver lists none of ``dead_pids`` (this run's dead
+    ranks) as holding GPU memory, at most ``timeout`` s; the seconds waited. A killed process's memory is freed
+    when the driver closes its context, after the process is gone; nothing is waited for where nvidia-smi cannot
+    tell (a container that shows no processes: the replacement's allocation then says if memory is short)."""
+    started = time.monotonic()
+    pending = set(dead_pids) - {os.getpid()}
+    while pending:
+        held = gpu_holders()
+        if held is None or not pending & held or time.monotonic() - started >= timeout:
+            break
+        time.sleep(_RELEASE_POLL_S)
+    return time.monotonic() - started

@@ -47,8 +47,9 @@ CONTROL_KINDS: dict[str, Kind] = {
                "training thread waits in a collective, ``ops``: collectives it waited for (the watchdog's clues)",
                ("waiting", "ops")),
     "joined": Kind(RANK, ("gen", "step", "sync_s"), "the rank is in generation ``gen`` and holds the state of "
-                   "``step``; rank 0 of a recovery generation adds ``recovery``, ``resume_step``, ``retried``",
-                   ("cpu", "sync_cpu", "bytes_in", "recovery", "resume_step", "retried")),
+                   "``step``; rank 0 of a recovery generation adds ``recovery``, ``resume_step``, ``retried``; a "
+                   "GPU rank's first adds ``gpu_wait_s`` (its wait for dead ranks' GPU memory)",
+                   ("cpu", "sync_cpu", "bytes_in", "recovery", "resume_step", "retried", "gpu_wait_s")),
     "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures); ``slow``: the "
                  "factor a slow rank ran it at", ("cpu", "sent", "msgs", "slow", *_STEP_FIGURES)),
     "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang/stall is about to fire in this rank "
@@ -82,7 +83,8 @@ CONTROL_KINDS: dict[str, Kind] = {
                        "a checkpoint the source reads; ``faults``: this rank's pending faults; ``pause``: the step "
                        "boundary to stop at (a planned resize or preemption: ``step``, ``checkpoint``); ``lanes``: "
                        "a resized hybrid run's lanes per stage; ``rule``: resize_rule linear's history of resizes "
-                       "(``base``, ``history``: [step, units] pairs)", ("pause", "lanes", "rule")),
+                       "(``base``, ``history``: [step, units] pairs); ``dead_pids``: a GPU run's dead ranks, whose "
+                       "memory a rank taking its GPU waits for", ("pause", "lanes", "rule", "dead_pids")),
     "pause": Kind(SUPERVISOR, ("gen", "step", "checkpoint"), "stop before ``step`` (or at once if past it) and say "
                   "``paused``; ``checkpoint``: write one there first (a preemption's boundary: a "
                   "restart or the whole job's end resumes from it)"),

@@ -17,8 +17,8 @@ import torch
 
 from workbench import protocol
 from workbench.config import FaultSpec, RunConfig
-from workbench.rank.base import evaluate
 from workbench.rank.channel import Channel
+from workbench.rank.readings import evaluate
 from workbench.workloads.data import BatchSequence, load_dataset, shard
 from workbench.workloads.models import build_model
 

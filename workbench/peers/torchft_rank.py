@@ -23,7 +23,8 @@ from workbench import protocol
 from workbench.peers.common import PeerRank
 from workbench.rank.channel import Channel
 from workbench.rank.data_parallel import make_optimizer
-from workbench.rank.main import fingerprint, serve, start_rank_process
+from workbench.rank.main import serve, start_rank_process
+from workbench.rank.readings import fingerprint
 
 
 class TorchftReplica(PeerRank):

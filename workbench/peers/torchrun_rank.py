@@ -26,7 +26,8 @@ from workbench import protocol
 from workbench.peers.common import PeerRank
 from workbench.rank import state as st
 from workbench.rank.data_parallel import make_optimizer
-from workbench.rank.main import fingerprint, join_from_store, serve, start_rank_process
+from workbench.rank.main import join_from_store, serve, start_rank_process
+from workbench.rank.readings import fingerprint
 
 
 class TorchrunWorker(PeerRank):

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from workbench import protocol
 from workbench.peers.common import PeerRank
-from workbench.rank.base import evaluate, fingerprint
 from workbench.rank.main import join_from_store, serve, start_rank_process
 from workbench.rank.optim import make_optimizer
+from workbench.rank.readings import evaluate, fingerprint
 from workbench.workloads.data import shard
 
 STATS = 3  # loss sum, correct predictions, samples: last in the allreduce buffer

@@ -1,5 +1,5 @@
 """What every parallel mode's trainer shares (:class:`BaseTrainer`): data, the generation loop, planned faults,
-step reports, checkpoints; and the helpers the peers' ranks use too (``evaluate``, ``fingerprint``).
+step reports, checkpoints, a GPU rank's device.
 
 A mode (:mod:`.replicated` data parallel, :mod:`.pipeline`, :mod:`.gossip`) implements ``join`` (settle a new
 generation), ``train_step`` and the state accessors used by checkpoints and bit flips.
@@ -7,7 +7,6 @@ generation), ``train_step`` and the state accessors used by checkpoints and bit 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import threading
@@ -17,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from workbench import checkpoint as ckpt
 from workbench import devices, protocol, strategies
@@ -28,6 +26,7 @@ from workbench.rank import state as st
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.optim import make_optimizer
+from workbench.rank.readings import evaluate, fingerprint
 from workbench.rank.recovery import InFlight
 from workbench.rank.scaling import Scaled
 from workbench.rank.soft_errors import Detected
@@ -36,32 +35,6 @@ from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
 
 FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Any) -> dict[str, float]:
-    """Test loss and accuracy of a whole model (ours and the peers'), and validation accuracy where the data
-    has a validation split (``val_acc``: what apoptosis decides on)."""
-    training = model.training
-    model.eval()
-    device = next(model.parameters()).device  # a GPU rank's model: the test set goes there (a no-op on the CPU)
-    out, y_test = model(data.x_test.to(device)), data.y_test.to(device)
-    figures = {"test_loss": F.cross_entropy(out, y_test).item(),
-               "test_acc": (out.argmax(1) == y_test).float().mean().item()}
-    if getattr(data, "x_val", None) is not None:
-        figures["val_acc"] = (model(data.x_val.to(device)).argmax(1) == data.y_val.to(device)).float().mean().item()
-    model.train(training)
-    return figures
-
-
-def fingerprint(model: torch.nn.Module) -> str:
-    """Hash of every parameter's and buffer's bytes (batch norm's running statistics included): data-parallel
-    replicas must agree bit for bit."""
-    digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 class BaseTrainer(Scaled):
@@ -80,7 +53,10 @@ class BaseTrainer(Scaled):
         self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (workbench/strategies.py)
         self.channel = channel
         self.checkpoint_dir = checkpoint_dir
-        self.device = devices.rank_device(config.device, getattr(channel, "worker_id", None))  # CPU, or its GPU
+        # a GPU rank builds on the CPU and takes its GPU when first put in a generation (_take_gpu): a warm spare
+        # holds no GPU memory until it is used
+        self.device = torch.device("cpu")
+        self._gpu_wait: float | None = None  # seconds the rank waited for dead ranks' GPU memory (first joined)
         self.data = load_dataset(config)
         self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
         self.model = build_model(config, self.data.input_shape, self.data.num_classes).to(self.device)
@@ -239,6 +215,8 @@ class BaseTrainer(Scaled):
         """The state of this generation is settled: ``joined`` (rank 0 of a recovery generation says how)."""
         self.apply_lr()  # the state is settled at self.step: a failed step finished now takes its learning rate
         fields: dict[str, Any] = {"sync_cpu": cpu_time() - started_cpu, "bytes_in": received}
+        if self._gpu_wait is not None:  # the first join of a GPU rank: how long the dead ranks' memory held it
+            fields["gpu_wait_s"], self._gpu_wait = self._gpu_wait, None
         if recovery and self.comm.rank == 0:
             fields.update(recovery=recovery, resume_step=self.step, retried=retried)
         self.channel.send(protocol.message("joined", gen=self.comm.gen, step=self.step,
@@ -338,6 +316,7 @@ class BaseTrainer(Scaled):
     def run(self) -> None:
         self.channel.send(protocol.message("ready"))
         assignment = self._wait_assignment()
+        self._take_gpu(assignment)
         while True:
             try:
                 if self.comm.gen != assignment["gen"]:
@@ -387,6 +366,18 @@ class BaseTrainer(Scaled):
 
     def _recover_soft(self, detected: Detected) -> None:
         raise NotImplementedError
+
+    def _take_gpu(self, assignment: dict[str, Any]) -> None:
+        """A GPU rank's first generation: wait (bounded) until the driver has freed the memory of this run's dead
+        ranks (``dead_pids``), then take the GPU and move the model there (``_on_device``)."""
+        if self.config.device != "cuda":
+            return
+        self._gpu_wait = devices.wait_for_release(assignment.get("dead_pids") or [])
+        self.device = devices.rank_device(self.config.device, getattr(self.channel, "worker_id", None))
+        self._on_device()
+
+    def _on_device(self) -> None:
+        self.model.to(self.device)
 
     def _wait_assignment(self) -> dict[str, Any]:
         while self.channel.latest_generation is None:  # a warm spare may wait here for the whole run

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -105,6 +106,7 @@ class DataParallel:
                   for group in bucket_layout([p.numel() for _, p in named], buckets, bucket_cap_mb)]
         self.buckets: list[Bucket] = []
         self._bucket_of: dict[nn.Parameter, Bucket] = {}
+        self._hooks: list[Any] = []  # removed by close(): a rebuilt exchange leaves no hook of this one behind
         for i, group in enumerate(groups):
             params = [p for _, p in group]
             numel = sum(p.numel() for p in params) + (self.tail if i == 0 else 0)
@@ -121,13 +123,19 @@ class DataParallel:
             self.buckets.append(bucket)
             for p in params:
                 self._bucket_of[p] = bucket
-                p.register_post_accumulate_grad_hook(self._grad_ready)
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
         self._next_launch = 0
         self.before_last_launch: Callable[[], None] | None = None  # fault injection point
         self.on_launch: Callable[[Bucket], None] | None = None  # just before a bucket's allreduce (grad flips)
         self.on_reduced: Callable[[Bucket], None] | None = None  # after it, before the update (checks, grad_local)
         # before a bucket's update changes its parameters and optimizer state in place (a checkpoint's copy)
         self.before_update: Callable[[Bucket], None] | None = None
+
+    def close(self) -> None:
+        """Detach from the model's parameters (before an exchange is rebuilt for new shapes or a new device)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     # -- one step ---------------------------------------------------------------------------------------------
     def begin(self, stats: torch.Tensor) -> None:

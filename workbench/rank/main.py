@@ -25,7 +25,7 @@ from workbench import protocol
 from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.processes import die_with_parent
-from workbench.rank.base import BaseTrainer, evaluate, fingerprint  # noqa: F401 - the peers' ranks use them
+from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel
 from workbench.rank.join import Joined, join_or_exit
 

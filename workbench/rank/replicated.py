@@ -52,6 +52,8 @@ class Trainer(BaseTrainer):
         """Gradient buckets, hooks and optimizers for the model's current parameters (again after every change of
         shapes: the parameters are new objects then)."""
         config, strategy = self.config, self.strategy
+        if getattr(self, "dp", None) is not None:
+            self.dp.close()  # the old exchange's hooks would still fire on parameters that were kept
         self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
                                config.bucket_cap_mb, update_per_bucket=strategy.update_per_bucket,
                                keep_local=strategy.keep_local, snapshot_buckets=strategy.snapshot_buckets,
@@ -68,6 +70,14 @@ class Trainer(BaseTrainer):
         if self.rule is None:
             return None
         return apo.Apoptosis(self.rule, {p.layer: p.units(self.model) for p in self.pairs})
+
+    def _on_device(self) -> None:
+        """The model moves to the rank's GPU (it was built on the CPU): the exchange is rebuilt there and the
+        flips and detectors re-read its buffers (moving a module replaces them)."""
+        self.model.to(self.device)
+        self._build_dp()
+        self.injector.refresh()
+        self.detectors.refresh()
 
     def _adopt_shapes(self, shapes: dict[str, torch.Size]) -> None:
         """Make the model match the shapes (by state-dict name) of a state about to be loaded (a full-size fresh

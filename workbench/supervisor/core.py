@@ -257,6 +257,7 @@ class Supervisor(Commands, SlowRanks):
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
                 resume=d.resume, recovery=d.recovery, pause=pause, **({"lanes": self.lanes} if self.lanes else {}),
                 **({"rule": self.scale.message()} if self.scale is not None else {}),
+                **({"dead_pids": self._dead_pids()} if self.config.device == "cuda" else {}),
                 **self.plan.for_member(label, members)))
         resize = [f for f in self.plan.step_faults if f.kind == "resize" and pause and f.step == pause["step"]]
         if resize and self.boundary is None:
@@ -264,6 +265,12 @@ class Supervisor(Commands, SlowRanks):
         if d.gen == 0:
             self.status.update(state="running")
         self.recorder.generation(d)
+
+    def _dead_pids(self) -> list[int]:
+        """This machine's dead rank processes: a rank taking its GPU waits until the driver has freed their memory."""
+        local = [w for w in self.launcher.workers.values() if w.proc is not None and not w.remote]
+        alive = {w.proc.pid for w in local if w.alive}  # a pid the system gave again to a live rank is not dead
+        return sorted({w.proc.pid for w in local if not w.alive} - alive)
 
     # -- messages ----------------------------------------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:

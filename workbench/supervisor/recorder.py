@@ -166,6 +166,8 @@ class Recorder:
         if "recovery" in m:
             self._recovery(m)
         moved = f", {m['bytes_in'] / 2**20:.1f} MiB received" if m.get("bytes_in") else ""
+        if m.get("gpu_wait_s") is not None:  # a GPU rank took its GPU for this generation
+            moved += f"; took its GPU after {m['gpu_wait_s']:.3f} s waiting for dead ranks' memory"
         self.event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s{moved}",
                    rank=label if label is not None else -1, gen=m["gen"], bytes_in=m.get("bytes_in", 0))
 
