@@ -3,7 +3,8 @@
 1. resnet20 on synthetic_image, world 4 sharing the GPU(s), a rank killed at step 20 of 60 under shrink,
    rollback + regrow, reinit and checkpoint_restart: each run completes with its replicas identical.
 2. GPU memory: the compute processes nvidia-smi lists, sampled through each run: every rank's memory is gone at
-   the run's end, and the killed rank's before its replacement joined (where nvidia-smi is installed).
+   the run's end, the killed rank's before its replacement joined, no more than the 4 ranks hold any before the
+   failure (a warm spare takes none until used); ``gpu_wait_s``: a replacement's wait for the dead rank's memory.
 3. Step time at world 2, resnet20 at batch 128: on the GPU against the CPU, same run, same machine.
 4. Flips into CUDA tensors against the same flips into CPU tensors: the same bits and the same values.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -99,8 +101,16 @@ def check_strategies(device: str, smoke: bool, out: Path) -> dict[str, dict]:
         rows[name] = {"outcome": summary["outcome"], "reason": summary["reason"],
                       "replicas_identical": bool(summary.get("replicas_identical")),
                       "failures": len(result.failures), "world_final": summary.get("world_size_final"),
-                      "wall_s": round(time.time() - started, 1), **_memory_figures(sampler, result, started)}
+                      "wall_s": round(time.time() - started, 1), **_memory_figures(sampler, result, started),
+                      "gpu_wait_s": _gpu_wait(result)}
     return rows
+
+
+def _gpu_wait(result: object) -> float | None:
+    """The longest a rank waited for dead ranks' GPU memory before it took its GPU (the joined events say)."""
+    waits = [float(m.group(1)) for e in result.events if e["kind"] == "joined"
+             for m in [re.search(r"took its GPU after ([0-9.]+) s", e["detail"])] if m]
+    return max(waits) if waits else None
 
 
 def step_times(device: str, smoke: bool, out: Path) -> dict[str, float]:
@@ -169,6 +179,7 @@ def main() -> None:
     ok = all(r["outcome"] == "completed" and r["replicas_identical"] for r in rows)
     ok = ok and all(figures.get("flips_exact", {}).values())
     ok = ok and all(r.get("left_at_end", 0) == 0 and r.get("freed_by_recovery", True) for r in rows)
+    ok = ok and all(r.get("gpu_pids_before_failure", 0) <= 4 for r in rows)  # a warm spare holds no GPU memory
     sys.exit(0 if ok else 1)
 
 
