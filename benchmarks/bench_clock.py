@@ -97,6 +97,10 @@ def main() -> None:
     settings = {"1 core": {available[0]}, "2 cores": set(available[:2])}
     if len(available) >= 4:
         settings["4 cores"] = set(available[:4])
+    sys.path.insert(0, str(ROOT))
+    from workbench import machine
+
+    latency = machine.latency_us()  # measured now, on two cores, if this machine has not measured it yet
     load = os.getloadavg()[0]
     t0 = time.time()
     table: dict[str, dict[str, dict]] = {}
@@ -114,6 +118,7 @@ def main() -> None:
     one, two = table["1 core"], table["2 cores"]
     report = {
         "bench": "clock", "steps": args.steps, "cores": len(available), "load_1min": round(load, 2),
+        "latency_us": latency[0],
         "one_vs_two": {k: {"wall_step_x": ratio(one[k]["step_s"], two[k]["step_s"]),
                            "rank_step_x": ratio(one[k]["rank_step_s"], two[k]["rank_step_s"]),
                            "wall_train_x": ratio(one[k]["train_s"], two[k]["train_s"]),

@@ -65,9 +65,10 @@ def net_mibs() -> tuple[float, str]:
 
 def latency_us() -> tuple[float, str]:
     """(µs, where it came from) charged for each message a rank sends: ``$WORKBENCH_LATENCY_US`` (a cluster's
-    network), else measured once per machine (half the round trip of a small message between two processes over
-    loopback TCP, median of 200: the wake-up a message costs its receiver here)."""
-    return _speed("latency_us", LATENCY_VAR, _measure_latency)
+    network), else measured once per machine: a hop of gloo's ring allreduce between two processes on two cores
+    (the median allreduce of one float, over its 2 messages), which is what a message costs the ranks' waits
+    here: the sender's and the receiver's transport threads, loopback TCP, and the waiting thread's wake-up."""
+    return _speed("gloo_hop_us", LATENCY_VAR, _measure_latency)
 
 
 def given(variable: str) -> float:
@@ -154,11 +155,62 @@ def _measure_net(mib: int = 64) -> float:
     return round(got / 2**20 / max(spent, 1e-6), 1)
 
 
+_HOPS = """
+import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+rank, path, rounds, core = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if core >= 0:
+    os.sched_setaffinity(0, {core})
+torch.set_num_threads(1)
+options = dist.ProcessGroupGloo._Options()
+options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+options._timeout = timedelta(seconds=60)
+group = dist.ProcessGroupGloo(dist.FileStore(path, 2), rank, 2, options)
+one, spent = torch.zeros(1), []
+for i in range(rounds + 30):
+    began = time.perf_counter()
+    work = group.allreduce([one])
+    while True:  # waited as a rank waits (workbench.rank.comm: short timed waits)
+        try:
+            work.wait(timedelta(milliseconds=5))
+            break
+        except RuntimeError:
+            pass
+    if i >= 30:
+        spent.append(time.perf_counter() - began)
+spent.sort()
+print(spent[len(spent) // 4])  # the lower quartile: a loaded machine still shows the idle hop in part
+"""
+
+
+def _measure_latency(rounds: int = 200) -> float:
+    """Half the lower-quartile time of a one-float gloo allreduce between two started processes (a ring of 2: two
+    messages), each pinned to a core of its own where there are two; a bare loopback echo where gloo cannot."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pins = cores[:2] if len(cores) >= 2 else [-1, -1]
+    with tempfile.TemporaryDirectory(prefix="wb-hop-") as scratch:
+        store = os.path.join(scratch, "store")
+        procs = [subprocess.Popen([sys.executable, "-c", _HOPS, str(rank), store, str(rounds), str(pins[rank])],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True) for rank in (0, 1)]
+        try:
+            outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+            return round(float(outputs[0].split()[-1]) / 2 * 1e6, 1)
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
+            return _measure_echo()
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
 _ECHO = ("import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\n"
          "while data := s.recv(1):\n    s.sendall(data)\n")
 
 
-def _measure_latency(rounds: int = 200) -> float:
+def _measure_echo(rounds: int = 200) -> float:
     """Median half round trip of one byte to an echo process (started, not forked: the caller may have threads)."""
     left, right = socket.socketpair()
     echo = subprocess.Popen([sys.executable, "-c", _ECHO, str(right.fileno())], pass_fds=(right.fileno(),),
