@@ -106,3 +106,14 @@ def test_the_panel_offers_every_model_a_dataset_box_and_buffer_flips(tmp_path):
         lab.stop_button.click()
     wait_for(lambda: lab.run.result is not None)
     lab.close()
+
+
+def test_a_long_run_sends_the_browser_a_thinned_curve_that_ends_at_its_last_step():
+    from workbench.widgets import LIVE_POINTS, thinned
+
+    rows = [{"step": s} for s in range(1, 6017)]
+    shown = thinned(rows)
+    assert len(shown) <= LIVE_POINTS + 1 and shown[0]["step"] == 1 and shown[-1]["step"] == 6016
+    steps = [r["step"] for r in shown]
+    assert steps == sorted(set(steps)) and max(b - a for a, b in zip(steps, steps[1:])) <= 7  # even stride
+    assert thinned(rows[:50]) == rows[:50]  # a short run: every step

@@ -28,6 +28,9 @@ from workbench.resize_rule import RULES
 from workbench.session import Run, start
 
 REFRESH_HZ = 5
+# the most points a live curve sends the browser at each refresh: a long run's every step, resent 5 times a
+# second, outruns the page (a stride over the run keeps its shape, the last step always shown)
+LIVE_POINTS = 1000
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
@@ -320,12 +323,13 @@ class Lab:
         members = set(status.get("members", []))
         if members and max(members) >= len(self.rank_buttons.children):
             self._make_rank_buttons(max(members) + 1)  # a resize added ranks
+        shown = thinned(rows)
         with self.figure.batch_update():
             loss, acc, world = self.figure.data[0], self.figure.data[1], self.figure.data[2]
-            loss.x, loss.y = [r["step"] for r in rows], [r["loss"] for r in rows]
-            evals = [r for r in rows if not math.isnan(r["test_acc"])]
+            loss.x, loss.y = [r["step"] for r in shown], [r["loss"] for r in shown]
+            evals = thinned([r for r in rows if not math.isnan(r["test_acc"])])
             acc.x, acc.y = [r["step"] for r in evals], [r["test_acc"] for r in evals]
-            world.x, world.y = [r["step"] for r in rows], [r["world_size"] / self._world_size for r in rows]
+            world.x, world.y = [r["step"] for r in shown], [r["world_size"] / self._world_size for r in shown]
             for trace, kind in zip(self.figure.data[3:], MARKED):
                 marks = [e for e in events if e["kind"] == kind]
                 trace.x = [max(e["step"], 0) for e in marks]
@@ -368,3 +372,11 @@ class Lab:
         with self.strip.batch_update():
             heat = self.strip.data[0]
             heat.x, heat.y, heat.z = steps, [f"rank {r}" for r in ranks], grid
+
+
+def thinned(rows: list[dict[str, Any]], most: int = LIVE_POINTS) -> list[dict[str, Any]]:
+    """At most ``most`` (+1) of ``rows``: every k-th over the whole run, and the last one."""
+    if len(rows) <= most:
+        return rows
+    kept = rows[::math.ceil(len(rows) / most)]
+    return kept if kept[-1] is rows[-1] else [*kept, rows[-1]]
