@@ -66,7 +66,7 @@ def net_mibs() -> tuple[float, str]:
 def latency_us() -> tuple[float, str]:
     """(µs, where it came from) charged for each message a rank sends: ``$WORKBENCH_LATENCY_US`` (a cluster's
     network), else measured once per machine: a hop of gloo's ring allreduce between two processes on two cores
-    (the median allreduce of one float, over its 2 messages), which is what a message costs the ranks' waits
+    (the lower-quartile allreduce of one float, over its 2 messages), which is what a message costs the ranks' waits
     here: the sender's and the receiver's transport threads, loopback TCP, and the waiting thread's wake-up."""
     return _speed("gloo_hop_us", LATENCY_VAR, _measure_latency)
 

@@ -92,7 +92,7 @@ class Recorder:
                                         if stages else 1.0)
 
     def event(self, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
-        """An event row; ``fields``: figures beside the text (a join's ``gen`` and ``bytes_in``)."""
+        """An event row; ``fields``: figures beside the text (a join's ``gen``, ``bytes_in``, ``gpu_wait_s``)."""
         event = {"time": time.time() - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail, **fields}
         self.events.append(event)
         if self.on_event:
@@ -166,10 +166,12 @@ class Recorder:
         if "recovery" in m:
             self._recovery(m)
         moved = f", {m['bytes_in'] / 2**20:.1f} MiB received" if m.get("bytes_in") else ""
+        gpu = {}
         if m.get("gpu_wait_s") is not None:  # a GPU rank took its GPU for this generation
             moved += f"; took its GPU after {m['gpu_wait_s']:.3f} s waiting for dead ranks' memory"
+            gpu = {"gpu_wait_s": m["gpu_wait_s"]}
         self.event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s{moved}",
-                   rank=label if label is not None else -1, gen=m["gen"], bytes_in=m.get("bytes_in", 0))
+                   rank=label if label is not None else -1, gen=m["gen"], bytes_in=m.get("bytes_in", 0), **gpu)
 
     def _recovery(self, m: dict[str, Any]) -> None:
         """Rank 0 of a recovery generation says where the state resumed and whether it finished the failed step."""
