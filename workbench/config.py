@@ -24,14 +24,15 @@ from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
 from workbench.faults.slow import check_straggler_settings
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
+from workbench.lr_schedule import SCHEDULES as LR_SCHEDULES
 from workbench.resize_rule import check as check_rule
 from workbench.resizing import check_notice, check_world
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
-           "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES",
-           "SHUFFLES", "SPAWNS", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig", "parse_fault",
-           "resolve_callable"]
+           "LR_SCHEDULES", "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES",
+           "REGROW_STRATEGIES", "SHUFFLES", "SPAWNS", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig",
+           "parse_fault", "resolve_callable"]
 
 MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/workloads/architectures.py
 OPTIMIZERS = ("sgd", "adam")
@@ -53,6 +54,7 @@ class RunConfig:
     steps: int = 300
     batch_size: int = 64
     lr: float = 0.05
+    lr_schedule: str = "constant"  # workbench.lr_schedule: constant, cosine, step
     optimizer: str = "sgd"
     momentum: float = 0.9
     model: str = "mlp"
@@ -110,6 +112,7 @@ class RunConfig:
             raise ConfigError("batch_size", f"{self.batch_size} is smaller than world_size={self.world_size}: the "
                               "global batch is split over the ranks and each needs at least one sample")
         _positive("lr", self.lr)
+        _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             raise ConfigError("momentum", f"{self.momentum!r} must be in [0, 1)")

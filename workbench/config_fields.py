@@ -48,6 +48,9 @@ SETTINGS: dict[str, Setting] = {
     "steps": Setting("training steps"),
     "batch_size": Setting("global mini-batch, split over the live ranks"),
     "lr": Setting("learning rate"),
+    "lr_schedule": Setting("the learning rate over the run: {choices}; cosine: from lr at step 0 to 0 at the last "
+                           "step; step: lr/10 from half the run, lr/100 from three quarters", config.LR_SCHEDULES,
+                           docs="[The learning-rate schedule](#the-learning-rate-schedule)"),
     "optimizer": Setting("the optimizer: {choices}", config.OPTIMIZERS),
     "momentum": Setting("momentum of sgd, in [0, 1)", flag=None),
     "model": Setting("{choices}, or package.module:callable returning an nn.Module (it may take input_shape, "

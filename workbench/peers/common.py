@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from workbench import protocol
+from workbench import lr_schedule, protocol
 from workbench.config import FaultSpec, RunConfig
 from workbench.rank.channel import Channel
 from workbench.rank.readings import evaluate
@@ -44,6 +44,12 @@ class PeerRank:
     def batch(self, step: int, label: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = shard(self.batches(step), label, self.config.world_size)
         return self.data.train_batch(idx, step)
+
+    def schedule_lr(self, optimizer: Any, step: int) -> None:
+        """The optimizer takes ``lr_schedule``'s rate for ``step`` (as our ranks do; peers have no resize rule)."""
+        if self.config.lr_schedule != "constant":
+            factor = lr_schedule.factor(self.config.lr_schedule, step, self.config.steps)
+            lr_schedule.set_lr([optimizer], self.config.lr * factor)
 
     def fault_point(self, step: int) -> None:
         """A planned kill/hang of this step fires here: after the gradient exchange, before the update."""

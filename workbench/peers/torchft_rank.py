@@ -67,6 +67,7 @@ class TorchftReplica(PeerRank):
                 self.channel.send(protocol.message("quorum", step=step, participants=participants,
                                                    quorum_id=quorum_id, t=time.time()))
             self.fault_point(step)
+            self.schedule_lr(optimizer, step)
             wrapped.step()
             gen = self.channel.latest_generation["gen"]
             if manager.current_step() > step:  # committed; a healing replica jumped to its peers' step

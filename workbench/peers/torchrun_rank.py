@@ -71,6 +71,7 @@ class TorchrunWorker(PeerRank):
             loss = F.cross_entropy(out, y)
             loss.backward()
             self.fault_point(step)
+            self.schedule_lr(optimizer, step)
             optimizer.step()
             if rank == 0:
                 self.report(step, gen, loss, out, y, started)

@@ -88,6 +88,7 @@ class UlfmRank(PeerRank):
             for b in self.buffers:  # batch norm's running statistics: the members' average
                 b.copy_(flat[at:at + b.numel()].view_as(b) / comm.Get_size())
                 at += b.numel()
+        self.schedule_lr(self.optimizer, step)
         self.optimizer.step()
         return self.flat[-STATS:].copy()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench import resize_rule
+from workbench import lr_schedule, resize_rule
 from workbench.workloads.data import BatchSequence
 
 
@@ -33,25 +33,24 @@ class Scaled:
         return self.config.batch_size if self.scale is None else self.scale.global_batch(step)
 
     def lr_at(self: Any, step: int) -> float:
-        return self.config.lr if self.scale is None else self.scale.lr_at(step)
+        """The resize rule's learning rate at ``step`` times the schedule's factor (``lr_schedule``)."""
+        base = self.config.lr if self.scale is None else self.scale.lr_at(step)
+        return base * lr_schedule.factor(self.config.lr_schedule, step, self.config.steps)
 
     def apply_lr(self: Any) -> None:
         """Every parameter group of this rank's optimizers takes the learning rate of the step about to run."""
-        if self.scale is None:
+        if self.scale is None and self.config.lr_schedule == "constant":
             return
-        lr = self.scale.lr_at(self.step)
-        for optimizer in self.optimizers():
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+        lr_schedule.set_lr(self.optimizers(), self.lr_at(self.step))
 
     def optimizers(self: Any) -> list[Any]:
         return [self.optimizer]
 
     def rule_report(self: Any, step: int) -> dict[str, Any]:
-        """A step report's ``lr`` and ``global_batch`` (``linear`` only)."""
+        """A step report's ``lr`` (``linear`` or a schedule) and ``global_batch`` (``linear`` only)."""
         if self.scale is None:
-            return {}
-        return {"lr": self.scale.lr_at(step), "global_batch": self.scale.global_batch(step)}
+            return {} if self.config.lr_schedule == "constant" else {"lr": self.lr_at(step)}
+        return {"lr": self.lr_at(step), "global_batch": self.scale.global_batch(step)}
 
     def rule_record(self: Any) -> dict[str, Any]:
         """What a checkpoint keeps of the rule (``linear`` only): the history (a restart takes it up), and for
@@ -60,7 +59,7 @@ class Scaled:
             return {}
         step = self.step
         record = {"rule": "linear", **self.scale.message(), "units": self.scale.units_at(step),
-                  "lr": self.scale.lr_at(step), "global_batch": self.scale.global_batch(step)}
+                  "lr": self.lr_at(step), "global_batch": self.scale.global_batch(step)}
         if self.config.parallelism != "gossip":  # gossip reads its own partitions, not the stream
             epoch, offset, _ = self.batches.cursor(step)
             record["cursor"] = {"epoch": epoch, "offset": offset, "samples": self.batches.samples(step)}
