@@ -102,6 +102,12 @@ class RunConfig:
     bind: str | None = None
     store_port: int = 0
 
+    def _check_optimizer(self) -> None:
+        _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            raise ConfigError("momentum", f"{self.momentum!r} must be in [0, 1)")
+
     def __post_init__(self) -> None:
         coerce_types(self)  # a wrong type is named as a type ("must be an integer, got str '4'"), before any value
         self.faults = [parse_fault(f) for f in (self.faults or [])]
@@ -112,10 +118,7 @@ class RunConfig:
             raise ConfigError("batch_size", f"{self.batch_size} is smaller than world_size={self.world_size}: the "
                               "global batch is split over the ranks and each needs at least one sample")
         _positive("lr", self.lr)
-        _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
-            raise ConfigError("momentum", f"{self.momentum!r} must be in [0, 1)")
+        self._check_optimizer()
         _choice_or_import("model", self.model, MODELS)
         self.hidden = list(self.hidden) if isinstance(self.hidden, (list, tuple)) else self.hidden
         if not (isinstance(self.hidden, list) and self.hidden
