@@ -25,12 +25,16 @@ from workbench.reproduce.common import mean_interval
 from workbench.results import RESULT_FILE, RunResult
 
 
-def run(out: Path, seed: int, spec: str | None, steps: int, world: int) -> dict[str, Any]:
+def run(out: Path, seed: int, spec: str | None, steps: int, world: int,
+        workload: dict[str, Any] | None = None) -> dict[str, Any]:
     """One design run: validation accuracy, parameters at start and end, rank-time training seconds; kept in
-    ``row.json`` beside the run, keyed by its settings (not by the source: a search outlives small edits)."""
-    settings = {"world_size": world, "seed": seed, "steps": steps, "model": "lenet5", "dataset": DESIGN_DATA,
-                "eval_interval": max(steps // 20, 1), "apoptosis": spec}
-    directory = out / f"w{world}-s{seed}-{spec or 'off'}"
+    ``row.json`` beside the run, keyed by its settings (not by the source: a search outlives small edits).
+    ``workload``: settings beside the defaults (model lenet5), e.g. model, width, lr_schedule."""
+    workload = {"model": "lenet5", **(workload or {})}
+    settings = {"world_size": world, "seed": seed, "steps": steps, "dataset": DESIGN_DATA,
+                "eval_interval": max(steps // 20, 1), "apoptosis": spec, **workload}
+    tag = "".join(f"-{k}={v}" for k, v in sorted(workload.items()) if k != "model" or v != "lenet5")
+    directory = out / f"w{world}-s{seed}{tag}-{spec or 'off'}"
     kept = directory / "row.json"
     if kept.is_file() and json.loads(kept.read_text())["settings"] == settings:
         return json.loads(kept.read_text())["row"]
@@ -63,6 +67,16 @@ def score(spec: str, off: dict[int, dict[str, Any]], on: list[dict[str, Any]]) -
                          for r, c, d, t in zip(on, change, reduction, ratio)]}
 
 
+def _value(text: str) -> Any:
+    """A ``--set`` value: a number where it reads as one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _seeds(text: str) -> list[int]:
     low, _, high = text.partition("-")
     return list(range(int(low), int(high or low) + 1))
@@ -75,17 +89,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("runs/design/apoptosis_cnn"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a run setting beside the defaults, e.g. model=vgg11 width=0.25 lr_schedule=cosine")
     args = parser.parse_args()
+    workload = {k: _value(v) for k, _, v in (item.partition("=") for item in args.set)}
     if not all(0 <= seed <= 29 for seed in args.seeds):
         parser.error("design runs use tuning seeds (0-29) only: reporting seeds are drawn at run time")
-    off = {seed: run(args.out, seed, None, args.steps, args.world) for seed in args.seeds}
+    off = {seed: run(args.out, seed, None, args.steps, args.world, workload) for seed in args.seeds}
     print(json.dumps({"spec": "off", "val_acc": {s: r["val_acc"] for s, r in off.items()}}), file=sys.stderr)
     rows = []
     for spec in args.specs:
-        rows.append(score(spec, off, [run(args.out, seed, spec, args.steps, args.world) for seed in args.seeds]))
+        rows.append(score(spec, off, [run(args.out, seed, spec, args.steps, args.world, workload)
+                                      for seed in args.seeds]))
         print(json.dumps(rows[-1], default=lambda v: round(v, 3)), file=sys.stderr)
     print(json.dumps({"benchmark": "apoptosis_design_cnn", "seeds": args.seeds, "steps": args.steps,
-                      "world": args.world, "off": off, "rows": rows}))
+                      "world": args.world, "workload": workload, "off": off, "rows": rows}))
 
 
 if __name__ == "__main__":

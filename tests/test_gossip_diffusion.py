@@ -15,11 +15,22 @@ class SkipsARound(GossipSchedule):
         return None if step % self.k == self.k - 1 else super().partner(step, position)
 
 
-def measured(size, schedule_class, after_step):
+def state_of(rank):
+    return torch.randn(5000, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def diffused(size, schedule_class, after_step):
+    """(figures, the diffused copy) per rank."""
     def body(comm):
-        state = torch.randn(5000, generator=torch.Generator().manual_seed(100 + comm.rank))
-        return diffusion(comm, schedule_class(size, seed=3), state, after_step)
+        state = state_of(comm.rank)
+        figures, consensus = diffusion(comm, schedule_class(size, seed=3), state, after_step)
+        assert state.equal(state_of(comm.rank))  # a measurement on a copy
+        return figures, consensus
     return run_ranks(size, body)
+
+
+def measured(size, schedule_class, after_step):
+    return [figures for figures, _ in diffused(size, schedule_class, after_step)]
 
 
 @pytest.mark.parametrize("size", [2, 4, 8])
@@ -29,6 +40,13 @@ def test_log2_p_rounds_bring_every_replica_to_the_mean(size, after_step):
     assert all(f == figures[0] for f in figures)  # every rank reports the same allreduced figures
     assert figures[0]["rounds"] == size.bit_length() - 1
     assert figures[0]["before"] > 0.5 and figures[0]["after"] <= 1e-6
+
+
+@pytest.mark.parametrize("size", [4, 8])
+def test_the_diffused_copy_is_the_replicas_mean_and_leaves_the_state_alone(size):
+    mean = torch.stack([state_of(rank) for rank in range(size)]).mean(0)
+    for _, consensus in diffused(size, GossipSchedule, 3):
+        assert torch.allclose(consensus, mean, atol=1e-6)
 
 
 @pytest.mark.parametrize("size", [2, 4, 8])

@@ -64,11 +64,13 @@ def gossip_average(current: torch.Tensor, sent: torch.Tensor, pair_sum: torch.Te
     return (current - sent) + 0.5 * pair_sum
 
 
-def diffusion(comm: Comm, schedule: GossipSchedule, vector: torch.Tensor, after_step: int) -> dict[str, float]:
+def diffusion(comm: Comm, schedule: GossipSchedule, vector: torch.Tensor,
+              after_step: int) -> tuple[dict[str, float], torch.Tensor]:
     """How far ``vector`` (this replica's state) diffuses in ``ceil(log2 p)`` gossip rounds without updates: the
     replicas' relative spread before and after the rounds of the next partner cycle after ``after_step`` (each
-    round ``v <- (v + v_partner) / 2`` over the same pair links as training). With p a power of two the rounds
-    reach the mean exactly; a skipped round leaves the replicas apart. A measurement on a copy: the model stays."""
+    round ``v <- (v + v_partner) / 2`` over the same pair links as training), and the diffused copy (the consensus
+    state). With p a power of two the rounds reach the mean exactly; a skipped round leaves the replicas apart. A
+    measurement on a copy: the model stays."""
     before = relative_spread(comm, vector)
     vector = vector.clone()
     start = -(-after_step // schedule.k) * schedule.k  # the first step of a cycle: k rounds of one labelling
@@ -77,7 +79,7 @@ def diffusion(comm: Comm, schedule: GossipSchedule, vector: torch.Tensor, after_
         if partner is not None:
             comm.wait(comm.link(partner).group.allreduce([vector]))
             vector *= 0.5
-    return {"rounds": schedule.k, "before": before, "after": relative_spread(comm, vector)}
+    return {"rounds": schedule.k, "before": before, "after": relative_spread(comm, vector)}, vector
 
 
 def relative_spread(comm: Comm, vector: torch.Tensor) -> float:
@@ -278,12 +280,19 @@ class GossipTrainer(BaseTrainer):
         pass  # the exchange is posted; the partner finds it broken
 
     def _done_figures(self) -> dict[str, Any]:
-        """The diffusion measurement (:func:`diffusion`) of the final replicas, sent with ``done``; none when a
-        member is lost meanwhile (a measurement after the last step must not fail a finished run)."""
+        """The diffusion measurement (:func:`diffusion`) of the final replicas and the test accuracy of their
+        consensus (the diffused state: what ``ceil(log2 p)`` rounds make of the replicas, their mean for p a power of
+        two), sent with ``done``; none when a member is lost meanwhile (a measurement after the last step must not
+        fail a finished run). The replica keeps its own state."""
         try:
-            return {"diffusion": diffusion(self.comm, self.schedule, self._flat(), self.step)}
+            figures, consensus = diffusion(self.comm, self.schedule, self._flat(), self.step)
         except (CommError, GenerationChanged):
             return {}
+        own = self._flat()
+        self._unflat(consensus)
+        figures["test_acc"] = self.evaluate()["test_acc"]
+        self._unflat(own)
+        return {"diffusion": figures}
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         extra: dict[str, Any] = {}

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from workbench.reproduce.common import Verdict, cached_run, campaign_settings, fmt, mean_interval, preflight
+from workbench.reproduce.common import Verdict, cached_run, campaign_settings, fmt, mean_interval, preflight, run_extras
 
 KEY = "apoptosis"
 TITLE = "Adaptive neuron apoptosis"
@@ -64,7 +64,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
     import pandas as pd
 
     settings = campaign_settings(KEY, SCALES, scale, out, overrides)
-    data = {"model": settings["model"], "dataset": settings["dataset"], "synthetic_size": settings["synthetic_size"]}
+    data = {"model": settings["model"], "dataset": settings["dataset"], "synthetic_size": settings["synthetic_size"],
+            **run_extras(settings)}
     setting = {arm: arm_setting(arm, settings["apoptosis"]) for arm in ARMS}
     runs = [(world, seed, arm) for world in settings["worlds"] for seed in settings["seeds"] for arm in ARMS]
     # every kind of run checked first (a model apoptosis cannot shrink is refused before the runs without it)

@@ -204,6 +204,15 @@ def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, o
     return settings
 
 
+RUN_KEYS = ("lr", "lr_schedule", "batch_size", "width")  # run settings a registered workload may set
+
+
+def run_extras(settings: dict[str, Any]) -> dict[str, Any]:
+    """The run settings (:data:`RUN_KEYS`) a campaign's settings carry beside its own keys: what a registered
+    workload sets for every run (its learning-rate schedule, its model's width); absent keys take the defaults."""
+    return {key: settings[key] for key in RUN_KEYS if key in settings}
+
+
 def on_reporting_seeds(frame: Any) -> bool:
     """Whether every run of a campaign's table ran on reporting seeds (its ``reporting`` column)."""
     return bool(len(frame)) and "reporting" in frame and bool(frame["reporting"].all())
