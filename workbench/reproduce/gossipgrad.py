@@ -20,7 +20,8 @@ PAPER = ("A rank's communication per step is constant in the number of ranks p (
          "top-1 as published); replicas stay close because partners rotate (diffusion in log2 p steps).")
 
 SCALES: dict[str, dict[str, Any]] = {  # the paper scale is the registry's workload (registry.yaml)
-    "small": {"model": "mlp", "dataset": "digits", "worlds": [2, 4], "seeds": [0, 1], "steps": 100},
+    "small": {"model": "mlp", "dataset": "digits", "worlds": [2, 4], "seeds": [0, 1], "steps": 100,
+              "lr_schedule": "cosine", "accuracy": "consensus_accuracy"},
     "paper": {"seeds": None},
 }
 MODES = ("data", "gossip")
@@ -39,7 +40,12 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
     if reading not in READINGS:
         raise ValueError(f"gossipgrad: accuracy {reading!r} is not a reading: one of {', '.join(READINGS)}")
     size = {"synthetic_size": settings["synthetic_size"], **run_extras(settings)}
-    preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size}
+    per_rank = settings.get("per_rank_batch")  # each rank's batch, the global batch per_rank x p (weak scaling)
+
+    def batch(p: int) -> dict[str, int]:
+        return {"batch_size": per_rank * p} if per_rank else {}
+
+    preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size, **batch(p)}
                 for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
     for p in settings["worlds"]:
@@ -48,7 +54,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
                 extra = {"consensus_every": 5} if mode == "gossip" else {}
                 result = cached_run(Path(out) / "runs" / f"p{p}-s{seed}-{mode}", world_size=p, seed=seed,
                                     steps=settings["steps"], parallelism=mode, model=model, dataset=dataset,
-                                    eval_interval=max(settings["steps"] // 10, 1), **size, **extra)
+                                    eval_interval=max(settings["steps"] // 10, 1), **size, **batch(p), **extra)
                 spread = result.summary.get("diffusion") or {}
                 frame = result.to_dataframe().assign(parallelism=mode, world_size=p, seed=seed)
                 frame["time"] = frame.step_time.cumsum()  # training time only: no start-up, no measurement
