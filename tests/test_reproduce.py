@@ -256,6 +256,39 @@ def test_gossip_accuracy_is_the_registered_non_inferiority_test(gossip_accuracy,
     v.require_mechanism()  # the small scale's assertion: the mechanism holds in every case
 
 
+def test_gossip_decides_on_the_reading_its_workload_names():
+    frame = gossip_frame().assign(consensus_accuracy=0.95, accuracy_reading="consensus_accuracy")
+    frame.loc[frame.parallelism == "gossip", "consensus_accuracy"] = 0.92  # the consensus model is 3 pt worse
+    assert gossipgrad.verdict(frame, "paper").status == "does not hold"
+    assert gossipgrad.verdict(frame.assign(accuracy_reading="plateau_accuracy"), "paper").status == "holds"
+
+
+class FakeGossipRun:
+    """What the campaign reads of a run: its summary, outcome and per-step frame."""
+
+    def __init__(self, settings):
+        self.settings, self.outcome = settings, "completed"
+        self.summary = {"reason": "", "final_test_accuracy": 0.9, "oversubscribed": False,
+                        "diffusion": {"rounds": 2, "before": 0.1, "after": 0.0, "test_acc": 0.91}}
+
+    def to_dataframe(self):
+        return pd.DataFrame({"step": [0, 1], "step_time": [0.1, 0.1], "rank_step_time": [0.1, 0.1],
+                             "test_acc": [None, 0.9], "consensus_distance": [0.1, 0.1], "messages": [3, 3],
+                             "bytes_sent": [10, 10]})
+
+
+def test_the_gossip_campaign_runs_its_workloads_schedule_batch_per_rank_and_reading(tmp_path, monkeypatch):
+    runs = []
+    monkeypatch.setattr(gossipgrad, "cached_run", lambda directory, **kw: runs.append(kw) or FakeGossipRun(kw))
+    frame, _ = gossipgrad.campaign("small", tmp_path, per_rank_batch=16, seeds=[0])
+    assert {(r["world_size"], r["batch_size"], r["lr_schedule"]) for r in runs} == {(2, 32, "cosine"),
+                                                                                   (4, 64, "cosine")}
+    assert set(frame.accuracy_reading) == {"consensus_accuracy"}
+    assert sorted(frame.consensus_accuracy) == [0.9, 0.9, 0.91, 0.91]  # allreduce: its model; gossip: consensus
+    with pytest.raises(ValueError, match="accuracy 'best' is not a reading"):
+        gossipgrad.campaign("small", tmp_path, accuracy="best")
+
+
 def test_gossip_without_consensus_data_fails_its_check():
     frame = gossip_frame()
     frame.loc[frame.parallelism == "gossip", "consensus_late"] = None

@@ -21,7 +21,7 @@ PAPER = ("A rank's communication per step is constant in the number of ranks p (
 
 SCALES: dict[str, dict[str, Any]] = {  # the paper scale is the registry's workload (registry.yaml)
     "small": {"model": "mlp", "dataset": "digits", "worlds": [2, 4], "seeds": [0, 1], "steps": 100,
-              "lr_schedule": "cosine", "accuracy": "consensus_accuracy"},
+              "lr_schedule": "cosine", "accuracy": "consensus_accuracy", "per_rank_batch": None},
     "paper": {"seeds": None},
 }
 MODES = ("data", "gossip")
