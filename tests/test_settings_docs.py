@@ -20,8 +20,8 @@ _spec.loader.exec_module(gen)
 
 FIELDS = [f.name for f in dataclasses.fields(RunConfig)]
 # the command line is public: a renamed field must not rename its flag unnoticed
-FLAGS = ("--world-size --steps --batch-size --lr --optimizer --model --hidden --width --dataset --synthetic-size "
-         "--augment --seed --strategy --regrow --warm-spares --checkpoint-every --resume --no-verify "
+FLAGS = ("--world-size --steps --batch-size --lr --lr-schedule --optimizer --model --hidden --width --dataset "
+         "--synthetic-size --augment --seed --strategy --regrow --warm-spares --checkpoint-every --resume --no-verify "
          "--eval-interval --detect --detect-every --fault --parallelism --micro-batches --pipeline-stages "
          "--stage-cuts --gossip-sync --shuffle --consensus-every --apoptosis --bucket-cap-mb --buckets "
          "--heartbeat-timeout --progress-timeout --straggler-response --straggler-factor --straggler-window "
