@@ -35,6 +35,7 @@ class Boundary:
     # label -> (monotonic deadline, grace, the step of the notice, the spawn id noticed)
     notices: dict[int, tuple[float, float, int, int]] = field(default_factory=dict)
     paused: dict[int, int] = field(default_factory=dict)  # spawn id -> the step it stopped before
+    paused_at: dict[int, float] = field(default_factory=dict)  # spawn id -> when its pause came (monotonic)
     first_paused: float | None = None
 
 
@@ -193,7 +194,8 @@ class Commands:
         b = self.boundary
         if b is not None and m["gen"] == self.membership.gen:
             b.paused[w.spawn_id] = m["step"]
-            b.first_paused = b.first_paused or time.monotonic()
+            b.paused_at[w.spawn_id] = time.monotonic()
+            b.first_paused = b.first_paused or b.paused_at[w.spawn_id]
 
     def _boundaries(self: Any, now: float) -> None:
         """A preempted rank out of grace is killed (a failure); a boundary where all stopped is carried out."""
@@ -205,9 +207,12 @@ class Commands:
             if w is None or w.spawn_id != spawn or not w.alive or w.done:
                 del b.notices[label]  # it died, or finished, meanwhile: nothing to leave
                 continue
-            if now > deadline and w.spawn_id not in b.paused:  # it reached the boundary in time: it has left
+            # it left in time only if its pause came before the deadline (a loaded loop may read both late)
+            in_time = w.spawn_id in b.paused and b.paused_at.get(w.spawn_id, now) <= deadline
+            if now > deadline and not in_time:
                 del b.notices[label]
                 b.paused.clear()  # the failure's generation comes first; the boundary, if it has more, stays
+                b.paused_at.clear()
                 b.first_paused = None
                 if not b.notices and b.world is None:
                     self.boundary = None
