@@ -16,6 +16,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,26 @@ from workbench.results import RESULT_FILE, RunResult
 
 def run(out: Path, seed: int, spec: str | None, steps: int, world: int,
         workload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One design run: validation accuracy, parameters at start and end, rank-time training seconds; kept in
-    ``row.json`` beside the run, keyed by its settings (not by the source: a search outlives small edits).
-    ``workload``: settings beside the defaults (model lenet5), e.g. model, width, lr_schedule."""
+    """One design run: validation accuracy, parameters at start and end, rank-time training seconds (kept:
+    :func:`kept_row`). ``workload``: settings beside the defaults (model lenet5), e.g. model, width, lr_schedule."""
     workload = {"model": "lenet5", **(workload or {})}
     settings = {"world_size": world, "seed": seed, "steps": steps, "dataset": DESIGN_DATA,
                 "eval_interval": max(steps // 20, 1), "apoptosis": spec, **workload}
     tag = "".join(f"-{k}={v}" for k, v in sorted(workload.items()) if k != "model" or v != "lenet5")
     directory = out / f"w{world}-s{seed}{tag}-{spec or 'off'}"
+    return kept_row(directory, settings, lambda result: _row(result, seed))
+
+
+def _row(result: Any, seed: int) -> dict[str, Any]:
+    s, size = result.summary, result.summary.get("parameters") or {}
+    return {"seed": seed, "outcome": result.outcome, "val_acc": s["final_test_accuracy"],
+            "reduction": size["start"] / size["end"] if size.get("end") else 1.0,
+            "rank_train_s": s.get("rank_train_s"), "train_s": s["train_s"]}
+
+
+def kept_row(directory: Path, settings: dict[str, Any], row_of: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """``row_of(workbench.run(**settings))``, kept in ``directory/row.json`` keyed by the settings (not by the
+    source: a search outlives small edits); a run saved there by an earlier invocation is loaded, not run again."""
     kept = directory / "row.json"
     if kept.is_file() and json.loads(kept.read_text())["settings"] == settings:
         return json.loads(kept.read_text())["row"]
@@ -44,10 +57,7 @@ def run(out: Path, seed: int, spec: str | None, steps: int, world: int,
         directory.mkdir(parents=True, exist_ok=True)
         result = workbench.run(**settings, overwrite=True)
         result.save(directory)
-    s, size = result.summary, result.summary.get("parameters") or {}
-    row = {"seed": seed, "outcome": result.outcome, "val_acc": s["final_test_accuracy"],
-           "reduction": size["start"] / size["end"] if size.get("end") else 1.0,
-           "rank_train_s": s.get("rank_train_s"), "train_s": s["train_s"]}
+    row = row_of(result)
     kept.write_text(json.dumps({"settings": settings, "row": row}))
     return row
 

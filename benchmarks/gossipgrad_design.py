@@ -20,41 +20,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import workbench
+from apoptosis_design_cnn import kept_row  # this folder's: the same row cache
+
 from workbench.reproduce.apoptosis import DESIGN_DATA
 from workbench.reproduce.common import mean_interval
 from workbench.reproduce.gossipgrad import plateau_accuracy
-from workbench.results import RESULT_FILE, RunResult
 
 
 def run(out: Path, seed: int, p: int, mode: str, schedule: str, steps: int,
         per_rank: int | None = None) -> dict[str, Any]:
-    """One design run's row (kept in ``row.json`` beside it, keyed by its settings). ``per_rank``: each rank's
+    """One design run's row (kept: ``apoptosis_design_cnn.kept_row``). ``per_rank``: each rank's
     batch (the global batch is ``per_rank`` x p); None: the global batch stays 64 at every p."""
     settings = {"world_size": p, "seed": seed, "steps": steps, "model": "lenet5", "dataset": DESIGN_DATA,
                 "parallelism": mode, "eval_interval": max(steps // 10, 1), "lr_schedule": schedule,
                 **({"batch_size": per_rank * p} if per_rank else {}),
                 **({"consensus_every": 5} if mode == "gossip" else {})}
     directory = out / f"{schedule}-p{p}-s{seed}-{mode}{f'-b{per_rank}' if per_rank else ''}"
-    kept = directory / "row.json"
-    if kept.is_file() and json.loads(kept.read_text())["settings"] == settings:
-        return json.loads(kept.read_text())["row"]
-    if (directory / RESULT_FILE).is_file():
-        result = RunResult.load(directory / RESULT_FILE)
-    else:
-        directory.mkdir(parents=True, exist_ok=True)
-        result = workbench.run(**settings, overwrite=True)
-        result.save(directory)
+    return kept_row(directory, settings, lambda result: _row(result, seed, mode, steps))
+
+
+def _row(result: Any, seed: int, mode: str, steps: int) -> dict[str, Any]:
     frame = result.to_dataframe()
     half = frame.step >= steps // 2
     final = result.summary["final_test_accuracy"]
-    row = {"seed": seed, "outcome": result.outcome, "plateau": plateau_accuracy(frame), "final": final,
-           # gossip: the consensus of the replicas after ceil(log2 p) rounds; allreduce: its one model
-           "consensus": (result.summary.get("diffusion") or {}).get("test_acc") if mode == "gossip" else final,
-           "consensus_early": float(frame[~half].consensus_distance.dropna().mean()) if mode == "gossip" else None,
-           "consensus_late": float(frame[half].consensus_distance.dropna().mean()) if mode == "gossip" else None}
-    kept.write_text(json.dumps({"settings": settings, "row": row}))
-    return row
+    return {"seed": seed, "outcome": result.outcome, "plateau": plateau_accuracy(frame), "final": final,
+            # gossip: the consensus of the replicas after ceil(log2 p) rounds; allreduce: its one model
+            "consensus": (result.summary.get("diffusion") or {}).get("test_acc") if mode == "gossip" else final,
+            "consensus_early": float(frame[~half].consensus_distance.dropna().mean()) if mode == "gossip" else None,
+            "consensus_late": float(frame[half].consensus_distance.dropna().mean()) if mode == "gossip" else None}
 
 
 def score(schedule: str, p: int, seeds: list[int], out: Path, steps: int,

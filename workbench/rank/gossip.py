@@ -284,11 +284,11 @@ class GossipTrainer(BaseTrainer):
         consensus (the diffused state: what ``ceil(log2 p)`` rounds make of the replicas, their mean for p a power of
         two), sent with ``done``; none when a member is lost meanwhile (a measurement after the last step must not
         fail a finished run). The replica keeps its own state."""
+        own = self._flat()  # a copy of the state; diffusion works on a copy of it in turn
         try:
-            figures, consensus = diffusion(self.comm, self.schedule, self._flat(), self.step)
+            figures, consensus = diffusion(self.comm, self.schedule, own, self.step)
         except (CommError, GenerationChanged):
             return {}
-        own = self._flat()
         self._unflat(consensus)
         figures["test_acc"] = self.evaluate()["test_acc"]
         self._unflat(own)
