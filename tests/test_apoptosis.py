@@ -436,6 +436,28 @@ def test_a_shrunk_conv_bn_state_loads_into_a_full_size_model_and_lasso_zeroes_wh
     assert full.bn1.weight[0] == 0 and full.bn1.bias[0] == 0 and (full.bn1.weight[1:] != 0).all()
 
 
+def test_relative_pressure_takes_the_same_share_of_every_layer_whatever_its_scale():
+    def shares(relative):
+        torch.manual_seed(0)
+        model = conv_bn_model()
+        with torch.no_grad():
+            for tensor in model.parameters():  # lift every group out of the lasso's zero
+                tensor.copy_(1.0 + torch.rand_like(tensor))
+            model.bn1.weight.mul_(20), model.bn1.bias.mul_(20)  # conv1's channels: 20 times the scale of the rest
+        before = apo.unit_norms(model, apo.find_pairs(model))
+        apo.group_lasso_(model, apo.find_pairs(model), strength=0.01, lr=1.0, relative=relative)
+        after = apo.unit_norms(model, apo.find_pairs(model))
+        return {layer: (1 - after[layer][0] / before[layer][0]).mean().item() for layer in before}
+
+    absolute, relative = shares(False), shares(True)
+    assert absolute["conv1"] < absolute["conv2"] / 10  # the same step is a small share of a large group
+    assert relative["conv1"] == pytest.approx(relative["conv2"], rel=0.02)  # the same share of every layer
+    assert relative["conv1"] == pytest.approx(0.01, rel=0.05)
+    assert apo.ApoptosisConfig.parse("relative=1").relative == 1
+    with pytest.raises(ConfigError, match="relative"):
+        apo.ApoptosisConfig.parse("relative=2")
+
+
 def test_residual_blocks_end_a_pair_and_resnets_are_refused_with_the_reason():
     from workbench.workloads.architectures import lenet5, resnet20
 

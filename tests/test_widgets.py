@@ -75,6 +75,26 @@ def test_bad_configuration_shows_in_the_status_line():
     lab.close()
 
 
+def test_a_redraw_that_fails_is_shown_in_the_status_line_and_the_next_one_still_draws(monkeypatch):
+    lab = Lab()
+    draw = Lab._redraw
+    failures = iter([True])
+
+    def flaky(self):
+        if next(failures, False):
+            raise ValueError("a <bad> figure")
+        draw(self)
+        self.status.value += " drawn again"
+
+    monkeypatch.setattr(Lab, "_redraw", flaky)
+    lab._dirty.set()
+    wait_for(lambda: "could not redraw" in lab.status.value)
+    assert "a &lt;bad&gt; figure" in lab.status.value  # escaped: the line stays HTML
+    lab._dirty.set()
+    wait_for(lambda: "drawn again" in lab.status.value)
+    lab.close()
+
+
 def test_parallelism_is_chosen_in_the_panel_and_bad_choices_are_explained():
     lab = Lab(world_size=3)
     assert set(lab.parallelism.options) == {"data", "pipeline", "gossip", "hybrid"}

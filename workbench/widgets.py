@@ -9,6 +9,7 @@ redraws at most ``REFRESH_HZ`` times a second. Stop, a kernel interrupt and a ke
 
 from __future__ import annotations
 
+import html
 import math
 import signal
 import statistics
@@ -119,6 +120,7 @@ class Lab:
         self.flip_button = w.Button(description="Flip", icon="bolt", disabled=True)
         self.flip_button.on_click(lambda _b: self.flip())
         self.status = w.HTML(value="<b>idle</b>")
+        self.status.add_class("wb-lab-status")  # found by the browser test
         self.figure = self._make_figure()
         self.strip = go.FigureWidget()
         self.strip.add_heatmap(colorscale="YlOrRd", zmin=0.5, zmax=3.0, colorbar={"title": "x median"})
@@ -311,8 +313,9 @@ class Lab:
             self._dirty.clear()
             try:
                 self._redraw()
-            except Exception:  # noqa: BLE001 - a drawing error must not end the refresher
-                pass
+            except Exception as exc:  # noqa: BLE001 - a drawing error must not end the refresher; it is shown
+                reason = html.escape(repr(exc)[:300])
+                self.status.value = f"<b style='color:crimson'>the panel could not redraw: {reason}</b>"
             threading.Event().wait(1.0 / REFRESH_HZ)
 
     def _redraw(self) -> None:

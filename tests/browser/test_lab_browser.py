@@ -79,6 +79,13 @@ def figure_count(page, trace_name):
         return -1; }""", trace_name)
 
 
+def panel_status(page):
+    """The panel's status line ("running — generation 0, ..."), or "" before it shows."""
+    return page.evaluate("""() => {
+        const line = document.querySelector('.wb-lab-status');
+        return line ? line.innerText.trim() : ""; }""")
+
+
 def test_lab_panel_live_curve_and_kill(jupyter):
     ARTIFACTS.mkdir(exist_ok=True)
     with playwright_api.sync_playwright() as p:
@@ -87,6 +94,9 @@ def test_lab_panel_live_curve_and_kill(jupyter):
             "--disable-component-update", "--disable-sync"])
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1300})
+            errors = []  # the page's own errors, shown with a failure
+            page.on("pageerror", lambda e: errors.append(str(e)[:300]))
+            page.on("console", lambda m: errors.append(m.text[:300]) if m.type == "error" else None)
             page.goto(jupyter, timeout=90_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
             select = page.locator(".jp-Dialog").get_by_role("button", name="Select", exact=True)
@@ -103,8 +113,13 @@ def test_lab_panel_live_curve_and_kill(jupyter):
             start.wait_for(timeout=90_000)
             start.click()
             deadline = time.monotonic() + 120
+            while not panel_status(page).startswith("running"):  # the ranks started
+                assert time.monotonic() < deadline, f"the run did not start: {panel_status(page)!r}; {errors[-5:]}"
+                time.sleep(0.5)
+            deadline = time.monotonic() + 120
             while figure_count(page, "training loss") < 20:  # the live curve moves
-                assert time.monotonic() < deadline, "the curve did not move"
+                assert time.monotonic() < deadline, (f"the curve did not move: {figure_count(page, 'training loss')} "
+                                                     f"points, status {panel_status(page)!r}; {errors[-5:]}")
                 time.sleep(0.5)
             widget_button(page, "Kill 1").click()
             page.get_by_text("generation 1", exact=False).first.wait_for(timeout=60_000)

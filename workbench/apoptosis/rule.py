@@ -60,6 +60,7 @@ class ApoptosisConfig:
     min: int = 4  # units a layer keeps at least
     lasso: float = LASSO  # group-lasso strength per step of a LASSO_STEPS-step run (the pressure's total is fixed)
     gamma: float = 4.0  # reweighting: a unit at half its layer's mean norm is pressed 2**gamma = 16 times harder
+    relative: int = 0  # 1: each layer is pressed in proportion to its mean group norm (conv channels fade too)
     start: float = 0.15  # fraction of the run trained before the pressure starts (units are judged once they learnt)
     until: float = 0.5  # fraction of the run at which the pressure ends; decisions end `window` evaluations later
     val: float = 0.1  # fraction of the training data held out as the validation split the rule decides on
@@ -74,6 +75,7 @@ class ApoptosisConfig:
         _check(isinstance(self.min, int) and self.min >= 1, "min", self.min, "an integer >= 1")
         _check(self.lasso >= 0, "lasso", self.lasso, "a number >= 0")
         _check(self.gamma >= 0, "gamma", self.gamma, "a number >= 0")
+        _check(self.relative in (0, 1), "relative", self.relative, "0 or 1")
         _check(0 <= self.start < 1, "start", self.start, "a fraction in [0, 1)")
         _check(self.start < self.until <= 1, "until", self.until, f"a fraction in (start={self.start}, 1]")
         _check(0 < self.val <= 0.5, "val", self.val, "a fraction in (0, 0.5]")

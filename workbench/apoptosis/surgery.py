@@ -248,21 +248,25 @@ def shrink(model: nn.Module, pairs: list[Pair], removals: Mapping[str, torch.Ten
 
 
 @torch.no_grad()
-def group_lasso_(model: nn.Module, pairs: list[Pair], strength: float, lr: float, gamma: float = 0.0) -> None:
+def group_lasso_(model: nn.Module, pairs: list[Pair], strength: float, lr: float, gamma: float = 0.0,
+                 relative: bool = False) -> None:
     """Proximal step of a (reweighted) group-lasso penalty on every unit's incoming and outgoing weights, in place:
     a group's RMS shrinks by ``lr * strength * (mean / rms) ** gamma`` (mean: the layer's mean group RMS over its
     non-zero groups), to exactly zero when it is smaller. With ``gamma`` > 0 weak units are pressed harder than
-    strong ones, so the units the loss does not need fade to zero while the others are barely touched.
-    Deterministic: replicas that apply it to identical parameters stay bitwise identical."""
+    strong ones, so the units the loss does not need fade to zero while the others are barely touched. With
+    ``relative`` the step is also multiplied by ``mean``: every layer loses the same fraction of its typical
+    group per step, whatever its scale (a batch norm's γ, β near 1 fade as fast as fully connected weights near
+    0.05). Deterministic: replicas that apply it to identical parameters stay bitwise identical."""
     base = lr * strength
 
     def keep(square_sum: torch.Tensor, count: int) -> torch.Tensor:
         rms = square_sum.div_(count).sqrt_().clamp_min_(1e-12)
         scale = base
-        if gamma:
+        if gamma or relative:
             alive = (rms > 1e-12).sum().clamp_min(1)
-            scale = base * (rms.sum() / alive) ** gamma
-            rms = rms.pow_(gamma + 1)  # step / rms = base * mean**gamma / rms**(gamma + 1)
+            mean = rms.sum() / alive
+            scale = base * mean ** (gamma + 1 if relative else gamma)
+            rms = rms.pow_(gamma + 1)  # step / rms = base * mean**gamma / rms**(gamma + 1) (times mean: relative)
         return (1 - scale / rms).clamp_min_(0)
 
     for pair in pairs:

@@ -365,7 +365,8 @@ class Trainer(BaseTrainer):
             # the pressure of our apoptosis reading, on replicated parameters: every replica applies the same
             pressure = self.rule.pressure_due(step, self.config.steps)
             if pressure > 0:
-                apo.group_lasso_(self.model, self.pairs, pressure, self.lr_at(step), self.rule.gamma)
+                apo.group_lasso_(self.model, self.pairs, pressure, self.lr_at(step), self.rule.gamma,
+                                 bool(self.rule.relative))
         self.traffic = self.dp.traffic()
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
         self._report_step(step, stats, started, extra=dict(self.size), evaluation=evaluation)
