@@ -116,6 +116,9 @@ def test_lab_panel_live_curve_and_kill(jupyter):
             while not panel_status(page).startswith("running"):  # the ranks started
                 assert time.monotonic() < deadline, f"the run did not start: {panel_status(page)!r}; {errors[-5:]}"
                 time.sleep(0.5)
+            curve = page.locator(".js-plotly-plot").first  # watched as a user would: in view (cells out of view
+            curve.wait_for(timeout=60_000)                  # are not rendered by JupyterLab's default windowing)
+            curve.scroll_into_view_if_needed()
             deadline = time.monotonic() + 120
             while figure_count(page, "training loss") < 20:  # the live curve moves
                 assert time.monotonic() < deadline, (f"the curve did not move: {figure_count(page, 'training loss')} "
