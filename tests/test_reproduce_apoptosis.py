@@ -60,6 +60,15 @@ def test_too_few_seeds_are_inconclusive():
     assert statuses(two)["apoptosis.accuracy_kept"] == "inconclusive"
 
 
+def test_the_threshold_only_arm_is_required_at_the_small_scale_and_optional_in_the_registered_campaign(tmp_path):
+    without = frame()[lambda f: f.arm != "threshold only (lasso=0)"]
+    assert apoptosis.verdict(without, "paper").status == "holds"  # the registry's ablation: false
+    small = apoptosis.verdict(without, "small")
+    assert [c.name for c in small.checks if not c.ok] == ["the threshold-only ablation (lasso=0) is reported"]
+    assert apoptosis.SCALES["small"]["ablation"] is True
+    assert campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {})["ablation"] is False
+
+
 def test_a_run_that_did_not_shrink_three_times_fails_fewer_parameters():
     verdict = apoptosis.verdict(frame(reduction=[4.0, 4.2, 2.5, 3.9, 4.1, 3.6, 3.3, 5.0]), "paper")
     failed = [c.name for c in verdict.checks if not c.ok]
@@ -83,7 +92,8 @@ def test_the_paper_scale_is_the_registered_workload_on_drawn_seeds(tmp_path):
     workload = registry.load().workload("apoptosis")
     settings = campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {})
     assert settings["reporting"] and {k: settings[k] for k in workload} == workload
-    assert (workload["model"], workload["dataset"]) == ("lenet5", "synthetic_image")
+    assert (workload["model"], workload["dataset"], workload["width"]) == ("vgg11", "synthetic_image", 0.25)
+    assert "relative=1" in workload["apoptosis"]  # conv channels are pressed as hard as fully connected units
     assert set(apoptosis.SCALES["small"]) | {"seeds"} == set(workload) | {"seeds"}  # the same keys at both scales
     seeds = settings["seeds"]
     assert len(seeds) == registry.load().seed_count("apoptosis") >= 6 and not any(0 <= s <= 1000 for s in seeds)
