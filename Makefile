@@ -65,8 +65,8 @@ demo: setup
 	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
 	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
 
-# The seed papers' findings at the registered paper scale (workbench/reproduce/registry.yaml: lenet5 on
-# synthetic_image, reporting seeds drawn when a campaign starts; one sweep point each; estimated ~85 min on 2
+# The seed papers' findings at the registered paper scale (workbench/reproduce/registry.yaml: lenet5, vgg11 on
+# synthetic_image, reporting seeds drawn when a campaign starts; one sweep point each; estimated ~115 min on 2
 # idle cores, more than the 60-minute aim: docs/reproduce.md gives the times taken), then runs/reproduce/report.html
 # with a verdict per registered finding. Resumable: every run of a campaign is cached and keeps its seeds, and a
 # second invocation re-runs only unfinished notebooks. A finding that does not hold fails its notebook's last cell;
