@@ -100,7 +100,7 @@ SETTINGS: dict[str, Setting] = {
                        config.SHUFFLES, docs=_MODES),
     "consensus_every": Setting("gossip: steps between consensus-distance measurements (a measurement only)"),
     "apoptosis": Setting("adaptive neuron apoptosis: on, off, or tol=T,window=W,delta=D[,grow=,shrink=,min=,lasso=,"
-                         "gamma=,start=,until=,val=,fold=]", docs="[Neuron apoptosis](apoptosis.md)"),
+                         "gamma=,relative=,start=,until=,val=,fold=]", docs="[Neuron apoptosis](apoptosis.md)"),
     "bucket_cap_mb": Setting("gradient bucket size in MB"),
     "buckets": Setting("gradient buckets per step (default 2), cut further where one exceeds the cap",
                        docs="two, so that `forward` differs from `shrink` on every model: [Permanent faults]"
