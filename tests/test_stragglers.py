@@ -103,22 +103,18 @@ def test_slow_downs_are_events_and_every_step_time_is_kept():
 
 # -- the throttle ------------------------------------------------------------------------------------------------
 def throttled_steps(throttle, compute):
-    """20 steps of a rank (slow from step 10, factor 3): each step's CPU time, the step's own part by ``compute``."""
+    """20 steps of a rank (slow from step 10, factor 3), the step's own part by ``compute``: the median CPU time of
+    a slowed step over an unslowed one's, on the CPU clock the throttle reads (the test may replace it)."""
     spent = []
     for step in range(20):
-        began = cpu_time_now()
+        began = throttle_module.cpu_time()
         throttle.begin(step)
         compute()  # the step's own compute, the same every step
         throttle.burn()
         throttle.burn()  # once per step: a second call burns nothing
         assert throttle.end() == (3.0 if step >= 10 else None)
-        spent.append(cpu_time_now() - began)
+        spent.append(throttle_module.cpu_time() - began)
     return statistics.median(spent[12:]) / statistics.median(spent[2:10])
-
-
-def cpu_time_now():
-    """The CPU clock the throttle reads (the test replaces it with a clock of its own)."""
-    return throttle_module.cpu_time()
 
 
 def test_the_throttle_makes_a_step_take_factor_times_its_own_cpu(monkeypatch):
