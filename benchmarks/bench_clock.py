@@ -5,8 +5,10 @@ failure-free run at world 4 with each clock's spread (max / min of train_s).
 
 Aims (issue #29): 1 vs 2 cores, rank-time step time and overhead per strategy within 15 % while wall differs by
 >= 1.5x; a hog moves rank-time <= 10 %; a core per rank: rank-time and wall step time within 15 %; 10 copies:
-rank-time spread <= 1.10. Prints one JSON line (and a table on stderr).
-Usage: python benchmarks/bench_clock.py [--steps 300] [--copies 10] [--quick]
+rank-time spread <= 1.10. With --speed-probe each run is repeated at once with ``speed_probe`` on (the rank clock at
+the machine's reference speed) and every figure is given for it too (``probe_*``). Prints one JSON line (and a
+table on stderr).
+Usage: python benchmarks/bench_clock.py [--steps 300] [--copies 10] [--quick] [--speed-probe]
 """
 
 from __future__ import annotations
@@ -35,29 +37,36 @@ def runs_for(steps: int, strategies: tuple[str, ...]) -> list[dict]:
     return out
 
 
-def child(runs: list[dict]) -> list[dict]:
-    """Run each configuration in this process (one rank template for all) and return its figures."""
+def child(runs: list[dict], probe: bool) -> list[dict]:
+    """Run each configuration in this process (one rank template for all) and return its figures; ``probe``: each
+    again at once with the speed probe on, its rank-time figures as ``probe_*``."""
     sys.path.insert(0, str(ROOT))
     import workbench
 
     warm = {k: v for k, v in runs[0].items() if k not in ("label", "faults", "strategy", "checkpoint_every")}
     workbench.run({**warm, "steps": min(warm["steps"], 60)})  # discarded: the first run of a process pays its cold
-    figures, baseline = [], None  # start (template, page faults, lazily loaded kernels) in its steps
+    figures, baseline = [], {}  # start (template, page faults, lazily loaded kernels) in its steps
     for spec in runs:
         spec = dict(spec)
         label = spec.pop("label")
-        result = workbench.run(spec)
-        if label == "none":
-            baseline = result
-        elif baseline is not None:
-            result.set_baseline(baseline)
-        s, rows = result.summary, result.metrics
-        figures.append({"label": label, "outcome": result.outcome, "train_s": s["train_s"],
-                        "rank_train_s": s["rank_train_s"], "overhead_pct": s.get("overhead_pct"),
-                        "rank_overhead_pct": s.get("rank_overhead_pct"),
-                        "step_s": statistics.median(r["step_time"] for r in rows),
-                        "rank_step_s": statistics.median(r["rank_step_time"] for r in rows),
-                        "steal_pct": result.provenance.get("steal_pct"), "cores": s["cores"]})
+        figure: dict = {"label": label}
+        for probed in (False, True) if probe else (False,):
+            result = workbench.run({**spec, "speed_probe": probed})
+            if label == "none":
+                baseline[probed] = result
+            elif probed in baseline:
+                result.set_baseline(baseline[probed])
+            s, rows = result.summary, result.metrics
+            if probed:
+                figure.update(probe_train_s=s["rank_train_s"], probe_overhead_pct=s.get("rank_overhead_pct"),
+                              probe_step_s=statistics.median(r["rank_step_time"] for r in rows))
+                continue
+            figure.update(outcome=result.outcome, train_s=s["train_s"], rank_train_s=s["rank_train_s"],
+                          overhead_pct=s.get("overhead_pct"), rank_overhead_pct=s.get("rank_overhead_pct"),
+                          step_s=statistics.median(r["step_time"] for r in rows),
+                          rank_step_s=statistics.median(r["rank_step_time"] for r in rows),
+                          steal_pct=result.provenance.get("steal_pct"), cores=s["cores"])
+        figures.append(figure)
     return figures
 
 
@@ -67,10 +76,11 @@ def hog(cores: set[int]) -> subprocess.Popen:
                             preexec_fn=lambda: os.sched_setaffinity(0, cores))
 
 
-def measure(runs: list[dict], cores: set[int], with_hog: bool) -> list[dict]:
+def measure(runs: list[dict], cores: set[int], with_hog: bool, probe: bool) -> list[dict]:
     hogging = hog(cores) if with_hog else None
     try:
-        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(runs)], capture_output=True,
+        done = subprocess.run([sys.executable, __file__, "--child", json.dumps(runs), str(int(probe))],
+                              capture_output=True,
                               text=True, timeout=1800, preexec_fn=lambda: os.sched_setaffinity(0, cores))
     finally:
         if hogging is not None:
@@ -79,6 +89,33 @@ def measure(runs: list[dict], cores: set[int], with_hog: bool) -> list[dict]:
     if done.returncode:
         raise SystemExit(f"bench_clock: a child run failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def aims(table: dict, per_rank: list[dict], repeated: list[dict], labels: list[str], clock: str) -> dict:
+    """The aims' figures on ``clock``: ``rank`` (rank-time) or ``probe`` (rank-time at the reference speed), each
+    beside the wall clock's."""
+    one, two = table["1 core"], table["2 cores"]
+    step, train, over = f"{clock}_step_s", f"{clock}_train_s", f"{clock}_overhead_pct"
+    per = {"wall_step_s": statistics.median(f["step_s"] for f in per_rank),
+           "rank_step_s": statistics.median(f[step] for f in per_rank),
+           "wall_train_s": statistics.median(f["train_s"] for f in per_rank),
+           "rank_train_s": statistics.median(f[train] for f in per_rank)}
+    return {
+        "one_vs_two": {k: {"wall_step_x": ratio(one[k]["step_s"], two[k]["step_s"]),
+                           "rank_step_x": ratio(one[k][step], two[k][step]),
+                           "wall_train_x": ratio(one[k]["train_s"], two[k]["train_s"]),
+                           "rank_train_x": ratio(one[k][train], two[k][train]),
+                           "rank_overhead_pt": [one[k][over], two[k][over]],
+                           "wall_overhead_pt": [one[k]["overhead_pct"], two[k]["overhead_pct"]]} for k in labels},
+        "hog": {setting: {k: {"rank_train_x": ratio(table[setting][k][train], table[f"{setting} + hog"][k][train]),
+                              "wall_train_x": ratio(table[setting][k]["train_s"],
+                                                    table[f"{setting} + hog"][k]["train_s"])} for k in labels}
+                for setting in table if not setting.endswith("hog")},
+        "core_per_rank": {**per, "agree_x": ratio(per["wall_step_s"], per["rank_step_s"])},
+        "copies": {"n": len(repeated), "wall_spread": ratio(min(f["train_s"] for f in repeated),
+                                                            max(f["train_s"] for f in repeated)),
+                   "rank_spread": ratio(min(f[train] for f in repeated), max(f[train] for f in repeated))},
+    }
 
 
 def ratio(a: float, b: float) -> float:
@@ -90,6 +127,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--copies", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="shrink and checkpoint_restart only, 3 copies")
+    parser.add_argument("--speed-probe", action="store_true", help="each run again with the speed probe on")
     args = parser.parse_args()
     strategies = ("shrink", "checkpoint_restart") if args.quick else STRATEGIES
     copies = 3 if args.quick else args.copies
@@ -103,59 +141,41 @@ def main() -> None:
     from workbench import machine
 
     latency = machine.latency_us()  # measured now, on two cores, if this machine has not measured it yet
+    probe = machine.probe_us() if args.speed_probe else None  # the same, on one core
     load = os.getloadavg()[0]
     t0 = time.time()
     table: dict[str, dict[str, dict]] = {}
     for name, cores in settings.items():
         for with_hog in (False, True):
             key = f"{name}{' + hog' if with_hog else ''}"
-            table[key] = {f["label"]: f for f in measure(runs_for(args.steps, strategies), cores, with_hog)}
+            runs = runs_for(args.steps, strategies)
+            table[key] = {f["label"]: f for f in measure(runs, cores, with_hog, args.speed_probe)}
             print(f"{key}: done at {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     pair = [{**r, "label": "copy"} for r in runs_for(args.steps, ())] * copies
-    repeated = measure(pair, set(available[:2]), False)
+    repeated = measure(pair, set(available[:2]), False, args.speed_probe)
     per_rank = measure([{"world_size": 2, "steps": args.steps, "seed": 0, "label": "none"}] * 3,
-                       set(available[:2]), False)
+                       set(available[:2]), False, args.speed_probe)
 
     labels = ["none", *strategies]
-    one, two = table["1 core"], table["2 cores"]
-    report = {
-        "bench": "clock", "steps": args.steps, "cores": len(available), "load_1min": round(load, 2),
-        "latency_us": latency[0],
-        "one_vs_two": {k: {"wall_step_x": ratio(one[k]["step_s"], two[k]["step_s"]),
-                           "rank_step_x": ratio(one[k]["rank_step_s"], two[k]["rank_step_s"]),
-                           "wall_train_x": ratio(one[k]["train_s"], two[k]["train_s"]),
-                           "rank_train_x": ratio(one[k]["rank_train_s"], two[k]["rank_train_s"]),
-                           "rank_overhead_pt": [one[k]["rank_overhead_pct"], two[k]["rank_overhead_pct"]],
-                           "wall_overhead_pt": [one[k]["overhead_pct"], two[k]["overhead_pct"]]} for k in labels},
-        "hog": {setting: {k: {"rank_train_x": ratio(table[setting][k]["rank_train_s"],
-                                                     table[f"{setting} + hog"][k]["rank_train_s"]),
-                              "wall_train_x": ratio(table[setting][k]["train_s"],
-                                                    table[f"{setting} + hog"][k]["train_s"])} for k in labels}
-                for setting in settings},
-        "core_per_rank": {"wall_step_s": statistics.median(f["step_s"] for f in per_rank),
-                          "rank_step_s": statistics.median(f["rank_step_s"] for f in per_rank),
-                          "wall_train_s": statistics.median(f["train_s"] for f in per_rank),
-                          "rank_train_s": statistics.median(f["rank_train_s"] for f in per_rank)},
-        "copies": {"n": len(repeated), "wall_spread": ratio(min(f["train_s"] for f in repeated),
-                                                            max(f["train_s"] for f in repeated)),
-                   "rank_spread": ratio(min(f["rank_train_s"] for f in repeated),
-                                        max(f["rank_train_s"] for f in repeated))},
-        "runs": table, "steal_pct_max": max((f["steal_pct"] or 0.0) for s in table.values() for f in s.values()),
-        "wall_s": round(time.time() - t0, 1),
-    }
-    c = report["core_per_rank"]
-    c["agree_x"] = ratio(c["wall_step_s"], c["rank_step_s"])
+    report = {"bench": "clock", "steps": args.steps, "cores": len(available), "load_1min": round(load, 2),
+              "latency_us": latency[0], "probe_us": probe[0] if probe else None,
+              **aims(table, per_rank, repeated, labels, "rank"),
+              "probe": aims(table, per_rank, repeated, labels, "probe") if args.speed_probe else None,
+              "runs": table, "steal_pct_max": max((f["steal_pct"] or 0.0) for s in table.values() for f in s.values()),
+              "wall_s": round(time.time() - t0, 1)}
     for key, rows in table.items():
         print(key, file=sys.stderr)
         for label, f in rows.items():
             print(f"  {label:20s} step {f['step_s'] * 1e3:7.2f} / {f['rank_step_s'] * 1e3:7.2f} ms   train "
                   f"{f['train_s']:7.3f} / {f['rank_train_s']:7.3f} s   overhead {f['overhead_pct']} / "
-                  f"{f['rank_overhead_pct']} %  (wall / rank)", file=sys.stderr)
+                  f"{f['rank_overhead_pct']} %  (wall / rank)"
+                  + (f"   probe: step {f['probe_step_s'] * 1e3:7.2f} ms train {f['probe_train_s']:7.3f} s overhead "
+                     f"{f['probe_overhead_pct']} %" if "probe_step_s" in f else ""), file=sys.stderr)
     print(json.dumps(report))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        print(json.dumps(child(json.loads(sys.argv[2]))))
+        print(json.dumps(child(json.loads(sys.argv[2]), sys.argv[3] == "1")))
     else:
         main()

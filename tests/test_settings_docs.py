@@ -25,7 +25,7 @@ FLAGS = ("--world-size --steps --batch-size --lr --lr-schedule --optimizer --mod
          "--eval-interval --detect --detect-every --fault --parallelism --micro-batches --pipeline-stages "
          "--stage-cuts --gossip-sync --shuffle --consensus-every --apoptosis --bucket-cap-mb --buckets "
          "--heartbeat-timeout --progress-timeout --straggler-response --straggler-factor --straggler-window "
-         "--preempt-grace --notice-signals --resize-rule --spawn --device --bind --store-port").split()
+         "--preempt-grace --notice-signals --resize-rule --spawn --device --speed-probe --bind --store-port").split()
 
 
 def run_actions() -> dict[str, argparse.Action]:

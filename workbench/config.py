@@ -98,6 +98,7 @@ class RunConfig:
     spawn: str = "template"
     device: str = "cpu"  # workbench.devices: cpu, cuda, auto
     op_timeout: float = 60.0
+    speed_probe: bool = False
     hosts: list[dict[str, Any]] | None = None
     bind: str | None = None
     store_port: int = 0
@@ -138,8 +139,9 @@ class RunConfig:
         _int_in("detect_every", self.detect_every, 1, 10_000_000)
         _positive("guard_limit", self.guard_limit)
         _positive("spike_factor", self.spike_factor)
-        if not isinstance(self.regrow, bool):
-            raise ConfigError("regrow", f"{self.regrow!r} must be true or false")
+        for name in ("regrow", "gossip_sync", "speed_probe"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"{getattr(self, name)!r} must be true or false")
         strategy = strategies.get(self.strategy)
         if self.regrow and not strategy.regrow:
             raise ConfigError("regrow", f"combines with {', '.join(REGROW_STRATEGIES)}, not with strategy "
@@ -192,8 +194,6 @@ class RunConfig:
         devices.check_choice(self)  # which modes run on GPUs
         _choice("shuffle", self.shuffle, SHUFFLES)
         _int_in("consensus_every", self.consensus_every, 1, 10_000_000)
-        if not isinstance(self.gossip_sync, bool):
-            raise ConfigError("gossip_sync", f"{self.gossip_sync!r} must be true or false")
         mode = self.parallelism
         if mode == "gossip" and (self.world_size < 2 or self.world_size & (self.world_size - 1)):
             raise ConfigError("world_size", f"{self.world_size} is not a power of two: parallelism 'gossip' pairs "

@@ -121,6 +121,9 @@ SETTINGS: dict[str, Setting] = {
                                 "straggler (> 1)"),
     "straggler_window": Setting("steps over which the straggler detector takes each rank's median step time "
                                 "(3..10000)"),
+    "speed_probe": Setting("rank clock at this machine's reference speed: each rank probes its core's speed every "
+                           "25 ms of its CPU (about 2 percent of wall time) and scales its CPU time by it",
+                           docs="[Two clocks](concepts.md#two-clocks-wall-time-and-rank-time)"),
     "preempt_grace": Setting("seconds of notice an outside signal (notice_signals) gives a rank to leave at a step "
                              "boundary", docs="[Preemption](permanent-faults.md#preemption-with-notice)"),
     "notice_signals": Setting("signals a rank takes as a preemption notice, comma-separated: {choices} (SIGTERM "

@@ -20,8 +20,9 @@ from pathlib import Path
 DISK_MIB_VAR = "WORKBENCH_DISK_MIBS"
 NET_MIB_VAR = "WORKBENCH_NET_MIBS"
 LATENCY_VAR = "WORKBENCH_LATENCY_US"
+PROBE_VAR = "WORKBENCH_PROBE_US"
 SPEEDS = {DISK_MIB_VAR: "MiB/s of checkpoint reads", NET_MIB_VAR: "MiB/s of the network",
-          LATENCY_VAR: "microseconds per message"}
+          LATENCY_VAR: "microseconds per message", PROBE_VAR: "microseconds of the speed probe on an idle core"}
 
 
 def usable_cores() -> int:
@@ -69,6 +70,13 @@ def latency_us() -> tuple[float, str]:
     (the lower-quartile allreduce of one float, over its 2 messages), which is what a message costs the ranks' waits
     here: the sender's and the receiver's transport threads, loopback TCP, and the waiting thread's wake-up."""
     return _speed("gloo_hop_us", LATENCY_VAR, _measure_latency)
+
+
+def probe_us() -> tuple[float, str]:
+    """(µs, where it came from) of the rank clock's speed probe (:mod:`workbench.rank.speed`) at this machine's
+    reference speed: ``$WORKBENCH_PROBE_US``, else measured once per machine (the lower quartile of 300 probes in a
+    started process pinned to one core). RuntimeError (one line) where the probe cannot run."""
+    return _speed("probe_us", PROBE_VAR, _measure_probe)
 
 
 def given(variable: str) -> float:
@@ -204,6 +212,18 @@ def _measure_latency(rounds: int = 200) -> float:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+
+
+def _measure_probe() -> float:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pin = (lambda: os.sched_setaffinity(0, {cores[-1]})) if cores else None
+    try:
+        done = subprocess.run([sys.executable, "-m", "workbench.rank.speed"], capture_output=True, text=True,
+                              timeout=120, preexec_fn=pin, stdin=subprocess.DEVNULL,
+                              cwd=Path(__file__).resolve().parents[1])
+        return float(done.stdout.split()[-1])
+    except (subprocess.TimeoutExpired, OSError, ValueError, IndexError) as exc:
+        raise RuntimeError(f"the speed probe could not be measured ({type(exc).__name__})") from None
 
 
 _ECHO = ("import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\n"

@@ -32,7 +32,7 @@ NOTEBOOK_VAR = "WORKBENCH_NOTEBOOK"
 PACKAGES = ("workbench", "torch", "numpy", "h5py", "papermill")
 FIELDS = ("workbench", "commit", "dirty", "python", *PACKAGES[1:], "host", "cpu", "cores", "usable_cores",
           "memory_gib", "device", "load_start", "load_end", "steal_pct", "started_utc", "ended_utc", "command",
-          "notebook", "seed")
+          "notebook", "seed", "probe_us", "probe_source")
 _TICKS = "_cpu_ticks"  # the host's (steal, total) CPU ticks at the start: steal_pct at the end
 UNKNOWN = "unknown"
 _SOURCE = Path(__file__).resolve().parents[1]  # the directory holding the workbench package
@@ -44,13 +44,28 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def collect(seed: int | None = None, device: str | None = None) -> dict[str, Any]:
+def collect(seed: int | None = None, device: str | None = None, speed_probe: bool = False) -> dict[str, Any]:
     """Provenance at the start of a run: every key of :data:`FIELDS`, ``load_end`` and ``ended_utc`` still None;
-    ``device``: where the ranks compute (:func:`workbench.devices.describe`; None for a sweep point)."""
+    ``device``: where the ranks compute (:func:`workbench.devices.describe`; None for a sweep point);
+    ``speed_probe``: the run's ranks scale their CPU time to ``probe_us`` (:func:`probe_reference`)."""
     commit, dirty = git_state()
     return {**static(), "commit": commit, "dirty": dirty, "device": device, "usable_cores": machine.usable_cores(),
             "load_start": _load(), "load_end": None, "steal_pct": None, "started_utc": utc_now(), "ended_utc": None,
-            "command": command(), "notebook": notebook(), "seed": seed, _TICKS: machine.cpu_ticks()}
+            "command": command(), "notebook": notebook(), "seed": seed, **probe_reference(speed_probe),
+            _TICKS: machine.cpu_ticks()}
+
+
+def probe_reference(speed_probe: bool) -> dict[str, Any]:
+    """``probe_us``: the speed probe's time at this machine's reference speed, which the ranks of a ``speed_probe``
+    run scale their CPU time to (:mod:`workbench.rank.speed`), and ``probe_source`` (given, measured, or why it could
+    not be measured: then the ranks do not scale). Both None when the probe is off."""
+    if not speed_probe:
+        return {"probe_us": None, "probe_source": None}
+    try:
+        value, source = machine.probe_us()
+    except (RuntimeError, ValueError) as exc:
+        return {"probe_us": None, "probe_source": str(exc)}
+    return {"probe_us": value, "probe_source": source}
 
 
 def finish(provenance: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from workbench.protocol import CONTROL, HEARTBEAT_PERIOD, SUPERVISOR, LineDecoder, ProtocolError, encode, message
+from workbench.rank import speed
 
 CLOCKED = frozenset({"ready", "joined", "step"})
 
@@ -28,20 +29,30 @@ class _CpuClock:
     algorithms) except gloo's transport threads (``gloo_tcp_loop``: socket reads and writes, waking the threads
     that wait for them). Their CPU is the machine's, not the rank's: measured on 2 shared cores it is 4x what the
     same exchanges cost on one (cross-core wake-ups), while the rest stays within 5 %; the supervisor charges the
-    bytes a rank sends at the network's bandwidth instead (:mod:`workbench.clock`)."""
+    bytes a rank sends at the network's bandwidth instead (:mod:`workbench.clock`).
+
+    With :meth:`scale_to` (``speed_probe``) the clock reads CPU seconds at the machine's reference speed: each
+    stretch of CPU is scaled by ``reference / probe``, the probe (:mod:`workbench.rank.speed`) run every
+    :data:`~workbench.rank.speed.EVERY_S` of CPU (:meth:`maybe_probe`); the probes' own CPU is not the rank's."""
 
     TRANSPORT = "gloo_tcp_loop"
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
         self.transport: dict[int, float] = {}  # tid -> its CPU when last read (a thread that ended keeps it)
+        self.probed = 0.0  # CPU spent in probes
+        self.probes: list[float] = []  # seconds per probe, the latest last
+        self.reference: float | None = None  # seconds per probe at the reference speed; None: no scaling
+        self._lock = threading.Lock()
+        self._raw_at = self._scaled = self._probed_at = 0.0
 
-    def __call__(self) -> float:
+    def raw(self) -> float:
+        """CPU seconds of the rank's own work, unscaled."""
         total = time.process_time()
         try:
             tids = os.listdir("/proc/self/task")
         except OSError:  # no procfs: the whole process
-            return total
+            return total - self.probed
         for tid in tids:
             if tid not in self.seen:
                 self.seen.add(tid)
@@ -56,7 +67,45 @@ class _CpuClock:
                 self.transport[tid] = time.clock_gettime((~tid << 3) | 6)  # Linux: the thread's CPU-time clock
             except OSError:
                 pass  # the thread ended: its last reading stands
-        return total - sum(self.transport.values())
+        return total - sum(self.transport.values()) - self.probed
+
+    def __call__(self) -> float:
+        raw = self.raw()
+        if self.reference is None:
+            return raw
+        with self._lock:  # the CPU since the last reading, at the speed the probes read now
+            self._scaled += max(raw - self._raw_at, 0.0) * self.factor()
+            self._raw_at = raw
+            return self._scaled
+
+    def factor(self) -> float:
+        """reference / probe: how much faster the reference core is than this one now (1 before any probe)."""
+        if self.reference is None or not self.probes:
+            return 1.0
+        return self.reference / speed.lower_quartile(self.probes[-speed.KEEP:])
+
+    def scale_to(self, reference_us: float) -> None:
+        """From now on, read CPU at the reference speed: ``reference_us`` per probe (warmed up, probed once)."""
+        for _ in range(3):  # the first probes pay for loading kernels: not a reading of the core's speed
+            self._probe()
+        self.probes.clear()
+        self._raw_at = self._scaled = self._probed_at = self.raw()
+        self.reference = reference_us * 1e-6
+        self.maybe_probe(force=True)
+
+    def maybe_probe(self, force: bool = False) -> None:
+        """Run the probe if :data:`~workbench.rank.speed.EVERY_S` of CPU has passed since the last (scaling on)."""
+        if self.reference is None or not force and self.raw() - self._probed_at < speed.EVERY_S:
+            return
+        self()  # the CPU so far, at the speed read before this probe
+        self.probes.append(self._probe())
+        del self.probes[:-speed.KEEP]
+        self._probed_at = self.raw()
+
+    def _probe(self) -> float:
+        spent = speed.probe()
+        self.probed += spent
+        return spent
 
 
 cpu_time = _CpuClock()
@@ -89,6 +138,8 @@ class Channel:
     def send(self, sent: dict[str, Any]) -> None:
         """Send a message built by :func:`workbench.protocol.message`."""
         if sent["type"] in CLOCKED:
+            if sent["type"] == "step":
+                cpu_time.maybe_probe()
             sent["cpu"] = cpu_time()
         data = encode(sent)
         try:

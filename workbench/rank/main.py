@@ -26,7 +26,7 @@ from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.processes import die_with_parent
 from workbench.rank.base import BaseTrainer
-from workbench.rank.channel import Channel
+from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.join import Joined, join_or_exit
 
 
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
             signal.signal(getattr(signal, name), lambda signum, frame: channel.notice(signum, config.preempt_grace))
         trainer = trainer_class(config)(config, channel, store, Path(start["checkpoint_dir"]))
         trainer.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
+        if config.speed_probe and trainer.provenance.get("probe_us"):  # the rank clock at the reference speed
+            cpu_time.scale_to(float(trainer.provenance["probe_us"]))
         trainer.run()
 
     serve(channel, train)

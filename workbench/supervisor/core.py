@@ -94,7 +94,7 @@ class Supervisor(Commands, SlowRanks):
     def run(self) -> RunResult:
         """Run to the end; the result carries the run's provenance (:mod:`workbench.provenance`)."""
         outcome, reason = "failed", "the run did not start"
-        self.provenance = provenance.collect(self.config.seed, devices.describe(self.config))
+        self.provenance = provenance.collect(self.config.seed, devices.describe(self.config), self.config.speed_probe)
         try:
             self._start()
             outcome, reason = self._loop()
