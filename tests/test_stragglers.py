@@ -124,8 +124,10 @@ def test_the_throttle_makes_a_step_take_factor_times_its_own_cpu(monkeypatch):
         return throttle
 
     assert [fresh().factor_at(s) for s in (9, 10, 19, 20)] == [1.0, 3.0, 3.0, 1.0]
-    # on real CPU: the burn is CPU time, not a sleep (a loaded machine's noise moves the ratio by up to a quarter)
-    assert 2.0 < throttled_steps(fresh(), lambda: sum(i * i for i in range(60_000))) < 4.5
+    # on real CPU: the burn is CPU time, not a sleep (a sleep reads 1). The bound above is loose: the host's own
+    # speed can move the same compute by 2x between the two halves (docs/benchmarks.md, "The speed probe"; 5.2 seen
+    # once); the exact amount is the fake clock's check below
+    assert 2.0 < throttled_steps(fresh(), lambda: sum(i * i for i in range(60_000))) < 8.0
     # on a CPU clock that moves only when the rank computes: exactly 2 more of its own steps' compute per step
     clock = [0.0]
 
