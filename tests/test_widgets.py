@@ -42,6 +42,21 @@ def test_panel_runs_kills_and_shows_it():
     lab.close()
 
 
+def test_the_figures_travel_whole_in_the_widgets_first_state():
+    """A browser still loading plotly's widget code drops the one-shot messages that add traces and layout to a
+    widget already made (the panel then showed empty axes for good, once in CI): both figures are built before
+    they become widgets, so their traces and layout are in the state the browser receives first."""
+    lab = Lab(world_size=2, steps=10)
+    try:
+        names = [t["name"] for t in lab.figure._widget_data]
+        assert names[:3] == ["training loss", "test accuracy", "world size (fraction)"] and names[3:] == list(MARKED)
+        assert lab.figure._widget_layout["yaxis"]["title"]["text"] == "loss"
+        assert [t["type"] for t in lab.strip._widget_data] == ["heatmap"]
+        assert lab.strip._widget_layout["xaxis"]["title"]["text"] == "step"
+    finally:
+        lab.close()
+
+
 def test_panel_preempts_a_rank_and_resizes_the_world():
     lab = Lab(world_size=2, steps=100_000, strategy="shrink", preempt_grace=10)
     try:

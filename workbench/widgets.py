@@ -121,11 +121,10 @@ class Lab:
         self.flip_button.on_click(lambda _b: self.flip())
         self.status = w.HTML(value="<b>idle</b>", _dom_classes=["wb-lab-status"])  # the class: for the browser test
         self.figure = self._make_figure()
-        self.strip = go.FigureWidget()
-        self.strip.add_heatmap(colorscale="YlOrRd", zmin=0.5, zmax=3.0, colorbar={"title": "x median"})
-        self.strip.update_layout(template="plotly_white", height=200, xaxis_title="step",
-                                 title="per-rank step time (own CPU per step, x the step's median)",
-                                 margin={"t": 40, "b": 40})
+        strip = go.Figure(go.Heatmap(colorscale="YlOrRd", zmin=0.5, zmax=3.0, colorbar={"title": "x median"}))
+        strip.update_layout(template="plotly_white", height=200, xaxis_title="step", margin={"t": 40, "b": 40},
+                            title="per-rank step time (own CPU per step, x the step's median)")
+        self.strip = go.FigureWidget(strip)  # built whole: see _make_figure
         config_box = w.GridBox([self.model, self.dataset, self.world_size, self.parallelism, self.strategy, self.regrow,
                                 self.checkpoint_every, self.detect, self.resize_rule, self.steps, self.seed,
                                 self.device], layout=w.Layout(grid_template_columns="repeat(3, 330px)"))
@@ -278,7 +277,10 @@ class Lab:
         self.rank_buttons.children = buttons
 
     def _make_figure(self) -> go.FigureWidget:
-        fig = go.FigureWidget()
+        """The live figure, built whole before it becomes a widget: its traces and layout then travel in the
+        widget's first state. Added to a widget already made, they travel as one-shot messages, which a browser
+        still loading plotly's widget code drops: the panel then shows empty axes for good."""
+        fig = go.Figure()
         fig.update_layout(template="plotly_white", height=420, xaxis_title="step", hovermode="closest",
                           yaxis={"title": "loss"}, yaxis2={"title": "accuracy / world size", "overlaying": "y",
                                                            "side": "right", "range": [0, 1.1]},
@@ -290,7 +292,7 @@ class Lab:
             symbol, colour = MARKER_STYLE[kind]
             fig.add_scatter(name=kind, mode="markers", yaxis="y2", marker={"symbol": symbol, "size": 12,
                                                                            "color": colour}, hoverinfo="text")
-        return fig
+        return go.FigureWidget(fig)
 
     def _reset_figure(self, world_size: int) -> None:
         self._world_size = world_size
