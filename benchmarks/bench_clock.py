@@ -58,7 +58,8 @@ def child(runs: list[dict], probe: bool) -> list[dict]:
                 result.set_baseline(baseline[probed])
             s, rows = result.summary, result.metrics
             if probed:
-                figure.update(probe_train_s=s["rank_train_s"], probe_overhead_pct=s.get("rank_overhead_pct"),
+                figure.update(probe_outcome=result.outcome, probe_train_s=s["rank_train_s"],
+                              probe_overhead_pct=s.get("rank_overhead_pct"),
                               probe_step_s=statistics.median(r["rank_step_time"] for r in rows))
                 continue
             figure.update(outcome=result.outcome, train_s=s["train_s"], rank_train_s=s["rank_train_s"],
@@ -80,8 +81,8 @@ def measure(runs: list[dict], cores: set[int], with_hog: bool, probe: bool) -> l
     hogging = hog(cores) if with_hog else None
     try:
         done = subprocess.run([sys.executable, __file__, "--child", json.dumps(runs), str(int(probe))],
-                              capture_output=True,
-                              text=True, timeout=1800, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+                              capture_output=True, text=True, timeout=1800,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cores))
     finally:
         if hogging is not None:
             hogging.kill()
