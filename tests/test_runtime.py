@@ -5,6 +5,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from conftest import rank_processes
 
 import workbench
+from workbench import outdir
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -204,6 +206,13 @@ def test_no_orphans_when_the_parent_goes(how, tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive()
+    # a killed parent could not remove its checkpoint scratch; the next run's sweeps it (an interrupted one did)
+    def scratch():
+        return list(Path(tempfile.gettempdir()).glob(f"{outdir.SCRATCH_PREFIX}{parent.pid}-*"))
+
+    assert bool(scratch()) == (how == "sigkill-parent")
+    outdir.scratch().cleanup()
+    assert not scratch()
 
 
 def test_a_service_of_the_run_goes_with_its_killed_supervisor(tmp_path):

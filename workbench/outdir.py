@@ -2,13 +2,15 @@
 
 A run writes ``out/result.h5``, ``out/checkpoints/`` and ``out/logs/``. :func:`claim` refuses an ``out`` that
 already holds any of them with a :class:`~workbench.errors.ConfigError` before any process starts; with
-``overwrite`` it removes only those files. It also makes the directory and checks that it can be written.
-Details: docs/internals.md.
+``overwrite`` it removes only those files. It also makes the directory and checks that it can be written. A run
+without ``out`` keeps its checkpoints in a :func:`scratch` directory. Details: docs/internals.md.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from workbench.results import RESULT_FILE
 RUN_FILES = (RESULT_FILE, f".{RESULT_FILE}.*.tmp", "checkpoints/step_*.h5", "checkpoints/final.h5",
              "checkpoints/.*.tmp", "logs/*.log")
 RUN_DIRECTORIES = ("checkpoints", "logs")
+SCRATCH_PREFIX = "workbench-ckpt-"
 
 
 def run_files(out: str | os.PathLike) -> list[Path]:
@@ -83,3 +86,30 @@ def fresh(base: str | os.PathLike) -> Path:
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
     return candidate
+
+
+def scratch() -> tempfile.TemporaryDirectory:
+    """A temporary directory for the checkpoints of a run without ``out``, named for this process and host
+    (``workbench-ckpt-<pid>-<host>-...``). Those a killed process of this user on this host left (a SIGKILLed kernel
+    cannot clean up) are removed first; a directory whose process still lives is never touched."""
+    base, host, uid = Path(tempfile.gettempdir()), socket.gethostname(), os.getuid()
+    for stale in base.glob(f"{SCRATCH_PREFIX}*-{host}-*"):
+        pid, _, rest = stale.name[len(SCRATCH_PREFIX):].partition("-")
+        try:
+            info = stale.lstat()
+        except OSError:
+            continue
+        if (pid.isdigit() and rest.startswith(f"{host}-") and info.st_uid == uid and stale.is_dir()
+                and not stale.is_symlink() and not _alive(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{host}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True

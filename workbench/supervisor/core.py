@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import checkpoint as ckpt
-from workbench import clock, devices, protocol, provenance, resize_rule, strategies
+from workbench import clock, devices, outdir, protocol, provenance, resize_rule, strategies
 from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
@@ -87,7 +87,7 @@ class Supervisor(Commands, SlowRanks):
         if self.out_dir is not None:
             return self.out_dir / "checkpoints"
         if self._tmpdir is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="workbench-ckpt-")
+            self._tmpdir = outdir.scratch()
         return Path(self._tmpdir.name)
 
     # -- the run ----------------------------------------------------------------------------------------------------
