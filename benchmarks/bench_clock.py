@@ -31,9 +31,10 @@ KILLS = ("kill:rank=1,step={a}", "kill:rank=2,step={b}", "kill:rank=3,step={c}")
 
 
 WALL_APART = 1.5  # 1 vs 2 cores: the wall clock must differ this much for the check to mean anything (issue #29)
-# a core per rank: the median blocking round trip between two idle pinned cores must be within this (a bare-metal
-# host's pipe round trip between cores is 5-20 us; waking an idle vCPU through a hypervisor costs 100-500 us, and
-# each of a step's messages pays it on the wall clock, where rank-time charges one measured hop)
+# a core per rank: the median blocking round trip between two idle pinned cores must be within this. Each of a
+# step's messages whose receiver went idle pays a wake-up on the wall clock (half a trip); rank-time charges one
+# measured hop. Under 50 us, a world-2 step's 4 messages lose < 3 % of its 4 ms; waking an idle vCPU through a
+# hypervisor took 85-490 us a round trip on the development VM (docs/concepts.md, "Two clocks")
 WAKE_LIMIT_US = 50.0
 HOST_DRIFT_LIMIT = 1.05  # the copies: the host's own speed (fixed work on one core) must hold within 5 %
 

@@ -109,6 +109,45 @@ def test_a_recovery_costs_detection_or_abandoned_work_start_and_join(monkeypatch
     assert figures["rank_resume_s"] == pytest.approx(change + 0.01, abs=1e-4)
 
 
+def test_a_killed_rank_is_detected_after_its_teardown_cpu_and_a_timeout_after_its_wall_wait(monkeypatch):
+    monkeypatch.setenv(machine.NET_MIB_VAR, "1")
+    monkeypatch.setenv(machine.LATENCY_VAR, "1000")  # 1 ms a message
+    proc = type("Reaped", (), {"cpu_s": 2.5})()  # the dead rank's whole CPU, from its template's wait4
+    kill = {"kind": "kill", "step": 3, "t": 0.0, "process_cpu": 2.47}
+    assert clock.teardown_s(proc, kill) == pytest.approx(0.03)
+    assert clock.teardown_s(proc, {**kill, "kind": "stall"}) is None  # found by the progress timeout: by design
+    assert clock.teardown_s(object(), kill) is None  # started afresh: no reaped usage, the wall detection stays
+    fault = time.time()
+    # the supervisor saw the death 0.4 s after it on shared cores; the rank's own teardown was 30 ms of CPU
+    killed = Failure(rank=1, step=3, cause="died", fault_time=fault, detect_time=fault + 0.4, committed=3,
+                     lost_share=0, recovery_gen=1, teardown=0.03)
+    froze = Failure(rank=2, step=3, cause="froze", fault_time=fault, detect_time=fault + 0.25, committed=3,
+                    lost_share=0, recovery_gen=1)
+    assert clock.detection([killed]) == (0.03, True)
+    assert clock.detection([froze]) == (0.25, False) and clock.detection([]) == (0.0, False)
+    rt = clock.RankTime()
+    before = steady(rt, 3)
+    wait, hop = clock.detection([killed])
+    rt.on_joined(0, {"gen": 1, "cpu": 0.03 + 0.01, "sync_cpu": 0.01}, wait, fault, hop)
+    rt.finish()
+    assert rt.cost(1) == pytest.approx(0.03 + 0.001 + 0.01)  # teardown + one message + the join
+    wall = {"detection_s": 0.4, "resume_s": 0.6, "settle_s": 0.5, "join_s": 0.1, "regrow_s": None}
+    assert rt.failure(wall, killed, before)["rank_detection_s"] == pytest.approx(0.031)
+    assert rt.failure(wall, froze, before)["rank_detection_s"] == 0.4  # its wall figure
+
+
+def test_a_run_charges_a_killed_rank_its_own_teardown(monkeypatch):
+    monkeypatch.setenv(machine.NET_MIB_VAR, "1000")
+    monkeypatch.setenv(machine.LATENCY_VAR, "100000")  # 0.1 s a message: the detection on the rank clock is past it
+    result = workbench.run(world_size=2, steps=20, strategy="shrink", faults=["kill:rank=1,step=10"], seed=0)
+    failure = result.failures[0]
+    teardown = failure["rank_detection_s"] - 0.1  # not the wall detection (tens of ms): that would be negative
+    # the kernel tearing the process down is CPU of its own (tens of ms for a rank), never more than the wall
+    # from the fault to its sighting with a core to spare
+    assert 0 < teardown <= 2 * failure["detection_s"]
+    assert failure["rank_settle_s"] >= failure["rank_detection_s"]
+
+
 def test_an_unstamped_generation_keeps_its_wall_gap():
     rt = clock.RankTime()
     rt.on_joined(5, {"gen": 1}, wait=0.0, since=None)  # a peer's rank: no CPU stamp

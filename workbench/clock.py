@@ -68,6 +68,25 @@ def resolve(clock: str | None, frame: Any) -> str:
     return clock
 
 
+def teardown_s(proc: Any, fault: dict[str, Any]) -> float | None:
+    """CPU seconds a rank that killed itself spent from its ``fault`` message to its end: the kernel tearing its
+    process down before its connection closes, read from the usage its template reaped. None where either is
+    unknown (a rank started afresh, a death that was not announced) or the rank did not die by its own kill (a hang
+    or a stall is found by a timeout: a wait by design)."""
+    spent, before = getattr(proc, "cpu_s", None), fault.get("process_cpu")
+    if spent is None or before is None or fault.get("kind") != "kill":
+        return None
+    return max(spent - before, 0.0)
+
+
+def detection(failures: list[Any]) -> tuple[float, bool]:
+    """The rank-clock detection of the failures that called a generation, and whether it was a connection's end
+    (one message's latency is added once known): a dead rank's teardown where it was measured, else the wall
+    detection (a heartbeat or progress timeout, a configured delay: waits by design)."""
+    waits = [(f.teardown, True) if f.teardown is not None else (f.detection, False) for f in failures]
+    return max(waits, default=(0.0, False))
+
+
 def _windows(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Consecutive rows of one generation, :data:`WINDOW` at most each."""
     windows: list[list[dict[str, Any]]] = []
@@ -85,7 +104,8 @@ class _Generation:
     pre: float = 0.0  # the slowest member's CPU from its last step report to entering the join (work abandoned)
     join: float = 0.0  # the slowest member's CPU in the join
     start: float = 0.0  # start-up CPU of a rank started for this generation (fork to ready)
-    wait: float = 0.0  # waits by design, wall time: the detection of the failure that called it
+    wait: float = 0.0  # the detection of the failure that called it: a dead rank's teardown, or a wait by design
+    hop: bool = False  # that detection was a connection's end: one message's latency is added to it
     io: float = 0.0  # checkpoint bytes read at the disk's bandwidth (filled in at the end of the run)
     read: int = 0  # bytes of the checkpoint it resumed from
     received: int = 0  # the most state bytes a member received
@@ -146,12 +166,13 @@ class RankTime:
         self.rows[key] = row
         row["rank_step_time"] = self.slowest(key)
 
-    def on_joined(self, spawn: int, m: dict[str, Any], wait: float, since: float | None) -> None:
+    def on_joined(self, spawn: int, m: dict[str, Any], wait: float, since: float | None, hop: bool = False) -> None:
         """A member settled generation ``m["gen"]``. ``wait``: the detection of the failure that called it (0
-        for a generation no failure called); ``since``: the wall time of that failure (a rank ready after it was
-        started for it: its start-up is on the recovery's path)."""
+        for a generation no failure called; :func:`detection`), ``hop``: seen at a connection's end; ``since``: the
+        wall time of that failure (a rank ready after it was started for it: its start-up is on the recovery's
+        path)."""
         gen = self.gens.setdefault(m["gen"], _Generation())
-        gen.wait = max(gen.wait, wait)
+        gen.wait, gen.hop = max(gen.wait, wait), gen.hop or hop
         gen.received = max(gen.received, int(m.get("bytes_in") or 0))
         if "cpu" not in m:
             gen.measured = False
@@ -186,7 +207,7 @@ class RankTime:
         """At the end of a run, what is charged at a speed: the bytes each rank sent in each step and the state
         a generation change moved at the network's bandwidth, each message at its latency, each resumed
         checkpoint at the disk's bandwidth."""
-        if self.sent or any(g.received for g in self.gens.values()):
+        if self.sent or any(g.received or g.hop for g in self.gens.values()):
             self.net, self.latency = net_mibs(), latency_us()
             per_s, latency = self.net[0] * 2**20, self.latency[0] * 1e-6
             for key, by_rank in self.sent.items():
@@ -197,6 +218,7 @@ class RankTime:
                     self.rows[key]["rank_step_time"] = self.slowest(key)
             for g in self.gens.values():
                 g.net = g.received / per_s
+                g.wait += latency if g.hop else 0.0
         if any(g.read for g in self.gens.values()):
             if self._disk_thread is not None:
                 self._disk_thread.join(timeout=30.0)
@@ -253,6 +275,8 @@ class RankTime:
         on both clocks); a recovery the workbench cannot see inside (a peer's own, a member that did not stamp its
         CPU time) keeps its wall figures."""
         out = {PREFIX + name: wall[name] for name in TIME_FIGURES}
+        if record.teardown is not None and self.latency is not None:
+            out[PREFIX + "detection_s"] = round(record.teardown + self.latency[0] * 1e-6, 4)
         recovery_gen, regrow_gen, replacement = record.recovery_gen, record.regrow_gen, record.replacement
         gen = self.gens.get(recovery_gen) if recovery_gen is not None else None
         if gen is None or not gen.measured or wall["settle_s"] is None:

@@ -53,7 +53,8 @@ CONTROL_KINDS: dict[str, Kind] = {
     "step": Kind(RANK, ("step", "gen"), "a step was committed (generation rank 0 adds its figures); ``slow``: the "
                  "factor a slow rank ran it at", ("cpu", "sent", "msgs", "slow", *_STEP_FIGURES)),
     "fault": Kind(RANK, ("kind", "step", "t"), "a planned kill/hang/stall is about to fire in this rank "
-                  "(preempt: its notice; the rank goes on)", ("random",)),
+                  "(preempt: its notice; the rank goes on); ``process_cpu``: its process's CPU seconds, every "
+                  "thread (what it spends after, to its end, is its teardown)", ("random", "process_cpu")),
     "flip": Kind(RANK, ("step", "target", "tensor", "index", "bit", "old", "new", "planned", "t"),
                  "a bit flip was injected"),
     "detected": Kind(RANK, ("step", "detector", "detail", "action", "to_step"),
@@ -107,7 +108,8 @@ TEMPLATE_KINDS: dict[str, Kind] = {
                   ("prefix", "executable", "workbench", "code")),
     "forked": Kind(TEMPLATE_PROCESS, ("token", "pid"), "the rank asked for by ``token`` runs"),
     "fork_failed": Kind(TEMPLATE_PROCESS, ("token", "message"), "the fork asked for by ``token`` failed"),
-    "exit": Kind(TEMPLATE_PROCESS, ("pid", "code"), "a forked rank ended (``code`` as ``Popen.returncode``)"),
+    "exit": Kind(TEMPLATE_PROCESS, ("pid", "code"), "a forked rank ended (``code`` as ``Popen.returncode``); "
+                 "``cpu_s``: the CPU seconds its process spent in all, from its reaped usage", ("cpu_s",)),
     "usage_answer": Kind(TEMPLATE_PROCESS, ("token", "cpu_s"), "the answer to ``usage``"),
 }
 

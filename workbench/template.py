@@ -40,6 +40,7 @@ class ForkedProcess:
         self.template = template
         self.pid = pid
         self.returncode: int | None = None
+        self.cpu_s: float | None = None  # the CPU seconds it spent in all, once reaped
         self._ended = threading.Event()
 
     def poll(self) -> int | None:
@@ -57,8 +58,9 @@ class ForkedProcess:
             kill_session(self.pid)
         self.template.request(TEMPLATE.message("kill", pid=self.pid))
 
-    def _end(self, code: int) -> None:
+    def _end(self, code: int, cpu_s: float | None = None) -> None:
         if self.returncode is None:
+            self.cpu_s = cpu_s  # before the code: whoever sees it ended finds its CPU too
             self.returncode = code
         self._ended.set()
 
@@ -149,7 +151,7 @@ class Template:
             with self._lock:
                 child = self._children.pop(message["pid"], None)
             if child is not None:
-                child._end(message["code"])
+                child._end(message["code"], message.get("cpu_s"))
 
     def _fail(self, reason: str) -> None:
         with self._lock:

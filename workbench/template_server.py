@@ -197,7 +197,8 @@ class Server:
             owner = self.owners.pop(pid, None)
             if owner is not None:
                 owner.children.discard(pid)
-            self.send(TEMPLATE.message("exit", pid=pid, code=os.waitstatus_to_exitcode(status)), owner)
+            self.send(TEMPLATE.message("exit", pid=pid, code=os.waitstatus_to_exitcode(status),
+                                       cpu_s=usage.ru_utime + usage.ru_stime), owner)
 
     def fork(self, request: dict[str, Any], client: _Client | None) -> None:
         parent = os.getpid()

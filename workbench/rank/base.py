@@ -98,7 +98,8 @@ class BaseTrainer(Scaled):
             # on how fast the disk was (live kills land wherever they land, inside writes included)
             self._writer.join()
         self.channel.send(protocol.message("fault", kind=fault.kind, step=self.inflight.step, t=time.time(),
-                                           random=self.inflight.step in self.random_steps))
+                                           random=self.inflight.step in self.random_steps,
+                                           process_cpu=time.process_time()))
         if fault.kind == "stall":
             # the training thread blocks for good while the heartbeat goes on: the supervisor's progress watchdog
             # kills this process (and a rank whose supervisor is gone exits with its connection)

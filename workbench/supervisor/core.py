@@ -231,7 +231,7 @@ class Supervisor(Commands, SlowRanks):
                 w = self.launcher.workers[d.id]
                 fault = w.fault or {}
                 self.recorder.lost(d, fault.get("step", w.steps_done), fault.get("t", time.time()),
-                                   peer=self.peer is not None)
+                                   peer=self.peer is not None, teardown=clock.teardown_s(w.proc, fault))
             elif isinstance(d, Generation):
                 self._announce(d)
             elif isinstance(d, Note):

@@ -42,6 +42,7 @@ class Failure:
     regrow_gen: int | None = None  # the generation it joined
     steps_redone: int = 0
     samples_lost: int = 0
+    teardown: float | None = None  # CPU s the dead rank spent from its fault message to its end (clock.teardown_s)
     bytes_moved: int = 0  # state received by members in the recovery generation and by the replacement
     peer_seen: bool = False  # a peer's own detection (torchft quorum, torchrun restart) replaced detect_time
     discarded: set[int] = field(default_factory=set)  # torchft: steps the survivors did not commit
@@ -99,13 +100,14 @@ class Recorder:
             self.on_event("event", event)
 
     # -- membership -------------------------------------------------------------------------------------------
-    def lost(self, decision: Lost, step: int, fault_time: float, peer: bool) -> Failure:
-        """A member failed: open its failure record (``peer``: the peer's own detection will be the one)."""
+    def lost(self, decision: Lost, step: int, fault_time: float, peer: bool, teardown: float | None = None) -> Failure:
+        """A member failed: open its failure record (``peer``: the peer's own detection will be the one;
+        ``teardown``: :func:`workbench.clock.teardown_s`)."""
         batch, size = self.config.batch_size if self.scale is None else self.scale.global_batch(step), decision.size
         share = batch // size + (1 if decision.position < batch % size else 0)
         failure = Failure(decision.label, step, decision.cause, fault_time, None if peer else time.time(),
                           committed=self.committed, lost_share=share, world_size_after=decision.world_size_after,
-                          replacement=decision.replacement)
+                          replacement=decision.replacement, teardown=None if peer else teardown)
         self.failures.append(failure)
         self.event("failure", step, f"rank {decision.label} {decision.cause}", rank=decision.label)
         self.peer_mark()  # the survivors may have reported their detection before the supervisor saw the death
@@ -147,8 +149,8 @@ class Recorder:
     def joined(self, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
         calling = [f for f in self.failures if f.recovery_gen == m["gen"]]
         if self.metrics:  # a generation change while training: its rank-time (the first one precedes training)
-            self.rank_time.on_joined(spawn_id, m, max((f.detection for f in calling), default=0.0),
-                                     min((f.fault_time for f in calling), default=None))
+            wait, hop = clock.detection(calling)
+            self.rank_time.on_joined(spawn_id, m, wait, min((f.fault_time for f in calling), default=None), hop)
         else:
             self.rank_time.last[spawn_id] = m.get("cpu", 0.0)
         for failure in self.failures:
