@@ -71,11 +71,10 @@ def wake_us(cores: tuple[int, int], rounds: int = 2000) -> list[float]:
 
 
 def host_speed_us(core: int) -> float:
-    """The speed probe's fixed work on one core, now (us; :func:`workbench.rank.speed.calibrate`)."""
-    done = subprocess.run([sys.executable, "-m", "workbench.rank.speed", "200"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, stdin=subprocess.DEVNULL,
-                          preexec_fn=lambda: os.sched_setaffinity(0, {core}))
-    return float(done.stdout.split()[-1])
+    """The speed probe's fixed work on one core, now (us; :func:`workbench.machine.measure_probe`)."""
+    from workbench import machine
+
+    return machine.measure_probe(core, rounds=200)
 
 
 def runs_for(steps: int, strategies: tuple[str, ...]) -> list[dict]:

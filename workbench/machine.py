@@ -76,7 +76,7 @@ def probe_us() -> tuple[float, str]:
     """(µs, where it came from) of the rank clock's speed probe (:mod:`workbench.rank.speed`) at this machine's
     reference speed: ``$WORKBENCH_PROBE_US``, else measured once per machine (the lower quartile of 300 probes in a
     started process pinned to one core). RuntimeError (one line) where the probe cannot run."""
-    return _speed("probe_us", PROBE_VAR, _measure_probe)
+    return _speed("probe_us", PROBE_VAR, measure_probe)
 
 
 def given(variable: str) -> float:
@@ -214,12 +214,15 @@ def _measure_latency(rounds: int = 200) -> float:
                     proc.wait()
 
 
-def _measure_probe() -> float:
+def measure_probe(core: int | None = None, rounds: int = 300) -> float:
+    """The speed probe's microseconds now, in a process of its own pinned to ``core`` (default: this process's last
+    core); RuntimeError where it cannot be measured."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    pin = (lambda: os.sched_setaffinity(0, {cores[-1]})) if cores else None
+    core = cores[-1] if core is None and cores else core
+    pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
     try:
-        done = subprocess.run([sys.executable, "-m", "workbench.rank.speed"], capture_output=True, text=True,
-                              timeout=120, preexec_fn=pin, stdin=subprocess.DEVNULL,
+        done = subprocess.run([sys.executable, "-m", "workbench.rank.speed", str(rounds)], capture_output=True,
+                              text=True, timeout=120, preexec_fn=pin, stdin=subprocess.DEVNULL,
                               cwd=Path(__file__).resolve().parents[1])
         return float(done.stdout.split()[-1])
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -99,8 +100,8 @@ def scratch() -> tempfile.TemporaryDirectory:
             info = stale.lstat()
         except OSError:
             continue
-        if (pid.isdigit() and rest.startswith(f"{host}-") and info.st_uid == uid and stale.is_dir()
-                and not stale.is_symlink() and not _alive(int(pid))):
+        if (pid.isdigit() and rest.startswith(f"{host}-") and info.st_uid == uid and stat.S_ISDIR(info.st_mode)
+                and not _alive(int(pid))):  # lstat: a link to a directory is not one
             shutil.rmtree(stale, ignore_errors=True)
     return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-{host}-")
 
