@@ -348,3 +348,44 @@ def test_float_datasets_index_through_train_batch(spec):
     assert torch.equal(x, data.x_train[indices]) and torch.equal(y, data.y_train[indices])
     assert y.dtype == torch.int64 and data.x_test.dtype == torch.float32
     assert data.num_classes == (3 if spec.startswith("user") else 10)
+
+
+# -- built-in datasets read their bundled files, never a silent rebuild ------------------------------------------
+def test_each_bundled_dataset_file_exists_in_the_repository():
+    from workbench.workloads.dataset_files import BUNDLED_FILES, DATA_DIR
+
+    assert DATA_DIR.name == "data" and (DATA_DIR.parent / "pyproject.toml").is_file(), DATA_DIR
+    for name, path in BUNDLED_FILES.items():
+        assert path.is_file(), f"{name}: {path} is missing"
+
+
+def test_digits_is_read_from_its_bundled_file_and_never_imports_scikit_learn(monkeypatch):
+    """The file read is the one shipped: its arrays are what the dataset holds, and scikit-learn is not imported
+    (a subprocess: this test process may have imported it already)."""
+    import subprocess
+    import sys
+
+    from workbench.workloads.dataset_files import BUNDLED_FILES
+
+    with np.load(BUNDLED_FILES["digits"]) as f:
+        images, target = f["images"], f["target"]
+    data = load("digits")
+    assert len(data.y_train) + len(data.y_test) == len(target) == 1797
+    x_all = torch.cat([data.x_train, data.x_test]).reshape(len(target), -1)
+    expected = torch.as_tensor(images.astype(np.float32) / 8.0 - 1.0)
+    assert torch.equal(x_all.sort(0).values, expected.sort(0).values)  # the same samples, whatever the split
+    code = ("import sys; from workbench import RunConfig; from workbench.workloads.data import load_dataset; "
+            "load_dataset(RunConfig(dataset='digits')); "
+            "print(sorted(m for m in sys.modules if m.startswith('sklearn')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_missing_bundled_file_is_an_error_before_any_process(monkeypatch, tmp_path):
+    from workbench.workloads import dataset_files
+
+    monkeypatch.setitem(dataset_files.BUNDLED_FILES, "digits", tmp_path / "digits.npz")
+    with pytest.raises(ConfigError, match="bundled file .*digits.npz, which is missing"):
+        RunConfig(dataset="digits")
+    with pytest.raises(ConfigError, match="which is missing"):
+        dataset_files.bundled_file("digits")

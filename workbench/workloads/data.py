@@ -9,18 +9,15 @@ regains ranks walks the same data in the same order, and a restart at step ``s``
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from workbench.config import RunConfig, resolve_callable
 from workbench.errors import ConfigError
-from workbench.workloads.dataset_files import is_file_dataset
+from workbench.workloads.dataset_files import bundled_file, is_file_dataset
 from workbench.workloads.datasets import Dataset, load_file_dataset, synthetic_image
 
 _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
-DIGITS_FILE = Path(__file__).resolve().parent.parent / "data" / "digits.npz"
 
 
 def load_dataset(config: RunConfig) -> Dataset:
@@ -53,17 +50,12 @@ def digits() -> Dataset:
     Zero-centred on purpose: in [0, 1] the always-blank border pixels are 0, so the weights reading them never
     act and a bit flip there is masked by construction; at -1 every first-layer weight contributes.
 
-    Read from ``data/digits.npz`` (the same arrays, saved so a rank need not import scikit-learn: ~2 s of
-    start-up per rank on a 2-core machine); from scikit-learn when the file is absent.
+    Read from the repository's ``data/digits.npz`` (the same arrays, saved so a rank need not import
+    scikit-learn: ~2.4 s of CPU per rank start). A missing file is an error, never a silent fall back to
+    scikit-learn: that path once made every rank start 16x slower for three issues (docs/benchmarks.md).
     """
-    if DIGITS_FILE.is_file():
-        with np.load(DIGITS_FILE) as f:
-            images, target = f["images"], f["target"]
-    else:
-        from sklearn.datasets import load_digits
-
-        bunch = load_digits()
-        images, target = bunch.data, bunch.target
+    with np.load(bundled_file("digits")) as f:
+        images, target = f["images"], f["target"]
     x = (images.astype(np.float32) / 8.0 - 1.0).reshape(-1, 1, 8, 8)
     y = target.astype(np.int64)
     rng = np.random.default_rng(_SPLIT_SEED)

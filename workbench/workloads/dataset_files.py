@@ -12,6 +12,8 @@ from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.errors import ConfigError
 
 DATASETS = ("digits", "synthetic", "synthetic_image")  # built in; re-exported by workbench.config
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder
+BUNDLED_FILES = {"digits": DATA_DIR / "digits.npz"}  # built-in datasets read from a file shipped with the repository
 AUGMENTS = ("none", "crop_flip")
 FILE_DATASETS = ("cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")  # each named PREFIX:DIR
 DATASET_FORMS = tuple(f"{name}:DIR" for name in FILE_DATASETS)
@@ -44,6 +46,8 @@ def check_dataset(spec: object, augment: object = "none", synthetic_size: object
         spec = check_files(str(spec))
     elif isinstance(spec, str) and spec not in DATASETS and IMPORT_PATH.match(spec):
         resolve_callable("dataset", spec)
+    elif spec in BUNDLED_FILES:
+        bundled_file(str(spec))
     elif spec not in DATASETS:
         raise ConfigError("dataset", f"{spec!r} is not known: allowed {', '.join(DATASETS + DATASET_FORMS)} or an "
                           "import path 'package.module:callable'")
@@ -55,6 +59,17 @@ def check_dataset(spec: object, augment: object = "none", synthetic_size: object
         raise ConfigError("augment", f"{augment!r} crops and flips images; {spec!r} is 8x8 (a 4-pixel shift loses "
                           "half of it): use it with synthetic_image or a dataset on disk")
     return str(spec)
+
+
+def bundled_file(name: str) -> Path:
+    """The file a built-in dataset is read from. Missing, it is an error, never a silent fall back to rebuilding
+    it (digits from scikit-learn costs each rank ~2.4 s of CPU at start: docs/benchmarks.md, "No silent slow
+    path")."""
+    path = BUNDLED_FILES[name]
+    if not path.is_file():
+        raise ConfigError("dataset", f"{name!r} reads its bundled file {path}, which is missing: restore it from the "
+                                     f"repository (git checkout -- data/{path.name})")
+    return path
 
 
 def check_files(spec: str) -> str:
