@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: setup setup-dev setup-browser demo reproduce test test-slow test-all lint lab bench docs clean
+.PHONY: setup setup-dev setup-browser demo reproduce test test-slow test-all lint lab bench bench-gate docs clean
 
 setup: $(STAMP)
 
@@ -109,6 +109,12 @@ lab: setup
 bench: setup-dev
 	$(PY) benchmarks/bench_overhead.py
 	$(PY) benchmarks/bench_sweep.py
+
+# The speed gate (benchmarks/gate.py): the headline figures, each against a reference measured in the same run and
+# within its budget; one JSON line per figure, appended to benchmarks/results/gate_history.jsonl; exit 1 on a miss.
+# `.ci/run` runs it (<= 5 min on 2 cores). `$(PY) benchmarks/gate.py --table` writes the newest into the docs.
+bench-gate: setup-dev
+	$(PY) benchmarks/gate.py
 
 # The documentation site (mkdocs-material; mkdocs.yml says why) into site/: offline, strict (a broken link or anchor
 # fails the build). NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner, which is not a build warning.

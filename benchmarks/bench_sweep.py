@@ -31,8 +31,8 @@ NOTEBOOK = ROOT / "notebooks" / "permanent_faults.ipynb"
 GRID = {"strategy": ["shrink", "rollback", "forward", "reinit"], "seed": [0, 1]}
 
 
-def points(fixed: dict[str, object]) -> list[dict[str, object]]:
-    return [{"strategy": s, "seed": seed, **fixed} for s in GRID["strategy"] for seed in GRID["seed"]]
+def points(fixed: dict[str, object], grid: dict[str, list] = GRID) -> list[dict[str, object]]:
+    return [{"strategy": s, "seed": seed, **fixed} for s in grid["strategy"] for seed in grid["seed"]]
 
 
 def children_cpu() -> float:
@@ -61,29 +61,31 @@ def reap_orphans(timeout: float = 10.0) -> None:
             time.sleep(0.05)
 
 
-def papermill_loop(work: Path, fixed: dict[str, object]) -> float:
+def papermill_loop(work: Path, fixed: dict[str, object], grid: dict[str, list] = GRID) -> float:
     exe = Path(sys.executable).parent / "papermill"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "papermill"]
     t0 = time.perf_counter()
-    for i, point in enumerate(points(fixed)):
+    for i, point in enumerate(points(fixed, grid)):
         out = work / f"{i:02d}"
         out.mkdir(parents=True)
         args = [a for k, v in {**point, "out": str(out)}.items() for a in ("-p", k, str(v))]
         subprocess.run([*base, str(NOTEBOOK), str(out / NOTEBOOK.name), *args, "--no-progress-bar"], check=True,
                        capture_output=True)
     elapsed = time.perf_counter() - t0
-    assert len(list(work.glob("*/result.h5"))) == 8, "the papermill loop did not produce 8 results"
+    n = len(points(fixed, grid))
+    assert len(list(work.glob("*/result.h5"))) == n, f"the papermill loop did not produce {n} results"
     return elapsed
 
 
-def workbench_sweep(work: Path, fixed: dict[str, object], jobs: int | None) -> float:
-    args = ["-p", "strategy", *GRID["strategy"], "-p", "seed", *map(str, GRID["seed"])]
+def workbench_sweep(work: Path, fixed: dict[str, object], jobs: int | None, grid: dict[str, list] = GRID) -> float:
+    args = ["-p", "strategy", *grid["strategy"], "-p", "seed", *map(str, grid["seed"])]
     args += [a for k, v in fixed.items() for a in ("-p", k, str(v))]
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "workbench", "sweep", str(NOTEBOOK), *args, "--out", str(work),
                     "--no-progress", *(["--jobs", str(jobs)] if jobs else [])], check=True, capture_output=True)
     elapsed = time.perf_counter() - t0
-    assert len(list(work.glob("*/result.h5"))) == 8, "the sweep did not produce 8 results"
+    n = len(points(fixed, grid))
+    assert len(list(work.glob("*/result.h5"))) == n, f"the sweep did not produce {n} results"
     return elapsed
 
 

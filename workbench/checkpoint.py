@@ -15,14 +15,16 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from workbench.errors import WorkbenchError
 from workbench.h5files import CHECKPOINT, FORMATS, FileKindError, reason, require
 from workbench.h5write import write_hdf5
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the supervising process reads checkpoints'
+    import torch  # steps and checksums without it (its import costs ~1.1 s of every CLI run)
 
 FORMAT = FORMATS[CHECKPOINT]
 RULE_ATTRIBUTE = "resize_rule"  # workbench.resize_rule.ATTRIBUTE
@@ -84,6 +86,8 @@ def save(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
 
 
 def _write(f: Any, name: str, value: Any) -> None:
+    import torch
+
     array = value.detach().cpu().numpy() if torch.is_tensor(value) else np.asarray(value)
     dataset = f.create_dataset(name, data=array)
     dataset.attrs["sha256"] = checksum(array)
@@ -138,6 +142,7 @@ def load(path: str | os.PathLike, check: bool = True) -> Checkpoint:
     """Read a checkpoint; with ``check`` a checksum mismatch raises :class:`CheckpointCorrupt`; a file that is no
     checkpoint raises :class:`~workbench.h5files.FileKindError`."""
     import h5py
+    import torch
 
     if check:
         bad = verify(path)

@@ -1,0 +1,129 @@
+"""No silent slow path: what a run's processes import at start, and the speed gate failing on a planted regression.
+
+A rank that imported scikit-learn (the digits file not found) started 2.4 s slower for three issues, and the
+supervising process importing torch (through the checkpoint module) cost every CLI run ~1.1 s; neither said so.
+These tests hold the imports; benchmarks/gate.py holds the speed (docs/benchmarks.md, "The speed gate").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn'))"
+
+
+def run_python(code: str, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_the_supervising_process_imports_neither_torch_nor_scikit_learn(tmp_path):
+    """workbench.run and the CLI, through a kill and a checkpoint_restart (checkpoints written, verified, resumed)."""
+    out = run_python(f"""
+        import sys, workbench
+        r = workbench.run(world_size=2, steps=6, strategy="checkpoint_restart", checkpoint_every=2,
+                          faults=["kill:rank=1,step=3"], out={str(tmp_path / "api")!r})
+        assert r.completed and len(r.failures) == 1, r.summary
+        print({HEAVY})
+        """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    out = run_python(f"""
+        import atexit, sys
+        atexit.register(lambda: print({HEAVY}))
+        from workbench.cli import main
+        main(["run", "--world-size", "2", "--steps", "4", "--strategy", "checkpoint_restart", "--checkpoint-every",
+              "2", "--out", {str(tmp_path / "cli")!r}])
+        """)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_a_forked_rank_and_its_replacement_import_no_scikit_learn(tmp_path, monkeypatch):
+    import workbench
+
+    probe = tmp_path / "modules"
+    monkeypatch.setenv("WORKBENCH_TEST_PROBE", str(probe))
+    result = workbench.run(world_size=2, steps=300, model="user_code:probing_model", strategy="shrink", regrow=True,
+                           warm_spares=0, faults=["kill:rank=1,step=3"])
+    assert result.completed and result.summary["world_size_final"] == 2, result.summary
+    written = sorted(tmp_path.glob("modules.*"))
+    assert len(written) >= 3, written  # two ranks and the replacement
+    for path in written:
+        assert path.read_text() == "", f"rank {path.suffix[1:]} imported {path.read_text().split()}"
+
+
+PLANT = '''\
+"""Planted by tests/test_slow_paths.py: a regression the speed gate must catch, in every process that starts."""
+import importlib.abc, importlib.machinery, os, sys, time
+
+KIND = os.environ["WORKBENCH_PLANT"]
+TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.template_server"}[KIND]
+
+
+def plant(module):
+    if KIND == "sklearn":  # a rank start that imports scikit-learn
+        main = module.main
+
+        def slow_main(argv):
+            import sklearn.datasets  # noqa: F401
+            return main(argv)
+
+        module.main = slow_main
+    else:  # a delay in the fork path
+        fork = module.Server.fork
+
+        def slow_fork(self, request, client):
+            time.sleep(0.5)
+            return fork(self, request, client)
+
+        module.Server.fork = slow_fork
+
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            plant(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, Finder())
+'''
+
+
+def gate(tmp_path: Path, plant: str, figures: str) -> list[dict]:
+    (tmp_path / "sitecustomize.py").write_text(PLANT)
+    env = {**os.environ, "WORKBENCH_PLANT": plant,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gate.py"), "--only", figures, "--no-history"],
+                         capture_output=True, text=True, timeout=280, env=env, cwd=ROOT)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"figure"')]
+    assert out.returncode == 1, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert "gate: " in out.stderr and "figures within budget" in out.stderr
+    return rows
+
+
+def test_the_gate_fails_on_a_rank_start_that_imports_scikit_learn(tmp_path):
+    rows = {row["figure"]: row for row in gate(tmp_path, "sklearn", "second_run,regrow_join")}
+    assert rows["second_run"]["verdict"] == "miss", rows["second_run"]
+    assert rows["regrow_join"]["verdict"] == "miss", rows["regrow_join"]
+
+
+def test_the_gate_fails_on_a_delay_in_the_fork_path(tmp_path):
+    rows = {row["figure"]: row for row in gate(tmp_path, "fork_delay", "second_run,restart_resume")}
+    assert rows["second_run"]["verdict"] == "miss", rows["second_run"]
+    assert rows["restart_resume"]["verdict"] == "miss", rows["restart_resume"]
