@@ -127,3 +127,20 @@ def test_the_gate_fails_on_a_delay_in_the_fork_path(tmp_path):
     rows = {row["figure"]: row for row in gate(tmp_path, "fork_delay", "second_run,restart_resume")}
     assert rows["second_run"]["verdict"] == "miss", rows["second_run"]
     assert rows["restart_resume"]["verdict"] == "miss", rows["restart_resume"]
+
+
+def test_the_docs_gate_table_is_the_newest_run_in_the_history():
+    """docs/benchmarks.md's gate table is generated from benchmarks/results/gate_history.jsonl, never by hand."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate", ROOT / "benchmarks" / "gate.py")
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    between = docs.split(gate.BEGIN, 1)[1].split(gate.END, 1)[0].strip()
+    assert gate.HISTORY.is_file(), "no gate run recorded: run make bench-gate, then benchmarks/gate.py --table"
+    assert between == gate.table(gate.HISTORY), "docs/benchmarks.md's gate table is stale: run gate.py --table"
+    rows = [json.loads(line) for line in gate.HISTORY.read_text().splitlines() if line.strip()]
+    assert {f.name for f in gate.FIGURES} <= {row["figure"] for row in rows}, "a figure was never recorded"
+    for row in rows:
+        assert {"date", "commit", "machine", "value", "reference", "ratio", "budget", "verdict"} <= set(row), row
