@@ -1,4 +1,4 @@
-"""Render the JSON line of bench_recovery.py as the README's markdown table: python benchmarks/table.py FILE..."""
+"""Render bench_recovery.py's JSON lines as a markdown table (docs/benchmarks.md): python benchmarks/table.py FILE..."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, options in run_flags():  # one per RunConfig field with a flag: workbench/config_fields.py
         run.add_argument(flag, **options)
     run.add_argument("--hosts-file", type=Path, help="one line per host: ADDRESS SLOTS [LAUNCH ...]; the first is "
-                     "this machine (README: Runs beyond one machine)")
+                     "this machine (docs/sweeps-and-clusters.md: Runs beyond one machine)")
     run.add_argument("--slurm", nargs="?", const=0, type=int, metavar="N", help="inside a Slurm allocation: N "
                      "ranks (default one per task) on its nodes, this node's forked here, the others' started "
                      "through srun (docs/sweeps-and-clusters.md)")
@@ -140,7 +140,7 @@ def _add_sweep_parsers(sub: Any) -> None:
                        "list of mappings (points); combined with every -p point")
     sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
     sweep.add_argument("--emit", choices=["slurm"], help="run nothing; write DIR/sweep.slurm, a Slurm job array "
-                       "with one task per point (sbatch it; README: Sweeps beyond one machine)")
+                       "with one task per point (sbatch it; docs/sweeps-and-clusters.md)")
     sweep.add_argument("--executor", choices=["local", "slurm"], default="local", help="local: worker processes "
                        "here (default); slurm: submit the incomplete points as a job array (sbatch), wait, then "
                        "write the table and DIR/report.html; Ctrl-C cancels the array")

@@ -72,7 +72,7 @@ class BaseTrainer(Scaled):
         self._writer: staging.Writer | None = None  # the checkpoint writer thread, from the first checkpoint on
         self._staged: staging.Staged | None = None  # a checkpoint's copy under way (see _write_checkpoint)
         self._staging_cache: dict[str, torch.Tensor] = {}  # the writer's copy buffers, kept between checkpoints
-        self.traffic = (0, 0)  # messages and bytes this rank sent in the last step (counted, see README)
+        self.traffic = (0, 0)  # messages and bytes this rank sent in the last step (docs/parallel-modes.md, Traffic)
 
     def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
         faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
