@@ -1,5 +1,20 @@
+from pathlib import Path
+
 import leaks
 import pytest
+from ci_guard import in_ci
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+# Hypothesis: under CI the examples are derandomized (drawn from a hash of each test: every CI run tries the same
+# ones, so a failure found there repeats on every run and on a developer's machine with CI=true). Hypothesis refuses
+# a database with derandomize=True (the same examples every time make it redundant), so the examples database is
+# the developers': one directory in the repository, .hypothesis/ (git-ignored), named here since pytest runs with
+# -p no:cacheprovider; a failing example found by a random run is replayed first on the next.
+HYPOTHESIS_DB = DirectoryBasedExampleDatabase(Path(__file__).resolve().parent.parent / ".hypothesis" / "examples")
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("dev", database=HYPOTHESIS_DB)
+settings.load_profile("ci" if in_ci() else "dev")
 
 # Every process this session starts inherits the tag, so another user's suite on the same machine is not ours.
 TAG = leaks.tag_this_process()

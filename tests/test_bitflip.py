@@ -28,14 +28,43 @@ def test_fields_of_every_float_type(dtype, sign, exponent, mantissa):
     assert field_bits(dtype, "exponent") == list(exponent) and field_bits(dtype, "mantissa") == list(mantissa)
 
 
-def test_torch_tensors_flip_in_place_all_widths():
-    for dtype in (torch.float64, torch.float16, torch.bfloat16, torch.int32):
+# 1 with its bit 0 (bit 1 for the integer) flipped, exactly: 1 + one unit in the last place of each float type
+ONE_FLIPPED = [(torch.float64, 0, 1 + 2.0**-52), (torch.float16, 0, 1 + 2.0**-10), (torch.bfloat16, 0, 1 + 2.0**-7),
+               (torch.int32, 1, 3)]
+_INT_VIEW = {torch.float64: torch.int64, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+             torch.int32: torch.int32}
+
+
+def check_flips_of_one(flip_fn) -> None:
+    """``flip_fn`` (:func:`flip`'s signature) flips exactly the bit it names of exactly the element it names, in
+    place: the value is the exact IEEE one and the raw words differ from 1's by that bit alone."""
+    for dtype, bit, expected in ONE_FLIPPED:
         t = torch.ones(3, dtype=dtype)
-        flip(t, 1, 1 if dtype == torch.int32 else 0)
-        assert t[1] != 1 and t[0] == 1 and t[2] == 1
+        record = flip_fn(t, 1, bit)
+        assert t[1].item() == expected and t[0].item() == 1 and t[2].item() == 1, (dtype, t)
+        words = t.view(_INT_VIEW[dtype]).tolist()
+        one = torch.ones(1, dtype=dtype).view(_INT_VIEW[dtype]).item()
+        assert words == [one, one ^ (1 << bit), one], (dtype, words)
+        assert record.old == 1 and record.new == expected and record.index == 1
     h = torch.tensor([1.0], dtype=torch.float16)
-    flip(h, 0, 14)
+    flip_fn(h, 0, 14)
     assert torch.isinf(h).item()  # float16 exponent all ones
+
+
+def test_torch_tensors_flip_in_place_all_widths():
+    check_flips_of_one(flip)
+
+
+def test_a_flip_of_the_neighbouring_bit_is_caught(monkeypatch):
+    """The planted break for the check above: a flip that lands one bit too high still changes the value (the
+    old check, ``t[1] != 1``, passed it); the exact values and words do not."""
+    from workbench.faults import bitflip
+
+    real = bitflip.apply_masks
+    monkeypatch.setattr(bitflip, "apply_masks", lambda x, indices, masks, target="": real(
+        x, indices, [m << 1 for m in masks], target))
+    with pytest.raises(AssertionError):
+        check_flips_of_one(bitflip.flip)
 
 
 @pytest.mark.parametrize("call,needle", [

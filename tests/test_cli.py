@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import pytest
@@ -13,6 +14,17 @@ import workbench
 def cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300)
+
+
+SUBREAPER = str(Path(__file__).with_name("subreaper.py"))
+
+
+def under_subreaper(*argv: str) -> dict:
+    """Run ``argv`` below a subreaper (tests/subreaper.py): a process it orphans comes back to the subreaper, so
+    ``left`` lists what it left behind after it exited (then killed), whatever its parent had been."""
+    proc = subprocess.run([sys.executable, SUBREAPER, *argv], capture_output=True, text=True, timeout=330)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -44,13 +56,25 @@ def test_run_json_summary_and_result_file(tmp_path):
 
 
 def test_failed_run_exits_1_and_leaves_nothing(tmp_path):
-    proc = cli("run", "--world-size", "3", "--steps", "300", "--fault", "kill:rank=2,step=30", "--json",
-               "--out", str(tmp_path))
-    assert proc.returncode == 1
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = under_subreaper(sys.executable, "-m", "workbench", "run", "--world-size", "3", "--steps", "300",
+                           "--fault", "kill:rank=2,step=30", "--json", "--out", str(tmp_path))
+    assert proc["rc"] == 1
+    summary = json.loads(proc["stdout"].strip().splitlines()[-1])
     assert summary["outcome"] == "failed" and "rank 2" in summary["reason"]
     assert summary["failures"][0]["rank"] == 2
-    assert rank_processes(parent=os.getpid()) == []  # the CLI's ranks were its children; it has exited
+    # whatever the CLI orphaned (ranks, its template) was re-parented to the subreaper: nothing was
+    assert proc["left"] == []
+
+
+def test_the_orphan_check_finds_what_an_exited_command_left_behind():
+    """The planted break for the check above: a command that starts a rank-like process and exits without it.
+    Once the command is gone its orphan is no longer below this process (the old check looked there and found
+    nothing); below the subreaper it is found, then killed."""
+    orphaning = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', "
+                 "'workbench.rank'])")
+    proc = under_subreaper(sys.executable, "-c", orphaning)
+    assert proc["rc"] == 0 and len(proc["left"]) == 1 and "workbench.rank" in proc["left"][0], proc
+    assert rank_processes(parent=os.getpid()) == []  # what the old check saw: nothing
 
 
 def test_config_file_with_flag_override(tmp_path):

@@ -696,7 +696,7 @@ ACTIONS = {  # what each action picks from: a member, a starting process, a repl
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # profile's db
 @given(world=st.integers(1, 6), spares=st.integers(0, 2), warm_up=st.sampled_from([True, True, False]),
        actions=st.lists(st.tuples(st.sampled_from(sorted(ACTIONS)), st.integers(0, 1000)), max_size=40))
 def test_generated_sequences_keep_the_invariants(name, world, spares, warm_up, actions):

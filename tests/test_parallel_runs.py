@@ -97,29 +97,48 @@ def test_hybrid_losing_a_stage_s_last_replica_ends_with_the_reason(tmp_path):
     assert "the last replica of pipeline stage 1" in result.summary["reason"]
 
 
-def test_hybrid_reinit_restores_the_world(tmp_path):
+def test_hybrid_reinit_restores_the_world(hybrid_golden, tmp_path):
     result = completed(tmp_path, world_size=4, parallelism="hybrid", pipeline_stages=2, strategy="reinit",
                        checkpoint_every=20, faults=["kill:rank=1,step=30"])
     assert result.summary["world_size_final"] == 4 and result.failures[0]["steps_redone"] == 10
+    assert [r["step"] for r in result.metrics] == [*range(30), *range(20, STEPS)]
+    # the snapshot's parameters, the same data and world: the redone steps end where the no-fault run ends
+    assert max_diff(final_weights(result), final_weights(hybrid_golden)) == 0.0
 
 
 # -- gossip ------------------------------------------------------------------------------------------------------
 
-def test_gossip_shrink_goes_on_with_three_and_says_how(tmp_path):
+@pytest.fixture(scope="module")
+def gossip_golden(tmp_path_factory):
+    return {world: completed(tmp_path_factory.mktemp(f"gossip{world}"), world_size=world, parallelism="gossip")
+            for world in (2, 4)}
+
+
+def before(result, step, keys=("loss", "consensus_distance", "samples")):
+    """The figures of the first ``step`` rows (the steps before a fault at ``step``, none redone yet)."""
+    return [(r["step"], *(r[k] for k in keys)) for r in result.metrics[:step]]
+
+
+def test_gossip_shrink_goes_on_with_three_and_says_how(gossip_golden, tmp_path):
     result = completed(tmp_path, world_size=4, parallelism="gossip", strategy="shrink", faults=["kill:rank=3,step=30"])
     assert result.summary["world_size_final"] == 3
     assert any(e["kind"] == "gossip" and "3 members gossip on a 4-slot hypercube" in e["detail"]
                for e in result.events)
-    distances = [r["consensus_distance"] for r in result.metrics]
-    assert all(math.isfinite(d) and d >= 0 for d in distances)
+    # up to the kill the four replicas are the failure-free run's: the same distances, bitwise
+    assert before(result, 30) == before(gossip_golden[4], 30) and len(before(result, 30)) == 30
+    # after it, three replicas that differ by design (each trains on its own partition): finite, above zero
+    after = [r["consensus_distance"] for r in result.metrics if r["step"] >= 30]
+    assert len(after) >= STEPS - 31 and all(math.isfinite(d) and d > 0 for d in after), after
     # O(1): the exchange (2 half-messages) and the shuffle whatever the world size; an idle member only shuffles
     assert {r["messages"] for r in result.metrics} <= {1, 3}
 
 
-def test_gossip_regrow_gives_the_replacement_a_peer_s_state(tmp_path):
+def test_gossip_regrow_gives_the_replacement_a_peer_s_state(gossip_golden, tmp_path):
     result = completed(tmp_path, world_size=4, parallelism="gossip", strategy="shrink", regrow=True,
                        faults=["kill:rank=1,step=30"])
     assert result.summary["world_size_final"] == 4
+    assert before(result, 30) == before(gossip_golden[4], 30) and len(before(result, 30)) == 30
+    assert result.failures[0]["steps_redone"] == 0 and result.failures[0]["samples_lost"] == 64 // 4
     assert result.summary["final_test_accuracy"] > 0.8
     # raw buffers to the newcomer only: one replica's parameters and momentum (fp32), no pickle, no survivor
     params = sum(p.numel() for p in build_model(RunConfig(), (64,), 10).parameters())  # the digits MLP
@@ -127,7 +146,13 @@ def test_gossip_regrow_gives_the_replacement_a_peer_s_state(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["checkpoint_restart", "reinit"])
-def test_gossip_restarts(tmp_path, strategy):
+def test_gossip_restarts(gossip_golden, tmp_path, strategy):
     result = completed(tmp_path, world_size=2, parallelism="gossip", strategy=strategy, checkpoint_every=20,
                        faults=["kill:rank=1,step=30"])
     assert result.summary["world_size_final"] == 2 and result.failures[0]["steps_redone"] == 10
+    assert [r["step"] for r in result.metrics] == [*range(30), *range(20, STEPS)]
+    # up to the kill, the failure-free run bitwise; a restart then gives every member the source's replica (and
+    # a new generation's partitions), so the replicas start the redone steps equal: by design not the no-fault run
+    assert before(result, 30) == before(gossip_golden[2], 30)
+    redone = [r["consensus_distance"] for r in result.metrics][30:]
+    assert redone[0] < before(gossip_golden[2], 21)[20][2], redone[:3]  # a step after the replicas were made equal

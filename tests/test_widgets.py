@@ -1,5 +1,6 @@
 """The lab panel driven from Python, as its buttons would (the browser test drives the real page)."""
 
+import struct
 import time
 
 import pytest
@@ -20,6 +21,22 @@ def trace(lab, name):
     return next(t for t in lab.figure.data if t.name == name)
 
 
+def ieee_flip(value, bit):
+    """The float32 ``value`` with bit ``bit`` (LSB-0) flipped, computed independently of the workbench."""
+    (word,) = struct.unpack("<I", struct.pack("<f", value))
+    return struct.unpack("<f", struct.pack("<I", word ^ (1 << bit)))[0]
+
+
+def check_flip_event(lab, rank, target, tensor, index, bit):
+    """The panel's flip landed where its form named: that rank, tensor, element and bit, and the value changed
+    by exactly that bit (an IEEE float32 flip of the value the rank held)."""
+    (event,) = [e for e in lab.run.events if e["kind"] == "flip"]
+    head, values = event["detail"].split(": ")
+    old, new = (float(v) for v in values.split(" -> "))
+    assert (event["rank"], head) == (rank, f"{target} {tensor}[{index}] bit {bit}"), event
+    assert new == ieee_flip(old, bit) and new != old, event
+
+
 def test_panel_runs_kills_and_shows_it():
     lab = Lab(world_size=3, steps=100_000, strategy="shrink")
     try:
@@ -33,8 +50,10 @@ def test_panel_runs_kills_and_shows_it():
         assert not lab.rank_buttons.children[0].children[0].disabled
         lab.flip_bit.value = 23
         assert lab.flip_field.value == "fp32 exponent"
+        lab.flip_rank.value, lab.flip_index.value = 2, 3
         lab.flip_button.click()
         wait_for(lambda: len(trace(lab, "flip").x) == 1)
+        check_flip_event(lab, 2, "weight", "fc1.weight", 3, 23)
     finally:
         lab.stop_button.click()
     wait_for(lambda: lab.run.result is not None and "stopped" in lab.status.value)
@@ -134,9 +153,11 @@ def test_the_panel_offers_every_model_a_dataset_box_and_buffer_flips(tmp_path):
         lab.flip_target.value = "buffer"
         assert "bn1.running_var" in lab.flip_tensor.options and "conv1.weight" not in lab.flip_tensor.options
         lab.flip_tensor.value, lab.flip_bit.value = "bn1.running_var", 30
+        lab.flip_rank.value, lab.flip_index.value = 1, 0
         lab.flip_button.click()
         wait_for(lambda: len(trace(lab, "flip").x) == 1)
         assert "bn1.running_var" in trace(lab, "flip").hovertext[0]
+        check_flip_event(lab, 1, "buffer", "bn1.running_var", 0, 30)
     finally:
         lab.stop_button.click()
     wait_for(lambda: lab.run.result is not None)
