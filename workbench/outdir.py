@@ -9,6 +9,7 @@ checkpoints in a :func:`scratch` directory. Details: docs/internals.md.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -117,24 +118,24 @@ def _lock(out: Path) -> int:
     path = out / LOCK_FILE
     for _ in range(20):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        locked = False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ConfigError("out", f"{out} is in use by another run ({holder(out)}): wait for it to end, or give "
-                              "another directory") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError("out", f"{out} is in use by another run ({holder(out)}): wait for it to end, or "
+                                  "give another directory") from None
+            locked = True
+            if _same_file(fd, path):
+                _write_holder(fd)
+                return fd
         except BaseException:
+            if locked and _same_file(fd, path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # ours: made or taken over here, and not to be left half-written
             os.close(fd)
             raise
-        if not _same_file(fd, path):
-            os.close(fd)
-            continue
-        try:
-            _write_holder(fd)
-            return fd
-        except BaseException:
-            Claim(out, fd).release()  # locked: its file is removed with it
-            raise
+        os.close(fd)
     raise ConfigError("out", f"{out}: its lock file {LOCK_FILE} keeps being replaced")
 
 
