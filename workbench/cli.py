@@ -303,10 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     with interrupted_once(process=argv is None) as interrupts:  # run.wait() stops the run on the way out
-        try:
-            code: int | None = {"run": cmd_run, "flip": file_errors(cmd_flip), "compare": file_errors(cmd_compare),
+        commands = {"run": cmd_run, "flip": file_errors(cmd_flip), "compare": file_errors(cmd_compare),
                     "verify": file_errors(cmd_verify), "sweep": file_errors(cmd_sweep),
-                    "report": file_errors(cmd_report), "rank": cmd_rank}[args.command](args)
+                    "report": file_errors(cmd_report), "rank": cmd_rank}
+        try:
+            code: int | None = commands[args.command](args)
         except WorkbenchError as exc:
             print(f"workbench: error: {exc}", file=sys.stderr)
             code = 2
