@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "ranks (default one per task) on its nodes, this node's forked here, the others' started "
                      "through srun (docs/sweeps-and-clusters.md)")
     run.add_argument("--config", type=Path, help="YAML file of run settings (flags override it)")
-    run.add_argument("--out", type=Path, help="output directory (default runs/<timestamp>); one holding an earlier "
-                     "run is refused (exit 2) unless --overwrite")
+    run.add_argument("--out", type=_directory, help="output directory (default runs/<timestamp>), this run's alone "
+                     "while it runs: one another run holds, or one holding an earlier run, is refused (exit 2; the "
+                     "latter unless --overwrite)")
     run.add_argument("--overwrite", action="store_true", help="replace the run in --out (its result.h5, checkpoints "
                      "and logs are removed first; nothing else there)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
@@ -54,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                       "exit 2 in one line if none does, 130 on Ctrl-C or SIGTERM")
     _add_sweep_parsers(sub)
     return parser
+
+
+def _directory(text: str) -> Path:
+    """An --out: any path but an empty one (which would be the current directory, unasked)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path is not allowed: give a directory ('.' for the current one)")
+    return Path(text)
 
 
 def _config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -93,30 +101,61 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.session import Run, prepare
 
     config = prepare(config)  # every ConfigError (exit 2) before the first process, the rank template included
-    out = claim(args.out, args.overwrite) if args.out else fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"))
-    if config.spawn == "template":
-        from workbench.template import prewarm
+    # the directory is this run's until it ends (a second run on it is refused, naming this one)
+    held = claim(args.out or fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"), make=True), args.overwrite)
+    try:
+        if config.spawn == "template":
+            from workbench.template import prewarm
 
-        prewarm()  # the template imports torch while this process does: the two imports overlap
-    handle = Run(config, out=out, on_event=None if args.json else _progress, track=track)  # checked above: once
+            prewarm()  # the template imports torch while this process does: the two imports overlap
+        handle = Run(config, out=held, on_event=None if args.json else _progress, track=track)  # checked: once
+    except BaseException:
+        held.release()
+        raise
     result = handle.wait()
-    summary = result.summary
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        acc = summary["final_test_accuracy"]
-        print(f"outcome: {summary['outcome']} ({summary['reason']})")
-        print(f"steps: {summary['steps_completed']}  test accuracy: {'-' if acc is None else f'{acc:.4f}'}  "
-              f"world size: {summary['world_size_initial']} -> {summary['world_size_final']}  "
-              f"wall: {summary['wall_s']:.1f} s")
-        for f in summary["failures"]:
-            print(f"failure: rank {f['rank']} at step {f['step']} {f['cause']}; detected in {f['detection_s']:.3f} s"
-                  + (f", resumed in {f['resume_s']:.3f} s" if f["resume_s"] is not None else "")
-                  + (f", world regrown in {f['regrow_s']:.3f} s" if f.get("regrow_s") is not None else "")
-                  + f"; steps redone {f['steps_redone']}, samples lost {f['samples_lost']}, "
-                    f"world size after {f['world_size_after']}")
-        print(f"result: {summary['result_path'] or 'not written'}")
-    return 0 if result.completed else 1
+    return _say(_summary_lines(result.summary, args.json), result.summary, 0 if result.completed else 1)
+
+
+def _summary_lines(summary: dict[str, Any], as_json: bool) -> list[str]:
+    if as_json:
+        return [json.dumps(summary)]
+    acc = summary["final_test_accuracy"]
+    lines = [f"outcome: {summary['outcome']} ({summary['reason']})",
+             f"steps: {summary['steps_completed']}  test accuracy: {'-' if acc is None else f'{acc:.4f}'}  "
+             f"world size: {summary['world_size_initial']} -> {summary['world_size_final']}  "
+             f"wall: {summary['wall_s']:.1f} s"]
+    for f in summary["failures"]:
+        lines.append(f"failure: rank {f['rank']} at step {f['step']} {f['cause']}; detected in "
+                     f"{f['detection_s']:.3f} s"
+                     + (f", resumed in {f['resume_s']:.3f} s" if f["resume_s"] is not None else "")
+                     + (f", world regrown in {f['regrow_s']:.3f} s" if f.get("regrow_s") is not None else "")
+                     + f"; steps redone {f['steps_redone']}, samples lost {f['samples_lost']}, "
+                       f"world size after {f['world_size_after']}")
+    lines.append(f"result: {summary['result_path'] or 'not written'}")
+    return lines
+
+
+def _say(lines: list[str], summary: dict[str, Any], code: int) -> int:
+    """Print the run's summary; a stdout that cannot take it (a full device, a closed pipe) is one line on stderr
+    and exit 1, the result kept (stdout then goes to /dev/null, so that the exit's flush cannot fail again)."""
+    try:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+        return code
+    except OSError as exc:
+        from workbench.h5files import reason
+
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # a stdout without a descriptor (captured)
+            pass
+        kept = (f"the result is kept in {summary['result_path']}" if summary["result_path"]
+                else f"the result was not written either ({summary.get('result_error') or summary['reason']})")
+        print(f"workbench: error: cannot write the summary to stdout: {reason(exc)}; the run {summary['outcome']} "
+              f"and {kept}", file=sys.stderr)
+        return 1
 
 
 def _seconds(text: str) -> float:
@@ -138,7 +177,7 @@ def _add_sweep_parsers(sub: Any) -> None:
                        "true a bool, [1, 2] a list); repeat for the cartesian product")
     sweep.add_argument("--grid", type=Path, help="YAML file: a mapping name: [values] (cartesian product) or a "
                        "list of mappings (points); combined with every -p point")
-    sweep.add_argument("--out", type=Path, required=True, help="sweep directory (created; re-use it to resume)")
+    sweep.add_argument("--out", type=_directory, required=True, help="sweep directory (created; re-use it to resume)")
     sweep.add_argument("--emit", choices=["slurm"], help="run nothing; write DIR/sweep.slurm, a Slurm job array "
                        "with one task per point (sbatch it; docs/sweeps-and-clusters.md)")
     sweep.add_argument("--executor", choices=["local", "slurm"], default="local", help="local: worker processes "
@@ -258,19 +297,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``workbench ARGV`` (None: this process's command line, whose exit code this is: a SIGINT or SIGTERM while
+    it ends is then ignored). The first SIGINT or SIGTERM stops the run (every rank, a checkpoint being written
+    finished or removed) and makes the exit code 130, whatever comes after; more are ignored."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        with interrupted_once():  # SIGTERM too: run.wait() stops the run and kills every rank on the way out
-            return {"run": cmd_run, "flip": file_errors(cmd_flip), "compare": file_errors(cmd_compare),
+    with interrupted_once(process=argv is None) as interrupts:  # run.wait() stops the run on the way out
+        commands = {"run": cmd_run, "flip": file_errors(cmd_flip), "compare": file_errors(cmd_compare),
                     "verify": file_errors(cmd_verify), "sweep": file_errors(cmd_sweep),
-                    "report": file_errors(cmd_report), "rank": cmd_rank}[args.command](args)
-    except WorkbenchError as exc:
-        print(f"workbench: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("workbench: interrupted; all ranks stopped", file=sys.stderr)
-        return 130
+                    "report": file_errors(cmd_report), "rank": cmd_rank}
+        try:
+            code: int | None = commands[args.command](args)
+        except WorkbenchError as exc:
+            print(f"workbench: error: {exc}", file=sys.stderr)
+            code = 2
+        except KeyboardInterrupt:
+            code = None  # said below
+        if interrupts.signalled or code is None:
+            if "workbench.session" in sys.modules:  # a run started before the interrupt reached its wait()
+                sys.modules["workbench.session"].stop_all("interrupted", wait=30.0)
+            if code != 130:  # 130: the command said why itself (workbench rank)
+                print("workbench: interrupted; all ranks stopped", file=sys.stderr)
+            code = 130
+    return code
 
 
 if __name__ == "__main__":

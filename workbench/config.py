@@ -20,6 +20,7 @@ from typing import Any
 from workbench import devices, strategies
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.cluster.hosts_file import check_hosts
+from workbench.config_files import missing_checkpoint, read_settings
 from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
 from workbench.faults.slow import check_straggler_settings
@@ -157,7 +158,7 @@ class RunConfig:
         if self.checkpoint_every is not None:
             _int_in("checkpoint_every", self.checkpoint_every, 1, 10_000_000)
         if self.resume is not None and not Path(self.resume).is_file():
-            raise ConfigError("resume", f"checkpoint {self.resume!r} does not exist")
+            raise ConfigError("resume", missing_checkpoint(self.resume))
         if self.resume is not None and self.resume_verify:
             from workbench.checkpoint import verify
 
@@ -329,22 +330,9 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> RunConfig:
-        import yaml
-
-        path = Path(path)
-        try:
-            values = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError("config", f"file {str(path)!r} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
-            raise ConfigError("config", f"cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError("config", f"{str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        if values is None:
-            values = {}
-        if not isinstance(values, dict):
-            raise ConfigError("config", f"{str(path)!r} must hold a mapping of run settings")
-        return cls.from_dict(values)
+        """Build from a YAML file of settings (:func:`workbench.config_files.read_settings`: a key given twice, or
+        a file that is not a mapping, is a ConfigError)."""
+        return cls.from_dict(read_settings(path))
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

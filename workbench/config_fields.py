@@ -30,8 +30,15 @@ class Setting:
     docs: str = ""  # docs/settings.md only: Markdown after the help (links to more)
 
 
-def _int_list() -> Callable[[str], list[int]]:
-    return lambda text: [int(item) for item in text.split(",")]  # argparse: "invalid <lambda> value: 'x'"
+def _int_list(what: str, example: str) -> Callable[[str], list[int]]:
+    """A flag's comma-separated integers; anything else is one line saying what a list looks like."""
+    def int_list(text: str) -> list[int]:
+        try:
+            return [int(item) for item in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: {what}, comma-separated integers, e.g. "
+                                              f"{example}") from None
+    return int_list
 
 
 _FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | stall:rank=R,step=S | "
@@ -55,7 +62,7 @@ SETTINGS: dict[str, Setting] = {
     "momentum": Setting("momentum of sgd, in [0, 1)", flag=None),
     "model": Setting("{choices}, or package.module:callable returning an nn.Module (it may take input_shape, "
                      "num_classes)", config.MODELS, docs="[Models](#models)"),
-    "hidden": Setting("MLP hidden widths, e.g. 128,64", parse=_int_list()),
+    "hidden": Setting("MLP hidden widths, e.g. 128,64", parse=_int_list("the hidden layers' widths", "128,64")),
     "width": Setting("vgg11, alexnet: multiplier of every convolution's channels (0 < width <= 4)"),
     "dataset": Setting("{choices}, or package.module:callable returning (x_train, y_train, x_test, y_test); "
                        "synthetic_image is 3x32x32, 10 classes; the files on disk: CIFAR binary version (cifar10, "
@@ -93,7 +100,8 @@ SETTINGS: dict[str, Setting] = {
     "pipeline_stages": Setting("hybrid: number of stages, each replicated over world/stages ranks (default 2); "
                                "pipeline: world_size"),
     "stage_cuts": Setting("pipeline/hybrid: index of the top-level module each stage after the first starts at, "
-                          "e.g. 5,11 (default: balanced by measured time)", parse=_int_list(),
+                          "e.g. 5,11 (default: balanced by measured time)",
+                          parse=_int_list("the stages' first modules", "5,11"),
                           docs="[How stages are cut](#how-pipeline-stages-are-cut)"),
     "gossip_sync": Setting("gossip: blocking exchange after the update (default: overlapped with the step)"),
     "shuffle": Setting("gossip: {choices}; ring: samples move between neighbours, none: fixed local partitions",

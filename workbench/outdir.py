@@ -1,18 +1,24 @@
 """A run's output directory (``out``): what a run writes there, and the rule that one directory holds one run.
 
-A run writes ``out/result.h5``, ``out/checkpoints/`` and ``out/logs/``. :func:`claim` refuses an ``out`` that
-already holds any of them with a :class:`~workbench.errors.ConfigError` before any process starts; with
-``overwrite`` it removes only those files. It also makes the directory and checks that it can be written. A run
-without ``out`` keeps its checkpoints in a :func:`scratch` directory. Details: docs/internals.md.
+A run writes ``out/result.h5``, ``out/checkpoints/`` and ``out/logs/``. :func:`claim` takes the directory for one
+run for its whole life (an exclusive ``flock`` on ``out/.workbench.lock``, which names the holder) and refuses,
+with a :class:`~workbench.errors.ConfigError` before any process starts, an ``out`` another live run holds or one
+that already holds a run's files; with ``overwrite`` it removes only those files. A run without ``out`` keeps its
+checkpoints in a :func:`scratch` directory. Details: docs/internals.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import socket
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from workbench.errors import ConfigError
@@ -23,6 +29,7 @@ RUN_FILES = (RESULT_FILE, f".{RESULT_FILE}.*.tmp", "checkpoints/step_*.h5", "che
              "checkpoints/.*.tmp", "logs/*.log")
 RUN_DIRECTORIES = ("checkpoints", "logs")
 SCRATCH_PREFIX = "workbench-ckpt-"
+LOCK_FILE = ".workbench.lock"  # held (flock) by the run that owns the directory; removed when it ends
 
 
 def run_files(out: str | os.PathLike) -> list[Path]:
@@ -44,25 +51,135 @@ def describe(files: list[Path], out: Path) -> str:
     return ", ".join(parts) or "temporary files"
 
 
-def claim(out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Make ``out`` ready for a new run: refuse it (ConfigError) when it holds a run's files and not
-    ``overwrite``, else remove those; make it, and check it can be written (ConfigError naming it if not)."""
+class Claim:
+    """``out`` held for one run: its lock file open and locked until :meth:`release` (or the process's death: the
+    kernel drops the lock, and the next run takes the directory over)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd = path, fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Remove the lock file (while still holding it: a run that opened it meanwhile sees it gone and takes the
+        new one) and let go; a second call does nothing."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if _same_file(fd, self.path / LOCK_FILE):
+                os.unlink(self.path / LOCK_FILE)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"Claim({str(self.path)!r}, held={self.held})"
+
+
+def claim(out: str | os.PathLike, overwrite: bool = False) -> Claim:
+    """Take ``out`` for a new run, for as long as the returned :class:`Claim` is held: refuse it (ConfigError) when
+    another live run holds it, when it holds a run's files and not ``overwrite`` (else remove those), when it is
+    empty, a file or a dangling link; make it, and check it can be written (ConfigError naming it if not)."""
+    if not str(out).strip():
+        raise ConfigError("out", "an empty path is not allowed: give a directory ('.' for the current one)")
     out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise ConfigError("out", f"{out} is a dangling symbolic link (to {os.readlink(out)}): give a directory, "
+                          "or a link to one")
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"{out} is a file, not a directory")
-    found = run_files(out)
-    if found and not overwrite:
-        raise ConfigError("out", f"{out} already holds a run ({describe(found, out)}): give another directory, or "
-                          "overwrite it (--overwrite, overwrite=True) to replace that run")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(prefix=".workbench-", suffix=".tmp", dir=out)
-        os.close(handle)
-        os.unlink(probe)
-        clear(out, found)
+        held = Claim(out, _lock(out))
     except OSError as exc:
         raise ConfigError("out", f"{out} cannot be written: {reason(exc)}") from None
-    return out
+    try:
+        found = run_files(out)
+        if found and not overwrite:
+            raise ConfigError("out", f"{out} already holds a run ({describe(found, out)}): give another directory, "
+                              "or overwrite it (--overwrite, overwrite=True) to replace that run")
+        try:
+            clear(out, found)
+        except OSError as exc:
+            raise ConfigError("out", f"{out} cannot be written: {reason(exc)}") from None
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def _lock(out: Path) -> int:
+    """Open and lock ``out/LOCK_FILE`` (its descriptor), or raise ConfigError naming the live run that holds it.
+    A lock file removed by its holder between this open and this lock is left for the new one (bounded)."""
+    path = out / LOCK_FILE
+    for _ in range(20):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        locked = False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError("out", f"{out} is in use by another run ({holder(out)}): wait for it to end, or "
+                                  "give another directory") from None
+            locked = True
+            if _same_file(fd, path):
+                _write_holder(fd)
+                return fd
+        except BaseException:
+            if locked and _same_file(fd, path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # ours: made or taken over here, and not to be left half-written
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise ConfigError("out", f"{out}: its lock file {LOCK_FILE} keeps being replaced")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        mine, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _write_holder(fd: int) -> None:
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": " ".join(sys.argv)[:300]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+
+
+def holder(out: str | os.PathLike, wait: float = 1.0) -> str:
+    """Who holds ``out`` (``pid 123 on host h since 2026-01-02 10:00:00: workbench run ...``), from its lock file;
+    a holder that has locked it but not yet written itself there is waited for up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            record = json.loads((Path(out) / LOCK_FILE).read_text(encoding="utf-8", errors="replace")[:4096])
+            return (f"pid {record['pid']} on {record['host']} since {record['started']}: "
+                    + " ".join(str(record["command"]).split()))
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return "its holder did not say who it is"
+            time.sleep(0.02)
+
+
+def remove_temporaries(out: str | os.PathLike) -> list[Path]:
+    """Remove the hidden temporary files of writes that never finished (``checkpoints/.step_*.h5.<pid>.tmp`` of a
+    rank killed mid-write) from ``out``, whose run has ended; the paths removed."""
+    removed = []
+    for path in Path(out).glob("checkpoints/.*.tmp"):
+        try:
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 def clear(out: str | os.PathLike, files: list[Path] | None = None) -> None:
@@ -78,15 +195,23 @@ def clear(out: str | os.PathLike, files: list[Path] | None = None) -> None:
             pass  # absent, or holding files that are not the run's
 
 
-def fresh(base: str | os.PathLike) -> Path:
+def fresh(base: str | os.PathLike, make: bool = False) -> Path:
     """``base``, or ``base-2``, ``base-3``, ... : the first that does not exist (the default ``runs/run-<time>`` of
-    two runs started in the same second)."""
+    two runs started in the same second); ``make``: made here, atomically, so that two processes never get the
+    same one."""
     base = Path(base)
     candidate, n = base, 1
-    while candidate.exists():
+    while True:
+        if not candidate.exists() and not candidate.is_symlink():
+            if not make:
+                return candidate
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:
+                pass
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
 
 
 def scratch() -> tempfile.TemporaryDirectory:

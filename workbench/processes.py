@@ -54,23 +54,37 @@ def kill_session(pid: int) -> None:
             pass
 
 
+class Interrupts:
+    """What :func:`interrupted_once` saw: ``signalled`` once a SIGINT or SIGTERM came."""
+
+    signalled: bool = False
+
+
 @contextlib.contextmanager
-def interrupted_once() -> Iterator[None]:
+def interrupted_once(process: bool = False) -> Iterator[Interrupts]:
     """In the main thread: the first SIGINT or SIGTERM raises KeyboardInterrupt (the caller stops its run and kills
     every rank on the way out); further ones are ignored from then on, since a second signal raised inside that
-    clean-up left the result file open and h5py's exit handler crashed the interpreter (SIGSEGV, exit 139). Without
-    an interruption the previous handlers come back on exit."""
+    clean-up left the result file open and h5py's exit handler crashed the interpreter (SIGSEGV, exit 139). The
+    yielded :class:`Interrupts` says whether one came, however the block ended. On exit the previous handlers come
+    back, unless one came or ``process`` (the block is the whole process's work, as in ``workbench``): then
+    both signals stay ignored, so that a press while the process ends cannot change how it ended."""
+    seen = Interrupts()
+
     def interrupted(signum: int, frame: object) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-        raise KeyboardInterrupt
+        if not seen.signalled:
+            seen.signalled = True
+            raise KeyboardInterrupt
 
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield seen
     finally:
         for sig, handler in handlers.items():
-            if signal.getsignal(sig) is interrupted:
+            if process:
+                signal.signal(sig, signal.SIG_IGN)
+            elif signal.getsignal(sig) is interrupted:
                 signal.signal(sig, handler)

@@ -23,6 +23,7 @@ from typing import Any
 from workbench import devices
 from workbench.config import RunConfig
 from workbench.h5files import OutputError
+from workbench.outdir import Claim, claim, remove_temporaries
 from workbench.results import RunResult
 from workbench.supervisor.core import Supervisor
 from workbench.sweeps.requeue import PointRun
@@ -53,10 +54,12 @@ def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, A
 class Run:
     """A run going on in the background. ``events`` and ``metrics`` fill up live; ``wait()`` gives the result."""
 
-    def __init__(self, config: RunConfig, out: str | Path | None = None,
+    def __init__(self, config: RunConfig, out: str | Path | Claim | None = None,
                  on_event: Listener | None = None, track: str | None = None, point: PointRun | None = None) -> None:
         self.config = config
-        self.out = Path(out) if out is not None else None
+        # a Claim (workbench.outdir.claim): the directory is this run's until its result is saved, then let go
+        self._claim = out if isinstance(out, Claim) else None
+        self.out = out.path if isinstance(out, Claim) else Path(out) if out is not None else None
         self.track = track  # an MLflow tracking URI (workbench.tracking.require): logged after the run ends
         self._listeners: list[Listener] = [on_event] if on_event else []
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
@@ -239,6 +242,8 @@ class Run:
     def _main(self) -> None:
         try:
             result = self._supervisor.run()
+            if self.out is not None:  # every process of the run is gone: a write it did not finish is removed
+                remove_temporaries(self.out)
             if self._point is not None:  # kept for the point's next attempt, or continuing the earlier one's
                 result = self._point.finish(result, self._earlier, self._noticed)
             if self.out is not None:
@@ -254,6 +259,8 @@ class Run:
         except BaseException as exc:  # noqa: BLE001 - wait() raises it in the caller's thread
             self._error = exc
         finally:
+            if self._claim is not None:
+                self._claim.release()
             self._done.set()
 
     def __repr__(self) -> str:
@@ -266,9 +273,10 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     """Validate the configuration (errors before any process starts) and start the run in the background.
     Pipeline and hybrid runs get their ``stage_cuts`` here (measured once, the same for every rank).
 
-    ``out``: the run's directory (``result.h5``, ``checkpoints/``, ``logs/``). One that holds an earlier run's
-    files is refused (ConfigError) unless ``overwrite``, which removes those files first (only the run's:
-    :mod:`workbench.outdir`); one that cannot be written is refused too.
+    ``out``: the run's directory (``result.h5``, ``checkpoints/``, ``logs/``), this run's alone until it ends: one
+    that another live run holds is refused (ConfigError naming that run), and so is one that holds an earlier run's
+    files unless ``overwrite``, which removes those files first (only the run's: :mod:`workbench.outdir`); one that
+    cannot be written, an empty path and a dangling link are refused too.
 
     ``track``: an MLflow tracking URI (``sqlite:///mlflow.db``) or directory: the run is logged there once it ended
     (:mod:`workbench.tracking`; a logging failure is a warning, recorded in ``result.summary["tracking"]``).
@@ -282,11 +290,13 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     kept = point.resume_from() if point is not None else None
     if kept:  # an earlier attempt of this sweep point was preempted here
         config = prepare(config, resume=kept)
-    if out is not None:
-        from workbench.outdir import claim
-
-        out = claim(out, overwrite)
-    run = Run(config, out=out, on_event=on_event, track=track, point=point)
+    held = claim(out, overwrite) if out is not None else None  # this run's until it ends: another is refused
+    try:
+        run = Run(config, out=held, on_event=on_event, track=track, point=point)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
     if point is not None and point.noticed():  # the point had notice before this run began: it does not train
         run.notice()
     return run
@@ -331,8 +341,9 @@ def _not_saved(result: RunResult, error: OutputError) -> None:
 
 
 @atexit.register
-def _stop_all() -> None:
+def stop_all(reason: str = "interpreter exiting", wait: float = 10.0) -> None:
+    """Stop every run of this process still going and wait (up to ``wait`` seconds each) until it ended."""
     for live in list(_live_runs):
         if not live.done:
-            live.stop("interpreter exiting")
-            live._done.wait(10)
+            live.stop(reason)
+            live._done.wait(wait)

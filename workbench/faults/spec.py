@@ -12,7 +12,7 @@ survivors keep their numbers, and a replacement rank takes the number of the ran
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from workbench.errors import ConfigError
@@ -148,10 +148,7 @@ class FaultSpec:
         if isinstance(value, str):
             return cls.parse(value)
         if isinstance(value, dict):
-            try:
-                return cls(**value)
-            except TypeError as exc:
-                raise ConfigError("fault", f"{value!r}: {exc}") from None
+            return cls(**_fault_keys(cls, value, "kind", "kind: kill and rank: R"))
         raise ConfigError("fault", f"{value!r} is neither a 'kind:rank=R,step=S' string nor a dict")
 
     def __str__(self) -> str:
@@ -276,5 +273,22 @@ def parse_fault(value: Any) -> FaultSpec | RandomFailures:
     if isinstance(value, str) and value.strip().startswith("random:"):
         return RandomFailures.parse(value.strip())
     if isinstance(value, dict) and value.get("kind") == "random":
-        return RandomFailures(**{k: v for k, v in value.items() if k != "kind"})
+        return RandomFailures(**_fault_keys(RandomFailures, {k: v for k, v in value.items() if k != "kind"},
+                                            "mtbf_steps", "mtbf_steps: M"))
     return FaultSpec.coerce(value)
+
+
+def _fault_keys(cls: type, value: dict[Any, Any], needed: str, example: str) -> dict[str, Any]:
+    """A fault's dict (YAML, JSON) as keyword arguments of ``cls``, or a ConfigError naming the key it does not take
+    (with the allowed ones) or the one it lacks."""
+    allowed = [f.name for f in fields(cls)]
+    unknown = [k for k in value if k not in allowed]
+    if unknown:
+        what = "random failure process" if cls is RandomFailures else "fault"
+        raise ConfigError("fault", f"{value!r}: {unknown[0]!r} is not a key of a {what}; allowed: "
+                          + ", ".join(allowed))
+    if needed not in value or ("rank" not in value and "stage" not in value and cls is FaultSpec
+                               and value.get("kind") != "resize"):
+        missing = needed if needed not in value else "rank"
+        raise ConfigError("fault", f"{value!r} names no {missing} (e.g. {example})")
+    return {"rank": None, **value} if cls is FaultSpec else value
