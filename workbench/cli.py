@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
     from workbench.outdir import claim, fresh
-    from workbench.session import Run, prepare
+    from workbench.preflight import prepare
 
     config = prepare(config)  # every ConfigError (exit 2) before the first process, the rank template included
     # the directory is this run's until it ends (a second run on it is refused, naming this one)
@@ -107,7 +107,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if config.spawn == "template":
             from workbench.template import prewarm
 
-            prewarm()  # the template imports torch while this process does: the two imports overlap
+            prewarm()  # the template imports torch while this process imports the session: the two overlap
+        from workbench.session import Run
+
         handle = Run(config, out=held, on_event=None if args.json else _progress, track=track)  # checked: once
     except BaseException:
         held.release()

@@ -21,6 +21,7 @@ from typing import Any
 
 from workbench import machine, resize_rule
 from workbench.callables import IMPORT_PATH
+from workbench.config import RunConfig
 from workbench.errors import ConfigError
 from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
 
@@ -243,3 +244,42 @@ def build(config: Any, info: DatasetInfo) -> Any:
     except Exception as exc:  # noqa: BLE001 - the user's factory: whatever it raises is one line
         text = " ".join(str(exc).split())
         raise ConfigError("model", f"{config.model!r} raised {type(exc).__name__}: {text}") from None
+
+
+# settings whose default follows from others: re-derived when one of those is overridden
+_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
+            "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
+            "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
+
+
+def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:
+    if config is None or isinstance(config, dict):
+        return RunConfig.from_dict({**(config or {}), **overrides})
+    if not overrides:
+        return config
+    base = config.to_dict()
+    for derived, sources in _DERIVED.items():
+        if derived not in overrides and any(s in overrides for s in sources):
+            base.pop(derived)
+    return RunConfig.from_dict({**base, **overrides})
+
+
+def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
+    """The run's validated configuration, or a ConfigError saying what is wrong, without starting anything: what
+    :func:`start` checks first (a campaign checks all its runs this way before it runs the first). Pipeline and
+    hybrid configurations come back with their ``stage_cuts``. What needs more than the values (the dataset's
+    size, a resumed checkpoint, a user's model) is checked here too (:func:`check`). Light on purpose: the CLI
+    calls it before the session is imported, so the rank template can start importing torch that much sooner."""
+    from workbench import devices
+
+    config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
+    check(config)
+    flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
+    if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
+        # these checks build the model (torch); a run that needs none leaves this process without torch
+        from workbench.faults.targets import check_flip_targets
+        from workbench.workloads.stages import check_model
+
+        config = check_model(config)
+        check_flip_targets(config, flips)
+    return config

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench import devices
 from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.outdir import Claim, claim, remove_temporaries
+from workbench.preflight import prepare
 from workbench.results import RunResult
 from workbench.supervisor.core import Supervisor
 from workbench.sweeps.requeue import PointRun
@@ -31,24 +31,6 @@ from workbench.sweeps.requeue import PointRun
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
 Listener = Callable[[str, dict[str, Any]], None]
-
-
-# settings whose default follows from others: re-derived when one of those is overridden
-_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
-            "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
-            "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
-
-
-def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:
-    if config is None or isinstance(config, dict):
-        return RunConfig.from_dict({**(config or {}), **overrides})
-    if not overrides:
-        return config
-    base = config.to_dict()
-    for derived, sources in _DERIVED.items():
-        if derived not in overrides and any(s in overrides for s in sources):
-            base.pop(derived)
-    return RunConfig.from_dict({**base, **overrides})
 
 
 class Run:
@@ -300,26 +282,6 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     if point is not None and point.noticed():  # the point had notice before this run began: it does not train
         run.notice()
     return run
-
-
-def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
-    """The run's validated configuration, or a ConfigError saying what is wrong, without starting anything: what
-    :func:`start` checks first (a campaign checks all its runs this way before it runs the first). Pipeline and
-    hybrid configurations come back with their ``stage_cuts``. What needs more than the values (the dataset's
-    size, a resumed checkpoint, a user's model) is checked by :mod:`workbench.preflight`."""
-    from workbench.preflight import check
-
-    config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
-    check(config)
-    flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
-    if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
-        # these checks build the model (torch); a run that needs none leaves this process without torch
-        from workbench.faults.targets import check_flip_targets
-        from workbench.workloads.stages import check_model
-
-        config = check_model(config)
-        check_flip_targets(config, flips)
-    return config
 
 
 def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
