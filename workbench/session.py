@@ -33,7 +33,7 @@ Listener = Callable[[str, dict[str, Any]], None]
 
 
 # settings whose default follows from others: re-derived when one of those is overridden
-_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
+_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",), "spawn": ("strategy",),
             "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
             "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
 

@@ -259,12 +259,9 @@ class Server:
 
 
 def _set_title(title: str) -> None:
-    try:
-        import setproctitle
+    import setproctitle  # a dependency: without it the leak checks and `ps` could not find forked ranks
 
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
+    setproctitle.setproctitle(title)
 
 
 def main(argv: list[str] | None = None) -> None:
