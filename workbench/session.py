@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench import devices
+from workbench import devices, fallbacks
 from workbench.config import RunConfig
 from workbench.h5files import OutputError
 from workbench.results import RunResult
@@ -299,7 +299,8 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
     size, a resumed checkpoint, a user's model) is checked by :mod:`workbench.preflight`."""
     from workbench.preflight import check
 
-    config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
+    with fallbacks.preparing():  # auto on a machine without a GPU: said, and recorded by the run started next
+        config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
     check(config)
     flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:

@@ -94,6 +94,8 @@ class Recorder:
                                         if stages else 1.0)
         self._fallbacks: deque[tuple[float, str, str]] = deque()  # said by any thread, recorded by this one
         fallbacks.listen(self)  # until the result: what this process falls back on while the run goes on
+        for what, detail in fallbacks.claim():  # taken while this run was prepared (in this thread)
+            self.fallback(what, detail)
 
     def event(self, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
         """An event row; ``fields``: figures beside the text (a join's ``gen``, ``bytes_in``, ``gpu_wait_s``)."""
