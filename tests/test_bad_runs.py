@@ -241,3 +241,17 @@ def test_wait_raises_what_the_monitor_thread_raised(monkeypatch):
     monkeypatch.setattr(Supervisor, "run", broken)
     with pytest.raises(RuntimeError, match="the supervisor broke"):
         workbench.start(world_size=2, steps=5).wait(timeout=30)
+
+
+def test_a_checkpoint_that_fails_otherwise_fails_the_run_too(tmp_path, capsys):
+    """Not only a full disk: any error writing a checkpoint ends the run, said (it used to be printed to the
+    rank's log while the run went on without that checkpoint)."""
+    out = tmp_path / "run"
+    code, stdout, err = cli(capsys, "run", *TINY, "--steps", "30", "--strategy", "checkpoint_restart",
+                            "--checkpoint-every", "10", "--model", "user_code:unsaveable_model", "--out", str(out),
+                            "--json")
+    summary = json.loads(stdout.splitlines()[-1])
+    assert code == 1 and summary["outcome"] == "failed" and summary["failures"] == [], (summary, err)
+    assert summary["reason"].startswith("checkpoint not written: TypeError: ") and "BFloat16" in summary["reason"]
+    assert 10 <= summary["steps_completed"] < 30 and leftovers(out) == []  # ended soon after the failed write
+    assert "Traceback" in (out / "logs" / "spawn0.log").read_text()  # where it failed, in the rank's log

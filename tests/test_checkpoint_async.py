@@ -152,9 +152,10 @@ def test_a_small_state_is_copied_on_the_training_thread(tmp_path):
     assert_same_file(tmp_path / ckpt.checkpoint_name(EVERY), expected)
 
 
-def test_the_writer_runs_jobs_in_turn_survives_a_failing_one_and_ends_when_idle(monkeypatch):
+def test_the_writer_runs_jobs_in_turn_hands_on_a_failing_one_and_ends_when_idle(monkeypatch):
     monkeypatch.setattr(staging, "_IDLE_S", 0.05)
-    writer, done = staging.Writer(), []
+    failed: list[Exception] = []
+    writer, done = staging.Writer(on_error=failed.append), []
     writer.submit(lambda: done.append(1))
     writer.join(5)
     blocker = threading.Event()
@@ -163,8 +164,9 @@ def test_the_writer_runs_jobs_in_turn_survives_a_failing_one_and_ends_when_idle(
         writer.submit(lambda: None)  # one job at a time: whoever submits joins the previous one first
     blocker.set()
     writer.join(5)
-    writer.submit(lambda: 1 / 0)  # printed to the rank's log; the thread goes on
+    writer.submit(lambda: 1 / 0)  # handed on (a rank ends its run with it); the thread goes on
     writer.join(5)
+    assert [type(exc) for exc in failed] == [ZeroDivisionError]
     writer.submit(lambda: done.append(2))
     writer.join(5)
     assert done == [1, 2] and not writer.is_alive()

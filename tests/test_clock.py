@@ -4,8 +4,10 @@ rank's CPU clock leaving gloo's transport thread out, and both clocks in a real 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
+import socket
 import threading
 import time
 
@@ -14,6 +16,8 @@ import pytest
 
 import workbench
 from workbench import clock, machine
+from workbench.cli import main
+from workbench.fallbacks import FallbackWarning
 from workbench.rank.channel import _CpuClock
 from workbench.supervisor.recorder import Failure
 
@@ -222,10 +226,68 @@ def test_speeds_are_measured_once_per_machine(tmp_path, monkeypatch):
         calls.append(1)
         return 123.0
 
-    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured")
-    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured") and len(calls) == 1
-    (tmp_path / "workbench" / "speeds.json").write_text("not json")  # a damaged cache is measured again
-    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured") and len(calls) == 2
+    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "measured now")
+    assert machine._speed("net", machine.NET_MIB_VAR, measure) == (123.0, "cached") and len(calls) == 1
+
+
+def test_a_damaged_speed_cache_is_said_and_kept_aside(tmp_path, monkeypatch):
+    """No run in progress: a FallbackWarning; the damaged file (other hosts' figures) is moved aside, not lost."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "workbench" / "speeds.json"
+    cache.parent.mkdir()
+    cache.write_text('{"other-host": {"net": 9')  # cut short
+    with pytest.warns(FallbackWarning, match="speeds.json is damaged") as said:
+        assert machine._speed("net", machine.NET_MIB_VAR, lambda: 123.0) == (123.0, "measured now")
+    assert [w.message.what for w in said] == ["speed_cache_damaged"]
+    assert (tmp_path / "workbench" / "speeds.json.damaged").read_text() == '{"other-host": {"net": 9'
+    assert json.loads(cache.read_text()) == {socket.gethostname(): {"net": 123.0}}
+
+
+def test_an_unwritable_speed_cache_is_said_at_each_measurement(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")  # its "workbench" folder cannot be made: a read-only home does the same
+    for _ in range(2):
+        with pytest.warns(FallbackWarning, match=r"cannot write .*: the net speed \(123\) was measured now") as said:
+            assert machine._speed("net", machine.NET_MIB_VAR, lambda: 123.0) == (123.0, "measured now")
+        assert [w.message.what for w in said] == ["speed_cache_unwritable"]
+
+
+def test_a_latency_measured_by_echo_is_said_in_its_source_and_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(machine.LATENCY_VAR, raising=False)
+    monkeypatch.setattr(machine, "_HOPS", "import sys; sys.exit(3)")  # gloo's processes give no figure
+    with pytest.warns(FallbackWarning, match="gloo hop failed") as said:
+        value, source = machine.latency_us()
+    assert value > 0 and source == "echo (gloo hop failed: no figure from its processes, exit codes [3, 3])"
+    assert [w.message.what for w in said] == ["latency_echo"] and not (tmp_path / "workbench").exists()
+
+
+def test_a_run_lists_its_fallbacks_and_speed_sources(monkeypatch, tmp_path, capsys):
+    """A fallback taken while a run goes on is its ``fallback`` event, listed in its summary; none taken: []."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")
+    for variable in (machine.NET_MIB_VAR, machine.LATENCY_VAR):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv(machine.DISK_MIB_VAR, "500")  # a checkpoint's disk figure, if learnt, is given
+    monkeypatch.setattr(machine, "_measure_net", lambda: 321.0)
+    monkeypatch.setattr(machine, "_measure_latency", lambda: 12.0)
+    code = main(["run", "--world-size", "2", "--steps", "3", "--hidden", "16", "--out", str(tmp_path / "run"),
+                 "--json"])
+    out, err = capsys.readouterr()
+    summary = json.loads(out.splitlines()[-1])
+    assert code == 0 and summary["fallbacks"] == ["speed_cache_unwritable"]
+    assert [line.split(" (")[0] for line in err.splitlines()] == [  # the net, the latency: stderr, as warnings
+        f"workbench: warning: cannot write {tmp_path}/file/workbench/speeds.json"] * 2
+    said = [e for e in workbench.RunResult.load(tmp_path / "run").events if e["kind"] == "fallback"]
+    assert {e["what"] for e in said} == {"speed_cache_unwritable"} and len(said) == 2
+    assert {**summary["speed_sources"], "disk_mibs": None} == {
+        "net_mibs": "measured now", "latency_us": "measured now", "disk_mibs": None}
+    monkeypatch.setenv(machine.NET_MIB_VAR, "250")
+    monkeypatch.setenv(machine.LATENCY_VAR, "30")
+    given = workbench.run(world_size=2, steps=3, hidden=[16], seed=0)
+    assert given.summary["fallbacks"] == [] and not [e for e in given.events if e["kind"] == "fallback"]
+    assert {**given.summary["speed_sources"], "disk_mibs": None} == {
+        "net_mibs": machine.NET_MIB_VAR, "latency_us": machine.LATENCY_VAR, "disk_mibs": None}
 
 
 def test_the_latency_is_a_gloo_hop_and_its_processes_are_gone_after_measuring():

@@ -16,6 +16,7 @@ import torch
 from workbench import devices
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
+from workbench.fallbacks import FallbackWarning
 from workbench.faults import bitflip
 from workbench.results import RunResult
 from workbench.session import prepare, run
@@ -49,12 +50,13 @@ def test_cuda_without_a_gpu_exits_2_in_one_line_before_any_rank_starts(tmp_path)
 
 def test_auto_runs_on_the_cpu_where_no_gpu_is_usable_and_records_it(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    devices.inventory.cache_clear()
-    try:
+    monkeypatch.setattr(devices, "_found", None)  # asked anew (restored afterwards)
+    with pytest.warns(FallbackWarning, match=r"device auto: the ranks run on the CPU \(torch "):
         assert prepare(device="auto").device == "cpu"
-        result = run(world_size=2, steps=6, device="auto", eval_interval=3)
-    finally:
-        devices.inventory.cache_clear()
+    result = run(world_size=2, steps=6, device="auto", eval_interval=3)
+    said = [e for e in result.events if e["kind"] == "fallback"]
+    assert result.summary["fallbacks"] == ["device_auto_cpu"] and len(said) == 1, said  # claimed by the run
+    assert said[0]["detail"].startswith("device auto: the ranks run on the CPU (")
     assert result.summary["outcome"] == "completed", result.summary["reason"]
     assert result.config["device"] == "cpu" and result.provenance["device"] == "cpu"
     assert result.summary["replicas_identical"] is True
@@ -269,3 +271,12 @@ def test_a_rank_waits_for_a_dead_ranks_gpu_memory_until_the_driver_frees_it(tmp_
     assert 0.3 <= devices.wait_for_release([4242], timeout=0.3) < 2  # held past the bound: it goes on
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert devices.gpu_holders() is None and devices.wait_for_release([4242]) < 0.5
+
+
+def test_a_failed_gpu_probe_is_asked_again(monkeypatch):
+    monkeypatch.setattr(devices, "_found", None)
+    monkeypatch.setattr(devices, "_PROBE", "raise SystemExit(1)")  # no answer
+    assert devices.inventory().problem == "the GPU probe failed (IndexError)" and devices._found is None
+    with pytest.warns(FallbackWarning, match=r"device auto: the ranks run on the CPU \(the GPU probe failed"):
+        assert devices.resolve(RunConfig(device="auto")).device == "cpu"
+    monkeypatch.undo()

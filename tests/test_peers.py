@@ -48,6 +48,7 @@ def test_torchrun_restarts_the_world_and_redoes_the_steps_since_the_checkpoint(t
     assert failure["samples_lost"] == 0 and failure["world_size_after"] == 2
     assert 0 < failure["detection_s"] <= failure["resume_s"]
     assert summary["replicas_identical"] is True and summary["steps_completed"] == 100
+    assert result.config["spawn"] == "fresh"  # what ran: the peers' ranks are never forked by our template
     assert any(e["kind"] == "restart" for e in result.events)
 
 

@@ -106,19 +106,23 @@ def test_a_module_of_the_working_directory_and_relative_paths_after_a_chdir(spaw
 
 def test_a_killed_template_takes_its_ranks_and_the_reason_says_so():
     """The rank template SIGKILLed mid-run: every rank it forked dies with it (parent-death signal), the run ends
-    naming the template and the step the run was at, and the next run starts a new template."""
+    naming the template and the step the run was at, and the next run starts a new template, saying why."""
     from workbench.template import local_template
 
     run = workbench.start(world_size=2, steps=1_000_000, strategy="shrink")
     deadline = time.monotonic() + 60
     while run.status.get("step", 0) < 20 and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.kill(local_template().proc.pid, signal.SIGKILL)
+    template = local_template()
+    os.kill(template.proc.pid, signal.SIGKILL)
     result = run.wait(timeout=60)
     assert result.outcome == "failed" and "with the rank template: the rank template was killed (SIGKILL)" in \
         result.summary["reason"], result.summary["reason"]
     assert int(result.summary["reason"].split(" at step ")[1].split(";")[0]) >= 20
-    assert workbench.run(world_size=2, steps=5).completed
+    again = workbench.run(world_size=2, steps=5)
+    assert again.completed and [e["detail"] for e in again.events if e["kind"] == "template"] == [
+        f"the rank template pid {template.pid} of this process died earlier (the rank template was killed "
+        "(SIGKILL)): a new one was started (its torch import is on this run's start)"]
 
 
 def test_error_inside_a_rank_ends_the_run_with_its_message():

@@ -99,10 +99,10 @@ def test_the_reference_is_given_measured_once_or_refused(tmp_path, monkeypatch):
 
     before = descendants(os.getpid(), all_processes())
     measured, source = machine.probe_us()  # a started process pinned to one core; cached for this machine
-    assert source == "measured" and 10 < measured < 100_000
+    assert source == "measured now" and 10 < measured < 100_000
     assert descendants(os.getpid(), all_processes()) <= before
     monkeypatch.setattr(machine, "measure_probe", lambda: pytest.fail("measured twice"))
-    assert machine.probe_us() == (measured, "measured")
+    assert machine.probe_us() == (measured, "cached")
     with pytest.raises(ConfigError, match="speed_probe"):
         RunConfig(speed_probe="yes")
 
@@ -132,3 +132,6 @@ def test_a_probe_that_cannot_be_measured_leaves_the_clock_unscaled(tmp_path, mon
     result = workbench.run(world_size=2, steps=12, seed=0, speed_probe=True)
     assert result.completed and result.provenance["probe_us"] is None
     assert result.provenance["probe_source"] == "the speed probe could not be measured (TimeoutExpired)"
+    assert result.summary["fallbacks"] == ["speed_probe_unmeasured"]
+    said = [e for e in result.events if e["kind"] == "fallback"]
+    assert len(said) == 1 and "not scaled to a reference speed" in said[0]["detail"]

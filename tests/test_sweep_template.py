@@ -222,3 +222,31 @@ def test_a_sweep_whose_kernel_dies_goes_on_with_the_same_template(tmp_path):
     assert _template_events(tmp_path / "s" / frame.loc[False, "point"])[0].startswith(
         f"ranks forked by the shared rank template pid {states[False]['rank_template']['pid']} ")
     assert {p for p, _ in descendants(os.getpid())} <= before  # workers, kernels, the template, ranks: all gone
+
+
+def test_a_worker_that_cannot_share_a_template_says_so_in_each_run(monkeypatch):
+    """No socket for a shared template: the worker's kernels start their own (a torch import per point), and
+    each run's ``template`` event says so, as the point's point.json ``fallbacks`` do."""
+    import workbench
+    from workbench import template as wb_template
+    from workbench.sweeps import point
+
+    def no_socket():
+        raise wb_template.TemplateError("its socket @x cannot be made (Address family not supported by protocol)")
+
+    monkeypatch.setattr(point, "share", no_socket)
+    monkeypatch.setenv(SHARED_VAR, "")  # restored afterwards
+    worker = point.Worker(os.open(os.devnull, os.O_WRONLY))
+    worker.share_template()
+    assert worker.template is None and os.environ[SHARED_VAR].startswith(wb_template.UNSHARED)
+    monkeypatch.setattr(wb_template, "_local", None)  # this process as the worker's kernel
+    try:
+        result = workbench.run(world_size=2, steps=3, hidden=[16])
+    finally:
+        own = wb_template._local
+        if own is not None:
+            own.close()
+    assert result.completed and [e["detail"] for e in result.events if e["kind"] == "template"] == [
+        "no shared rank template (the sweep worker could not share a rank template: its socket @x cannot be made "
+        "(Address family not supported by protocol)): this process started its own (its torch import is on this "
+        "run's start)"]

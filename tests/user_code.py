@@ -58,3 +58,13 @@ def probing_model(input_shape, num_classes):
     with open(f"{os.environ['WORKBENCH_TEST_PROBE']}.{os.getpid()}", "w") as f:
         f.write("\n".join(heavy))
     return tiny_model(input_shape, num_classes)
+
+
+def unsaveable_model(input_shape, num_classes):
+    """``tiny_model`` with a bfloat16 buffer, which numpy (and so a checkpoint) cannot hold: its write raises a
+    TypeError, no OutputError."""
+    import torch
+
+    model = tiny_model(input_shape, num_classes)
+    model.register_buffer("scale", torch.ones(1, dtype=torch.bfloat16))
+    return model

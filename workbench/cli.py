@@ -92,6 +92,12 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
         print(f"[{payload['time']:7.2f}s] {payload['kind']}: {payload['detail']}", file=sys.stderr, flush=True)
 
 
+def _fallbacks(kind: str, payload: dict[str, Any]) -> None:
+    """With ``--json`` (stdout is the summary's): a fallback is still said, one warning line on stderr."""
+    if kind == "event" and payload["kind"] == "fallback":
+        print(f"workbench: warning: {payload['detail']}", file=sys.stderr, flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
     from workbench.tracking import for_command_line
@@ -110,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             prewarm()  # the template imports torch while this process imports the session: the two overlap
         from workbench.session import Run
 
-        handle = Run(config, out=held, on_event=None if args.json else _progress, track=track)  # checked: once
+        handle = Run(config, out=held, on_event=_fallbacks if args.json else _progress, track=track)  # checked: once
     except BaseException:
         held.release()
         raise

@@ -227,6 +227,12 @@ class RankTime:
             for g in self.gens.values():
                 g.io = g.read / (self.disk[0] * 2**20)
 
+    def sources(self) -> dict[str, str]:
+        """Where each speed charged in this run came from, by its summary field: ``$WORKBENCH_...`` (given),
+        ``cached``, ``measured now``, or how it was measured instead (:func:`workbench.machine.latency_us`)."""
+        speeds = {"disk_mibs": self.disk, "net_mibs": self.net, "latency_us": self.latency}
+        return {name: speed[1] for name, speed in speeds.items() if speed is not None}
+
     def cost(self, gen: int) -> float | None:
         """Rank-time of generation ``gen``'s change (None where a member did not stamp its CPU time)."""
         g = self.gens.get(gen)

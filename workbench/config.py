@@ -260,6 +260,7 @@ class RunConfig:
         if self.parallelism != "data":
             raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
         peer.require(self.strategy)
+        self.spawn = "fresh"  # what runs: a peer's ranks start as its users' do, never forked by our template
 
     def _check_apoptosis(self) -> None:
         if self.apoptosis is None or self.apoptosis is False or self.apoptosis == "off":

@@ -145,7 +145,8 @@ SETTINGS: dict[str, Setting] = {
     "startup_timeout": Setting("seconds a rank may take to start and report ready before it counts as dead",
                                flag=None),
     "spawn": Setting("how ranks start: {choices}; template: forked by a rank template (milliseconds), fresh: a new "
-                     "interpreter each (~1 s of torch import)", config.SPAWNS),
+                     "interpreter each (~1 s of torch import); a peer strategy's ranks always start fresh (its config "
+                     "says so)", config.SPAWNS),
     "device": Setting("where ranks compute: {choices}; cuda: the ranks share this machine's GPUs round-robin and "
                       "exchange over gloo on CUDA tensors (parallelism data); auto: cuda where a GPU is usable, "
                       "else cpu", devices.DEVICES, docs="[GPU ranks](devices.md)"),

@@ -10,7 +10,6 @@ one GPU). What is supported and measured: docs/devices.md.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 
 from workbench import strategies
 from workbench.errors import ConfigError
+from workbench.fallbacks import taken
 
 DEVICES = ("cpu", "cuda", "auto")
 # asked of a fresh interpreter: torch's build, then each GPU's name and memory (this reads the driver, the caller
@@ -72,16 +72,23 @@ class Inventory:
         return f"{listed}; driver {self.driver or 'unknown'}, CUDA {self.cuda}, torch {self.torch}"
 
 
-@functools.cache
+_found: Inventory | None = None  # the machine's answer, once it gave one
+
+
 def inventory() -> Inventory:
-    """This machine's GPUs, read once per process in a child interpreter (never initialising CUDA here)."""
+    """This machine's GPUs, read once per process in a child interpreter (never initialising CUDA here); a probe
+    that failed is asked again next time (its ``problem`` is not kept as the machine's answer)."""
+    global _found
+    if _found is not None:
+        return _found
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
                               timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         return Inventory("unknown", None, problem=f"the GPU probe failed ({type(exc).__name__})")
-    return Inventory(found["torch"], found["cuda"], tuple(found["gpus"]), found.get("driver"))
+    _found = Inventory(found["torch"], found["cuda"], tuple(found["gpus"]), found.get("driver"))
+    return _found
 
 
 def check_choice(config: Any) -> None:
@@ -103,7 +110,8 @@ def check_choice(config: Any) -> None:
 
 
 def resolve(config: Any) -> Any:
-    """The configuration with ``device`` settled on this machine (``auto`` becomes ``cuda`` or ``cpu``); ConfigError
+    """The configuration with ``device`` settled on this machine (``auto`` becomes ``cuda``, or ``cpu``, said as the
+    fallback ``device_auto_cpu`` with why: :mod:`workbench.fallbacks`); ConfigError
     (one line, before any process starts) when ``cuda`` is asked for and no GPU is usable."""
     if config.device == "cpu":
         return config
@@ -112,6 +120,7 @@ def resolve(config: Any) -> Any:
         if config.device == "cuda":
             raise ConfigError("device", f"'cuda' asked for, but {found.why_none()}: use --device cpu, or auto "
                               "(cuda where a GPU is usable)")
+        taken("device_auto_cpu", f"device auto: the ranks run on the CPU ({found.why_none()})")
         return _replace(config, "cpu")
     return _replace(config, "cuda")
 

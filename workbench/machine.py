@@ -6,6 +6,7 @@ latency), each given in the environment or measured once per machine and cached 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -16,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from workbench.fallbacks import taken
 
 DISK_MIB_VAR = "WORKBENCH_DISK_MIBS"
 NET_MIB_VAR = "WORKBENCH_NET_MIBS"
@@ -99,29 +102,83 @@ def check_given() -> None:
             given(variable)
 
 
+class Substitute(Exception):
+    """A speed could not be measured as documented; ``value`` was measured another way, ``why`` says how (the
+    speed's source), ``what`` names the fallback."""
+
+    def __init__(self, value: float, what: str, why: str) -> None:
+        super().__init__(why)
+        self.value, self.what, self.why = value, what, why
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "workbench" / "speeds.json"
+
+
 def _speed(kind: str, variable: str, measure: Callable[[], float]) -> tuple[float, str]:
-    """A speed given in ``variable``, cached for this host in ``~/.cache/workbench/speeds.json``, or measured."""
+    """A speed given in ``variable`` (source: the variable's name), cached for this host in
+    ``~/.cache/workbench/speeds.json`` (``cached``), or measured (``measured now``). A cache that cannot be read or
+    written, or a measurement that had to be done another way (:class:`Substitute`, then not cached: the source
+    says how), is a fallback, said (:func:`workbench.fallbacks.taken`)."""
     if os.environ.get(variable):
         return given(variable), variable
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "workbench" / "speeds.json"
-    host = socket.gethostname()
+    cache, host = cache_path(), socket.gethostname()
+    known = _read_cache(cache)
+    mine = known.get(host) if known and isinstance(known.get(host), dict) else {}
+    if isinstance(mine.get(kind), (int, float)) and mine[kind] > 0:
+        return float(mine[kind]), "cached"
+    try:
+        speed = measure()
+    except Substitute as exc:
+        taken(exc.what, f"the {kind} speed could not be measured as documented ({exc.why}): "
+              f"{exc.value:g} used this run, not cached")
+        return exc.value, exc.why
+    known = _read_cache(cache, quiet=True) if known is not None else None  # another process may have written
+    if known is not None:  # an unreadable cache is not replaced: other hosts' figures are in it
+        _write_cache(cache, {**known, host: {**(known.get(host) if isinstance(known.get(host), dict) else {}),
+                                             kind: speed}}, f"the {kind} speed ({speed:g})")
+    return speed, "measured now"
+
+
+def _read_cache(cache: Path, quiet: bool = False) -> dict | None:
+    """The speeds cache's hosts (empty where there is none yet; None where it cannot be read, said unless
+    ``quiet``). A damaged one is said and moved aside to ``speeds.json.damaged`` (other hosts' figures are kept
+    there), not overwritten."""
     try:
         known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    known = known if isinstance(known, dict) else {}
-    mine = known.get(host) if isinstance(known.get(host), dict) else {}
-    if isinstance(mine.get(kind), (int, float)) and mine[kind] > 0:
-        return float(mine[kind]), "measured"
-    speed = measure()
+        if isinstance(known, dict):
+            return known
+        raise ValueError("not a JSON object")
+    except (FileNotFoundError, NotADirectoryError):  # none yet (where it cannot be written, that is said)
+        return {}
+    except OSError as exc:
+        if not quiet:
+            taken("speed_cache_unreadable", f"cannot read {cache} ({exc.strerror or exc}): speeds are measured "
+                  "now, by every run, and not cached")
+        return None
+    except ValueError as exc:
+        aside = cache.with_name(cache.name + ".damaged")
+        try:
+            os.replace(cache, aside)
+            kept = f"moved to {aside}"
+        except OSError as moved:
+            kept = f"left as it is ({moved.strerror or moved})"
+        taken("speed_cache_damaged", f"{cache} is damaged ({str(exc).splitlines()[0][:80]}): {kept}; speeds are "
+              "measured now and cached anew")
+        return {}
+
+
+def _write_cache(cache: Path, known: dict, what: str) -> None:
+    tmp = cache.with_suffix(f".{os.getpid()}.tmp")
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**known, host: {**mine, kind: speed}}))
+        tmp.write_text(json.dumps(known))
         os.replace(tmp, cache)
-    except OSError:
-        pass  # a read-only home: measured again next time
-    return speed, "measured"
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)  # a write cut short
+        taken("speed_cache_unwritable", f"cannot write {cache} ({exc.strerror or exc}): {what} was measured now "
+              "and is measured again by every run until it can be written")
 
 
 def _measure_disk(place: str | os.PathLike | None, mib: int = 64) -> float:
@@ -194,7 +251,8 @@ print(spent[len(spent) // 4])  # the lower quartile: a loaded machine still show
 
 def _measure_latency(rounds: int = 200) -> float:
     """Half the lower-quartile time of a one-float gloo allreduce between two started processes (a ring of 2: two
-    messages), each pinned to a core of its own where there are two; a bare loopback echo where gloo cannot."""
+    messages), each pinned to a core of its own where there are two. Where gloo cannot, :class:`Substitute`: a
+    bare loopback echo, which leaves out the transport threads and the wake-up (a lower figure), said and not cached."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pins = cores[:2] if len(cores) >= 2 else [-1, -1]
     with tempfile.TemporaryDirectory(prefix="wb-hop-") as scratch:
@@ -205,13 +263,16 @@ def _measure_latency(rounds: int = 200) -> float:
         try:
             outputs = [proc.communicate(timeout=120)[0] for proc in procs]
             return round(float(outputs[0].split()[-1]) / 2 * 1e6, 1)
-        except (subprocess.TimeoutExpired, ValueError, IndexError):
-            return _measure_echo()
+        except subprocess.TimeoutExpired:
+            why = "no answer within 120 s"
+        except (ValueError, IndexError):
+            why = f"no figure from its processes, exit codes {[proc.returncode for proc in procs]}"
         finally:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
+    raise Substitute(_measure_echo(), "latency_echo", f"echo (gloo hop failed: {why})")
 
 
 def measure_probe(core: int | None = None, rounds: int = 300) -> float:

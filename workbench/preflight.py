@@ -247,7 +247,7 @@ def build(config: Any, info: DatasetInfo) -> Any:
 
 
 # settings whose default follows from others: re-derived when one of those is overridden
-_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",),
+_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",), "spawn": ("strategy",),
             "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
             "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
 
@@ -270,9 +270,10 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
     hybrid configurations come back with their ``stage_cuts``. What needs more than the values (the dataset's
     size, a resumed checkpoint, a user's model) is checked here too (:func:`check`). Light on purpose: the CLI
     calls it before the session is imported, so the rank template can start importing torch that much sooner."""
-    from workbench import devices
+    from workbench import devices, fallbacks
 
-    config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
+    with fallbacks.preparing():  # auto on a machine without a GPU: said, and recorded by the run started next
+        config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
     check(config)
     flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:

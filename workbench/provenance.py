@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench import machine
+from workbench.fallbacks import taken
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,6 +65,7 @@ def probe_reference(speed_probe: bool) -> dict[str, Any]:
     try:
         value, source = machine.probe_us()
     except (RuntimeError, ValueError) as exc:
+        taken("speed_probe_unmeasured", f"speed_probe: {exc}: the ranks' CPU time is not scaled to a reference speed")
         return {"probe_us": None, "probe_source": str(exc)}
     return {"probe_us": value, "probe_source": source}
 

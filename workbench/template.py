@@ -27,6 +27,7 @@ from workbench.protocol import TEMPLATE, TEMPLATE_PROCESS, LineDecoder, Protocol
 from workbench.template_server import IN_TEMPLATE, code_fingerprint, identity
 
 SHARED_VAR = "WORKBENCH_TEMPLATE"  # the address of a template this process and its children fork their ranks from
+UNSHARED = "none:"  # SHARED_VAR's start where none could be shared, then why: each run says so
 
 
 class TemplateError(WorkbenchError, RuntimeError):
@@ -301,18 +302,19 @@ def _sockaddr(address: str) -> str:
     return "\0" + address[1:] if address.startswith("@") else address
 
 
-def share(ready_timeout: float = 120.0) -> Template | None:
+def share(ready_timeout: float = 120.0) -> Template:
     """Start a rank template that this process owns and every process of this user may fork ranks from, over the
     abstract Unix socket in its ``address`` (put it in ``WORKBENCH_TEMPLATE`` for the processes that should);
-    None where such a socket cannot be made (not Linux). Its ``code`` is :func:`code_fingerprint` at its start."""
+    TemplateError where such a socket cannot be made (not Linux: put ``none: WHY`` there instead, :data:`UNSHARED`).
+    Its ``code`` is :func:`code_fingerprint` at its start."""
     address = f"@workbench-template-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(_sockaddr(address))
         sock.listen(64)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        return None
+        raise TemplateError(f"its socket {address} cannot be made ({exc.strerror or exc})") from None
     code = code_fingerprint()  # before it starts: a file changed while it imports counts as changed
     template = Template(ready_timeout=ready_timeout, listen=sock)
     template.address, template.code = address, code
@@ -325,9 +327,9 @@ _local_lock = threading.Lock()
 
 def local_template(wait: bool = True) -> Template:
     """This process's template for ranks on this machine: started on first use, reused by every later run
-    (a notebook kernel, a sweep worker, a benchmark), started anew if it died. Where ``WORKBENCH_TEMPLATE`` names
-    a shared template, a connection to it instead; one that cannot be used (``wait``: waiting until it is ready)
-    gives way to a template of this process's own, whose ``notice`` says why."""
+    (a notebook kernel, a sweep worker, a benchmark), started anew if it died (its ``notice`` says so). Where
+    ``WORKBENCH_TEMPLATE`` names a shared template, a connection to it instead; one that cannot be used (``wait``:
+    waiting until it is ready) gives way to a template of this process's own, whose ``notice`` says why."""
     global _local
     if os.environ.get(IN_TEMPLATE):
         # a template never starts one: something its imports ran (e.g. a script named like a module torch imports,
@@ -336,7 +338,11 @@ def local_template(wait: bool = True) -> Template:
                             f"yours shadowing a module torch imports? sys.path: {sys.path[:3]})")
     with _local_lock:
         if _local is None or not _local.alive:
-            _local = _connect(os.environ.get(SHARED_VAR))
+            dead, _local = _local, _connect(os.environ.get(SHARED_VAR))
+            if dead is not None:  # the next run starts slower (a new template imports torch): said, with why
+                _local.notice = "; ".join(filter(None, [
+                    f"the rank template pid {dead.pid} of this process died earlier ({dead.reason}): a new one was "
+                    "started (its torch import is on this run's start)", _local.notice]))
         template = _local
     if not wait or not isinstance(template, SharedTemplate) or template.usable():
         return template
@@ -351,6 +357,11 @@ def local_template(wait: bool = True) -> Template:
 def _connect(address: str | None) -> Template:
     if not address:
         return Template()
+    if address.startswith(UNSHARED):  # whoever started this process could not share one: said in every run
+        own = Template()
+        own.notice = (f"no shared rank template ({address[len(UNSHARED):].strip()}): this process started its own "
+                      "(its torch import is on this run's start)")
+        return own
     try:
         return SharedTemplate(address)
     except TemplateError as exc:

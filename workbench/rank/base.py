@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -246,9 +247,8 @@ class BaseTrainer(Scaled):
         over live tensors (``checkpoint_refs``) the writer copies them while the next step runs, and the first
         in-place change of each part waits for its copy (``_checkpoint_copied``); otherwise (or given ``state``)
         the snapshot is cloned here. ``stall_s`` is every wait of the training loop for it: the previous write if
-        still running, taking the references (or the clone), and the waits for the copy. A write that fails
-        (:class:`~workbench.h5files.OutputError`) ends the run: an ``error`` with its ``reason``, then this process
-        exits (a rank fault it is not; the other ranks are stopped with the run)."""
+        still running, taking the references (or the clone), and the waits for the copy. A write that fails, for
+        whatever reason, ends the run (:meth:`_checkpoint_failed`; the other ranks are stopped with the run)."""
         started = time.perf_counter()
         if self._writer is not None:
             self._writer.join()  # one write at a time; the previous one is normally long done
@@ -274,21 +274,27 @@ class BaseTrainer(Scaled):
                 staged.copy(cache)
             snapshot.config = self.config.to_dict()  # fixed for the run
             began = time.perf_counter()
-            try:
-                ckpt.save(path, snapshot)
-            except OutputError as exc:  # a full disk, a read-only place: the run fails as such, not as a fault
-                self.channel.send(protocol.message("error", message=str(exc), reason=f"checkpoint not written: {exc}"))
-                os._exit(1)
+            ckpt.save(path, snapshot)  # what it raises: _checkpoint_failed
             stall = taken[0] + (staged.waited() if staged is not None else 0.0)
             self.channel.send(protocol.message("checkpoint", step=snapshot.step, path=str(path), stall_s=stall,
                                                write_s=time.perf_counter() - began))
 
-        self._writer = self._writer or staging.Writer()
+        self._writer = self._writer or staging.Writer(on_error=self._checkpoint_failed)
         if staged is not None:
             staged.writer, self._staged = self._writer, staged
         self._writer.submit(write)
         taken[0] = time.perf_counter() - started
         handed_over.set()
+
+    def _checkpoint_failed(self, exc: Exception) -> None:
+        """Writer thread: a checkpoint that could not be written ends the run as such, not as a rank fault (an
+        ``error`` with its ``reason``, then this process exits): a full disk, a read-only place
+        (:class:`~workbench.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
+        why = str(exc) if isinstance(exc, OutputError) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, OutputError):
+            traceback.print_exception(exc)  # where it failed, for the rank's log
+        self.channel.send(protocol.message("error", message=why, reason=f"checkpoint not written: {why}"))
+        os._exit(1)
 
     def _checkpoint_copied(self, part: int | None = None) -> None:
         """Before the training state changes in place: wait until the copy of a checkpoint under way has passed

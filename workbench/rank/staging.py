@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Callable, MutableMapping
 
 import torch
@@ -109,12 +108,14 @@ class Staged:
 class Writer:
     """The rank's checkpoint writer: one thread that runs the jobs handed to it, one at a time. Handing a job over
     does not wait for a thread to start (``Thread.start`` returns only once the new thread runs, a scheduling
-    delay of the training loop on a busy host); the thread ends after ``_IDLE_S`` without work."""
+    delay of the training loop on a busy host); the thread ends after ``_IDLE_S`` without work. A job that raises
+    is handed to ``on_error``."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[Exception], None]) -> None:
         self._lock = threading.Condition()
         self._job: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
+        self._on_error = on_error  # a job that raised: called on the writer thread (a rank ends its run)
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` on the writer thread; the previous job must be done (``join``)."""
@@ -136,8 +137,8 @@ class Writer:
                 job = self._job
             try:
                 job()
-            except Exception:  # noqa: BLE001 - the rank's log shows it; the run goes on without that checkpoint
-                traceback.print_exc()
+            except Exception as exc:  # noqa: BLE001 - never lost: a run does not go on without its checkpoint
+                self._on_error(exc)
             finally:
                 with self._lock:
                     self._job = None

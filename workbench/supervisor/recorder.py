@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import clock, machine
+from workbench import clock, fallbacks, machine
 from workbench.config import RunConfig
 from workbench.results import RunResult, model_size
 from workbench.supervisor.membership import Generation, Lost
@@ -91,13 +92,31 @@ class Recorder:
         stages = config.pipeline_stages if config.parallelism in ("pipeline", "hybrid") else None
         self.rank_time = clock.RankTime(bubble=(config.micro_batches + stages - 1) / config.micro_batches
                                         if stages else 1.0)
+        self._fallbacks: deque[tuple[float, str, str]] = deque()  # said by any thread, recorded by this one
+        fallbacks.listen(self)  # until the result: what this process falls back on while the run goes on
+        for what, detail in fallbacks.claim():  # taken while this run was prepared (in this thread)
+            self.fallback(what, detail)
 
     def event(self, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
         """An event row; ``fields``: figures beside the text (a join's ``gen``, ``bytes_in``, ``gpu_wait_s``)."""
-        event = {"time": time.time() - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail, **fields}
+        self._flush_fallbacks()
+        self._event(time.time(), kind, step, detail, rank, **fields)
+
+    def _event(self, t: float, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
+        event = {"time": t - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail, **fields}
         self.events.append(event)
         if self.on_event:
             self.on_event("event", event)
+
+    def fallback(self, what: str, detail: str) -> None:
+        """A fallback taken in this process (:func:`workbench.fallbacks.taken`, any thread): a ``fallback`` event
+        with its ``what``, recorded by the supervisor's thread at its next event, step or the result."""
+        self._fallbacks.append((time.time(), what, detail))
+
+    def _flush_fallbacks(self) -> None:
+        while self._fallbacks:
+            t, what, detail = self._fallbacks.popleft()
+            self._event(t, "fallback", self.committed, detail, what=what)
 
     # -- membership -------------------------------------------------------------------------------------------
     def lost(self, decision: Lost, step: int, fault_time: float, peer: bool, teardown: float | None = None) -> Failure:
@@ -188,6 +207,7 @@ class Recorder:
 
     # -- steps ------------------------------------------------------------------------------------------------
     def step(self, m: dict[str, Any]) -> None:
+        self._flush_fallbacks()
         if self.train_start is None:
             self.train_start = time.time() - m["step_time"]
         self.committed = m["step"] + 1
@@ -253,6 +273,8 @@ class Recorder:
                keep_checkpoint: bool) -> RunResult:
         metrics = self.metrics
         self.rank_time.finish()
+        fallbacks.forget(self)
+        self._flush_fallbacks()
         rank_train_s = self.rank_time.timeline(metrics)
         failures = [f.figures(self.config.strategy) for f in self.failures]
         for failure, record in zip(failures, self.failures):
@@ -280,6 +302,8 @@ class Recorder:
             "disk_mibs": self.rank_time.disk[0] if self.rank_time.disk else None,
             "net_mibs": self.rank_time.net[0] if self.rank_time.net else None,
             "latency_us": self.rank_time.latency[0] if self.rank_time.latency else None,
+            "speed_sources": self.rank_time.sources(),
+            "fallbacks": list(dict.fromkeys(e["what"] for e in self.events if e["kind"] == "fallback")),
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
             "checkpoints": sum(1 for e in self.events if e["kind"] == "checkpoint"),

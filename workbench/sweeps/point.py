@@ -23,7 +23,7 @@ from workbench.h5files import write_text
 from workbench.outdir import clear as clear_run
 from workbench.results import RESULT_FILE
 from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, POINT_VAR, PREEMPTED_DIR
-from workbench.template import SHARED_VAR, Template, share
+from workbench.template import SHARED_VAR, UNSHARED, Template, TemplateError, share
 from workbench.template_server import code_fingerprint
 
 POINT_FILE = "point.json"
@@ -97,20 +97,22 @@ class Worker:
         self.current_dir: Path | None = None
         self.noticed = False  # the point running has notice of preemption (SIGUSR1)
         self.template: Template | None = None
+        self.unshared: str | None = None  # why no template could be shared (its kernels start their own)
 
     def share_template(self) -> None:
         """Start the shared rank template, or a new one if it died or workbench's files changed since it started
-        (its ranks would run the old code); the kernels started from now on get its address (none: they start
-        their own)."""
+        (its ranks would run the old code); the kernels started from now on get its address (where none can be
+        shared: why, and they start their own, saying so)."""
         if self.template is not None and self.template.alive and self.template.code == code_fingerprint():
             return
         if self.template is not None:
             self.template.close()
-        self.template = share()
-        if self.template is not None:
+        try:
+            self.template, self.unshared = share(), None
             os.environ[SHARED_VAR] = self.template.address  # type: ignore[assignment]
-        else:
-            os.environ.pop(SHARED_VAR, None)
+        except TemplateError as exc:  # every kernel starts a template of its own: said by point.json and each run
+            self.template, self.unshared = None, f"the sweep worker could not share a rank template: {exc}"
+            os.environ[SHARED_VAR] = f"{UNSHARED} {self.unshared}"
 
     def leftovers(self) -> list[tuple[int, int]]:
         """Every process below this worker but its shared template."""
@@ -216,6 +218,7 @@ class Worker:
                       kernel_cpu_s=round(cpu1[1] - cpu0[1] + ranks_cpu, 3),
                       rank_template={"pid": template1.pid, "address": template1.address}
                       if template1 is not None and template1.alive else None,
+                      fallbacks=[{"what": "template_unshared", "detail": self.unshared}] if self.unshared else [],
                       provenance=provenance.finish(status["provenance"]))
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="done", status=status["status"], error=error)

@@ -63,8 +63,8 @@ def check_dataset(spec: object, augment: object = "none", synthetic_size: object
 
 def bundled_file(name: str) -> Path:
     """The file a built-in dataset is read from. Missing, it is an error, never a silent fall back to rebuilding
-    it (digits from scikit-learn costs each rank ~2.4 s of CPU at start: docs/benchmarks.md, "No silent slow
-    path")."""
+    it (digits from scikit-learn costs each rank ~2.4 s of CPU at start: docs/concepts.md, "No silent
+    fallback")."""
     path = BUNDLED_FILES[name]
     if not path.is_file():
         raise ConfigError("dataset", f"{name!r} reads its bundled file {path}, which is missing: restore it from the "
