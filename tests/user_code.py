@@ -49,12 +49,12 @@ def blobs_holding_the_interpreter():
 
 
 def probing_model(input_shape, num_classes):
-    """``tiny_model``, after writing the heavy modules this rank has imported to ``$WORKBENCH_TEST_PROBE.<pid>``
+    """``tiny_model``, after writing the scikit-learn modules this rank has imported to ``$WORKBENCH_TEST_PROBE.<pid>``
     (built after the dataset is loaded: whatever its start imported is there)."""
     import os
     import sys
 
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("sklearn", "scipy", "pandas", "matplotlib"))
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] == "sklearn")
     with open(f"{os.environ['WORKBENCH_TEST_PROBE']}.{os.getpid()}", "w") as f:
         f.write("\n".join(heavy))
     return tiny_model(input_shape, num_classes)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from workbench.errors import WorkbenchError
 from workbench.fallbacks import taken
 
 DISK_MIB_VAR = "WORKBENCH_DISK_MIBS"
@@ -102,7 +103,7 @@ def check_given() -> None:
             given(variable)
 
 
-class Substitute(Exception):
+class Substitute(WorkbenchError):
     """A speed could not be measured as documented; ``value`` was measured another way, ``why`` says how (the
     speed's source), ``what`` names the fallback."""
 
