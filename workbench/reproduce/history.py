@@ -96,6 +96,8 @@ def reporting_run(verdict: Any, table: Any = None) -> dict[str, Any] | None:
         return None
     if table is not None and "reporting" in getattr(table, "columns", ()) and not bool(table["reporting"].all()):
         return None
+    if table is not None and getattr(table, "attrs", {}).get("reporting") is False:  # JPDC'24 says it in attrs
+        return None
     return seeds
 
 
