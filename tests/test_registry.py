@@ -3,6 +3,7 @@
 
 import math
 import subprocess
+from dataclasses import asdict
 
 import pytest
 
@@ -157,3 +158,37 @@ def test_a_share_decides_from_its_wilson_interval(successes, trials, sign, statu
         assert decided.mean == pytest.approx(-successes / trials) and decided.low <= decided.mean <= decided.high
         assert decided.n == trials and decided.low < decided.high
     assert registry.share_decision(finding("superiority", 0.5), 90, 100).status == HOLDS  # sign +1: the share
+
+
+def test_the_registry_names_its_attempt_budget_and_the_alpha_each_attempt_is_given(tmp_path):
+    reg = registry.load()
+    budget, spending = reg.attempts["budget"], reg.attempts["spending"]
+    assert budget == len(spending) == 3 and sum(spending) <= reg.alpha  # a paper's attempts share alpha
+    assert [reg.attempt_alpha(k) for k in range(1, budget + 1)] == spending == [0.0125, 0.00625, 0.00625]
+    assert reg.attempt_alpha(budget + 1) is None and reg.attempt_alpha(0) is None  # beyond it: exploratory
+    text = registry.REGISTRY_FILE.read_text()
+    for old, new, message in (("spending: [0.0125, 0.00625, 0.00625]", "spending: [0.025, 0.025, 0.025]",
+                               "sums to 0.075, more than alpha 0.025"),
+                              ("attempts: {budget: 3,", "attempts: {budget: 2,", "one alpha per attempt"),
+                              ("attempts: {", "attempts_not: {", "attempts needs a budget")):
+        assert old in text
+        path = tmp_path / "registry.yaml"
+        path.write_text(text.replace(old, new))
+        with pytest.raises(RegistryError, match=message):
+            registry.load(path)
+
+
+def test_a_decision_is_decided_again_at_another_alpha_with_or_without_its_values():
+    values = [0.4, -0.6, 0.1, -0.3, 0.2, -0.9, 0.0]
+    first = registry.paired_decision(finding("non_inferiority", 1.0), values)
+    at = registry.paired_decision(Finding("paper", "claim", "", "", "", "none", "", "non_inferiority", 1.0, 0.00625),
+                                  values)
+    kept = registry.redecide(finding("non_inferiority", 1.0), asdict(first), 0.00625)
+    published = {**asdict(first), "inputs": {}}  # a record of published figures: mean, bounds and n only
+    rescaled = registry.redecide(finding("non_inferiority", 1.0), published, 0.00625)
+    assert (first.alpha, kept.alpha, rescaled.alpha) == (0.025, 0.00625, 0.00625)
+    assert kept.low == pytest.approx(at.low) and rescaled.low == pytest.approx(at.low) and at.low < first.low
+    assert rescaled.high == pytest.approx(at.high) and "98.75 % interval" in rescaled.detail
+    share = registry.share_decision(finding("non_inferiority", 0.05), 1, 230, -1)
+    again = registry.redecide(finding("non_inferiority", 0.05), asdict(share), 0.00625)
+    assert again.method == "wilson" and again.low < share.low and again.inputs == share.inputs

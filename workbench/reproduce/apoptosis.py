@@ -3,9 +3,9 @@ arXiv 1610.00790): neurons that stop contributing are removed while training run
 
 The finding, in our words: the network becomes several times smaller, and trains faster, at little or no cost
 in accuracy. The campaign: per seed and world size, runs without apoptosis, with the frozen setting, and with the
-threshold rule alone (``lasso=0``); the rule decides on a validation split, the accuracy is the test set's. The
-paper scale is the registry's workload (lenet5 on synthetic_image, reporting seeds drawn at run time); the
-registered findings decide. Details: docs/reproduce.md and docs/apoptosis.md.
+threshold rule alone (``lasso=0``, the small scale only); the rule decides on a validation split, the accuracy is
+the test set's. The paper scale is the registry's workload (vgg11 x0.25 on synthetic_image since its redesign,
+reporting seeds drawn at run time); the registered findings decide. Details: docs/reproduce.md and docs/apoptosis.md.
 """
 
 from __future__ import annotations

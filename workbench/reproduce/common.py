@@ -52,6 +52,11 @@ class Verdict:
     # registered findings decided from their intervals (workbench.reproduce.registry): key, label, status, figures
     decisions: list[dict[str, Any]] = field(default_factory=list)
     commit: str | None = None  # the source commit the campaign ran from (set by save)
+    # a reporting run's place among its paper's registered runs (workbench/reproduce/archive) and the one-sided alpha
+    # that attempt is given (registry.yaml, attempts); exploratory: beyond the attempt budget (set by save)
+    attempt: int | None = None
+    alpha: float | None = None
+    exploratory: bool = False
 
     @property
     def status(self) -> str:
@@ -85,6 +90,17 @@ class Verdict:
         decided = deciding(finding)
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
         return decided.status
+
+    def spend(self, alpha: float, attempt: int | None = None, exploratory: bool = False) -> None:
+        """Decide every registered finding again at ``alpha``, the one its ``attempt`` is given (registry.yaml,
+        ``attempts``), from the values each decision kept (:func:`workbench.reproduce.registry.redecide`)."""
+        from workbench.reproduce import registry
+
+        reg = registry.load()
+        for i, d in enumerate(self.decisions):
+            decided = registry.redecide(reg.finding(d["key"]), d, alpha)
+            self.decisions[i] = {**d, **asdict(decided)}
+        self.alpha, self.attempt, self.exploratory = float(alpha), attempt, bool(exploratory)
 
     def check(self, name: str, ok: bool, detail: str) -> bool:
         self.checks.append(Check(name, bool(ok), detail))
@@ -129,9 +145,14 @@ class Verdict:
             raise AssertionError(f"{self.title} [{self.scale}]: no check measured")
         return self.status
 
-    def save(self, out: str | os.PathLike, figures: Sequence[Any] = (), table: Any = None) -> Path:
+    def save(self, out: str | os.PathLike, figures: Sequence[Any] = (), table: Any = None,
+             archive: str | os.PathLike | None = None) -> Path:
         """``out/verdict.json`` (atomically), the figures as plotly JSON under ``out/figures/`` and the campaign's
-        table as ``out/table.csv``: what :func:`workbench.reproduce.report.write_report` assembles."""
+        table as ``out/table.csv``: what :func:`workbench.reproduce.report.write_report` assembles. A paper-scale
+        reporting run (its reporting seeds drawn in ``out``) is decided at its attempt's alpha and writes its
+        record into ``archive`` (default: the repository's, :data:`workbench.reproduce.history.ARCHIVE_DIR`)."""
+        from workbench.reproduce import history
+
         out = Path(out)
         (out / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
         for i, fig in enumerate(figures):
@@ -144,8 +165,14 @@ class Verdict:
         self.commit = self.commit or git_state()[0]
         if (out / SEEDS_FILE).is_file():  # a paper-scale campaign's reporting seeds: when drawn, under which registry
             self.statistics["reporting_seeds"] = json.loads((out / SEEDS_FILE).read_text())
+        root = Path(archive) if archive is not None else history.ARCHIVE_DIR
+        seeds = history.reporting_run(self, table)
+        if seeds is not None:
+            history.spend(self, seeds, root)
         data = {**asdict(self), "status": self.status}
         _write(out / VERDICT_FILE, json.dumps(data, indent=1, default=_plain))
+        if seeds is not None:
+            history.archive(self, seeds, table, root)
         return out / VERDICT_FILE
 
     @classmethod
@@ -199,8 +226,10 @@ def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, o
     settings = scale_settings(scales, scale, overrides)
     settings.setdefault("synthetic_size", RunConfig.synthetic_size)  # a synthetic dataset's size: the run's default
     settings["reporting"] = scale == "paper" and "seeds" not in overrides
-    if settings["reporting"]:
-        settings["seeds"] = registry.seeds_of(out, key)["seeds"]
+    if settings["reporting"]:  # the run's attempt and its alpha fixed with its seeds, before its first run
+        from workbench.reproduce import history
+
+        settings["seeds"] = history.claim(out, registry.seeds_of(out, key))["seeds"]
     return settings
 
 

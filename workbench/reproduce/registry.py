@@ -3,8 +3,9 @@ and alpha, fixed before any reporting run, and the rule that turns a measured ef
 
 :func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field); :func:`decide`
 gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
-interval over seeds, :func:`share_decision` a share's over trials; :func:`provenance` says which commit registered
-it and which deviations followed. Details: docs/reproduce.md, "Pre-registration".
+interval over seeds, :func:`share_decision` a share's over trials, :func:`redecide` either at an attempt's alpha
+(:meth:`Registry.attempt_alpha`); :func:`provenance` says which commit registered it and which deviations followed.
+Details: docs/reproduce.md, "Pre-registration".
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import os
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ class Finding:
 
 @dataclass(frozen=True)
 class Decision:
-    """A finding decided: its status and the effect's mean and interval (two-sided, 1 - 2 alpha)."""
+    """A finding decided: its status and the effect's mean and interval (two-sided, 1 - 2 alpha), the alpha, and
+    what it was computed from (``method`` t or wilson; ``inputs``: the paired values, or successes of trials), so
+    that it can be decided again at another alpha (:func:`redecide`)."""
 
     status: str
     mean: float
@@ -68,6 +71,9 @@ class Decision:
     high: float
     n: int
     detail: str = ""
+    alpha: float = math.nan
+    method: str = "t"
+    inputs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +84,13 @@ class Registry:
     tuning_seeds: tuple[int, int]
     reporting_seeds: dict[str, Any]
     deviations: list[dict[str, Any]] = field(default_factory=list)
+    attempts: dict[str, Any] = field(default_factory=lambda: {"budget": 1, "spending": [0.025]})
+
+    def attempt_alpha(self, attempt: int) -> float | None:
+        """The one-sided alpha registered for a paper's ``attempt``-th reporting run (1-based: its record number in
+        the archive, :mod:`workbench.reproduce.history`); None beyond the attempt budget (an exploratory run)."""
+        spending = self.attempts["spending"]
+        return float(spending[attempt - 1]) if 1 <= attempt <= len(spending) else None
 
     def workload(self, paper: str) -> dict[str, Any]:
         """The paper scale of ``paper``'s campaign as registered: its settings (model, dataset, worlds, steps, ...),
@@ -128,7 +141,22 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
     if not isinstance(deviations, list) or not all(isinstance(d, dict) and {"date", "finding", "change", "why"}
                                                    <= set(d) for d in deviations):
         raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
-    return Registry(alpha, findings, data["papers"], (low, high), reporting, deviations)
+    return Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
+                    _attempts(path, data.get("attempts"), alpha))
+
+
+def _attempts(path: Path, value: Any, alpha: float) -> dict[str, Any]:
+    """The attempt budget and the alpha each attempt is given: ``spending``, one alpha per attempt, summing to at
+    most the registry's alpha (the one-sided error a paper's reporting runs share)."""
+    budget = value.get("budget") if isinstance(value, dict) else None
+    spending = value.get("spending") if isinstance(value, dict) else None
+    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1 and isinstance(spending, list)
+            and len(spending) == budget):
+        raise RegistryError(f"{path}: attempts needs a budget (an integer >= 1) and spending, one alpha per attempt")
+    levels = [_alpha(level, "attempts: spending") for level in spending]
+    if sum(levels) > alpha + 1e-12:
+        raise RegistryError(f"{path}: attempts: spending {levels} sums to {sum(levels):g}, more than alpha {alpha:g}")
+    return {**value, "spending": levels}
 
 
 def _check_paper(path: Path, key: str, paper: dict[str, Any]) -> None:
@@ -192,14 +220,14 @@ def decide(finding: Finding, mean: float, low: float, high: float, n: int) -> De
         status = HOLDS if low > m or high < -m else FAILS if -m <= low and high <= m else INCONCLUSIVE
     detail = (f"{finding.test.replace('_', '-')} ({TESTS[finding.test].format(m=f'{m:g}')}): "
               f"{mean:.3g} [{low:.3g}, {high:.3g}], n = {n}, {100 * (1 - 2 * finding.alpha):g} % interval")
-    return Decision(status, float(mean), float(low), float(high), n, detail)
+    return Decision(status, float(mean), float(low), float(high), n, detail, finding.alpha)
 
 
 def paired_decision(finding: Finding, effects: Iterable[float]) -> Decision:
     """:func:`decide` on the mean of paired ``effects`` (one per seed, or per model) and its Student-t interval."""
     values = [float(v) for v in effects if v is not None and not math.isnan(float(v))]
     mean, low, high = mean_interval(values, 1 - 2 * finding.alpha)
-    return decide(finding, mean, low, high, len(values))
+    return replace(decide(finding, mean, low, high, len(values)), inputs={"values": values})
 
 
 def share_decision(finding: Finding, successes: int, trials: int, sign: int = 1) -> Decision:
@@ -210,12 +238,34 @@ def share_decision(finding: Finding, successes: int, trials: int, sign: int = 1)
 
     from workbench.faults.outcomes import wilson
 
+    counts = {"successes": int(successes), "trials": int(trials), "sign": int(sign)}
     if trials < 1:
-        return decide(finding, math.nan, math.nan, math.nan, 0)
+        return replace(decide(finding, math.nan, math.nan, math.nan, 0), method="wilson", inputs=counts)
     share, low, high = wilson(int(successes), int(trials), float(norm.ppf(1 - finding.alpha)))
     if sign < 0:
         share, low, high = -share, -high, -low
-    return decide(finding, share, low, high, int(trials))
+    return replace(decide(finding, share, low, high, int(trials)), method="wilson", inputs=counts)
+
+
+def redecide(finding: Finding, decision: dict[str, Any], alpha: float) -> Decision:
+    """``decision`` (a :class:`Decision` as a dict) decided again at ``alpha``: from its inputs where it kept them
+    (the paired values; a share's counts), else (a record of published figures) its t interval widened or narrowed
+    to the new level from its mean, bounds and n, which determine it."""
+    from scipy.stats import t
+
+    at = replace(finding, alpha=float(alpha))
+    inputs = decision.get("inputs") or {}
+    if decision.get("method") == "wilson":
+        return share_decision(at, inputs["successes"], inputs["trials"], inputs.get("sign", 1))
+    if "values" in inputs:
+        return paired_decision(at, inputs["values"])
+    mean, low, high, n = (float(decision[k]) for k in ("mean", "low", "high", "n"))
+    was = decision.get("alpha")
+    was = finding.alpha if was is None or math.isnan(float(was)) else float(was)
+    if n < 2:
+        return decide(at, mean, low, high, int(n))
+    factor = float(t.ppf(1 - at.alpha, n - 1) / t.ppf(1 - was, n - 1))
+    return decide(at, mean, mean - (mean - low) * factor, mean + (high - mean) * factor, int(n))
 
 
 # -- provenance ---------------------------------------------------------------------------------------------------
@@ -240,26 +290,38 @@ def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
 
 
 def registered_at(paper: str, commit: str | None, path: str | os.PathLike = REGISTRY_FILE) -> bool | None:
-    """Whether ``paper``'s registration (its section and the shared rules: alpha and the seeds) reads at
-    ``commit`` (the results') as it reads now: the results ran under the registration in force, committed before
+    """Whether ``paper``'s registration (its section and the shared rules: alpha, the seeds and the attempts) reads
+    at ``commit`` (the results') as it reads now: the results ran under the registration in force, committed before
     them. None outside a checkout or for a commit git does not know."""
+    if not commit:
+        return None
+    then, now = section_at(paper, commit, path, shared=True), section_at(paper, None, path, shared=True)
+    return None if then is None or now is None else then == now
+
+
+def section_at(paper: str, commit: str | None, path: str | os.PathLike = REGISTRY_FILE,
+               shared: bool = False) -> dict[str, Any] | None:
+    """``paper``'s section of the registry as it read at ``commit`` (None: the file now), with the shared rules
+    when ``shared``; None outside a checkout, for a commit git does not know or a file that is not YAML."""
     import yaml
 
     path = Path(path)
-    if not commit:
-        return None
-
-    def part(text: str) -> Any:
-        data = yaml.safe_load(text) or {}
-        shared = {key: data.get(key) for key in ("alpha", "tuning_seeds", "reporting_seeds")}
-        return {**shared, "paper": (data.get("papers") or {}).get(paper)}
-
     try:
-        shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{commit.split('+')[0]}:./{path.name}"],
-                               capture_output=True, text=True, timeout=10)
-        return part(shown.stdout) == part(path.read_text()) if shown.returncode == 0 else None
+        if commit is None:
+            text = path.read_text()
+        else:
+            shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{commit.split('+')[0]}:./{path.name}"],
+                                   capture_output=True, text=True, timeout=10)
+            if shown.returncode != 0:
+                return None
+            text = shown.stdout
+        data = yaml.safe_load(text) or {}
     except (OSError, subprocess.TimeoutExpired, yaml.YAMLError):
         return None
+    part = {"paper": (data.get("papers") or {}).get(paper)}
+    if shared:
+        part.update({key: data.get(key) for key in ("alpha", "tuning_seeds", "reporting_seeds", "attempts")})
+    return part
 
 
 def precedes(registered: str | None, results: str | None, where: str | os.PathLike = REGISTRY_FILE) -> bool | None:

@@ -1,13 +1,12 @@
 """``runs/reproduce/report.html``: per seed paper, the finding as the paper states it beside our figures, the
 verdict (holds / does not hold / inconclusive / not comparable) with every check's and registered test's numbers,
-the pre-registration's commit beside the results' and its deviations.
+the pre-registration's commit beside the results' and its deviations; first, every archived registered run of every
+paper as its history (:mod:`workbench.reproduce.history`), and whether the archive holds records not committed.
 
 Reads what the reproduction notebooks save under ``ROOT/<key>/`` (or in a sweep point directory below it):
 ``verdict.json``, ``figures/*.json`` and ``table.csv``; a finding without a verdict is *not run*. Self-contained.
-
-``python -m workbench.reproduce.report [ROOT] [--out FILE]`` (what ``make reproduce`` ends with): exit 1 when a
-finding does not hold or was not run.
-"""
+``python -m workbench.reproduce.report [ROOT] [--out FILE]`` (``make reproduce``'s end): exit 1 when a finding does
+not hold or was not run."""
 
 from __future__ import annotations
 
@@ -18,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.reproduce import history
 from workbench.reproduce.common import FAILS, FIGURES_DIR, HOLDS, INCONCLUSIVE, NOT_COMPARABLE, VERDICT_FILE, Verdict
 
 # key -> notebook, in the order of the report
@@ -78,15 +78,19 @@ def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
             f"{_order(key, v.commit)}</small></p></section>")
 
 
-def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathLike | None = None) -> Path:
-    """Assemble the report of every finding under ``root``; returns its path (default ``root/report.html``)."""
+def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathLike | None = None,
+                 archive: str | os.PathLike = history.ARCHIVE_DIR) -> Path:
+    """Assemble the report of every finding under ``root`` and of every registered run in ``archive``; returns its
+    path (default ``root/report.html``)."""
     root = Path(root)
     out = Path(out) if out is not None else root / "report.html"
     first = [True]
     paths = {key: find_verdict(root, key) for key in NOTEBOOKS}
-    sections = [_section(key, path, first) for key, path in paths.items()]
+    sections = [_archived(archive)] + [_section(key, path, first) for key, path in paths.items()]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
-    summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b></li>" for k, s in verdicts.items())
+    summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b> under {html.escape(str(root))}; every "
+                      f"registered run: {html.escape(history.history_line(history.records(k, archive)))}</li>"
+                      for k, s in verdicts.items())
     summary += _registration()
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the seed papers</title><style>"
@@ -121,6 +125,50 @@ def _registration() -> str:
             f"reporting runs began:<ul>{deviations}</ul></li>")
 
 
+def _archived(archive: str | os.PathLike) -> str:
+    """Every archived registered run, per paper: its history line, then each attempt's verdict at its alpha with
+    the condition its claims are made under, its findings' effects and intervals and where its figures come from."""
+    pending = history.uncommitted(archive)
+    warning = (f"<p class='status' style='color:#cf222e'>The archive has records not committed: "
+               f"{html.escape(', '.join(pending))}. Commit them: a reporting run is not done until its record is."
+               f"</p>" if pending else "")
+    rows = []
+    for key in NOTEBOOKS:
+        kept = history.records(key, archive)
+        rows.append(f"<h3>{html.escape(key)}: {html.escape(history.history_line(kept))}</h3>")
+        rows += [_attempt(record) for record in kept]
+    return (f"<section><h2>Every registered reporting run</h2>{warning}<p>From <code>{html.escape(str(archive))}"
+            f"</code>, one record per run; each verdict at the alpha its attempt is given (registry.yaml, "
+            f"<code>attempts</code>), the verdict as run beside it where it was decided at another.</p>"
+            f"{''.join(rows)}</section>")
+
+
+def _attempt(record: dict) -> str:
+    esc = html.escape
+
+    def finding(f: dict) -> str:
+        was = f" (as run: {esc(f['status_run'])})" if f["status"] != f["status_run"] else ""
+        return (f"<li>{esc(f['status'])}{was}: {esc(f['key'])} {esc(f.get('label', ''))}: {f['mean']:.3g} "
+                f"[{f['low']:.3g}, {f['high']:.3g}], n = {f['n']}, {esc(f['test'].replace('_', '-'))} margin "
+                f"{f['margin']:g}, alpha {f['alpha']:g}</li>")
+
+    checks = "".join(f"<li>{'✔' if c['ok'] else '✘'} {esc(c['name'])}: {esc(c['detail'])}</li>"
+                     for c in record.get("checks", []))
+    files = ("its verdict, table and seeds kept in the record" if record.get("files") == "kept" else
+             f"its files gone: figures as published in {esc(str(record.get('published_in')))}")
+    alpha, alpha_run = record.get("alpha"), record.get("alpha_run")
+    spent = f"alpha {alpha}" + (f" (run at {alpha_run})" if alpha_run not in (None, alpha) else "")
+    spent += ", exploratory: beyond the attempt budget" if record.get("exploratory") else ""
+    what = f": {esc(record['description'])}" if record.get("description") else ""
+    claim = f"<br><i>Claim:</i> {esc(record['claim'])}" if record.get("claim") else ""
+    return (f"<p><b>attempt {record['attempt']}, design {record.get('design')}</b> ({esc(str(record.get('date')))}"
+            f"{what}): "
+            f"<b>{esc(history.status(record))}</b>; {spent}; registry {esc(str(record.get('registry_commit')))}, "
+            f"results {esc(str(record.get('results_commit')))}; {files}.<br><i>Under:</i> "
+            f"{esc(record.get('condition', ''))}{claim}</p><ul>{''.join(map(finding, history.decided(record)))}"
+            f"{checks}</ul>")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workbench.reproduce.report", description=__doc__.split("\n")[0])
     parser.add_argument("root", nargs="?", default="runs/reproduce")
@@ -134,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict.summary() if verdict else f"{key}: not run")
         if verdict is None or verdict.status == FAILS:
             missed.append(key)
+    for key in NOTEBOOKS:
+        print(f"{key}, every registered run: {history.history_line(history.records(key))}")
+    pending = history.uncommitted()
+    if pending:  # said plainly: a reporting run is not done until its record is committed
+        print(f"the archive has records not committed (commit them): {', '.join(pending)}", file=sys.stderr)
     print(f"report: {path}")
     if missed:  # after the report: a finding that does not hold (or was not run) fails `make reproduce`
         print(f"does not hold or not run: {', '.join(missed)}", file=sys.stderr)

@@ -1,0 +1,144 @@
+"""Every registered reporting run, kept and shown (workbench/reproduce/history.py, archive/): the committed archive
+holds each run the docs published, a paper-scale reporting run writes its record and is decided at the alpha its
+attempt is given, and the report lists every archived run of every paper as a history."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+
+from test_reproduce import gossip_frame
+
+from workbench.reproduce import gossipgrad, history, registry
+from workbench.reproduce.report import write_report
+
+PUBLISHED = {  # paper -> the verdicts the docs published, one per registered reporting run, in order
+    "ccgrid22": ["inconclusive"], "jpdc24": ["inconclusive"], "europmpi17": ["inconclusive"],
+    "gossipgrad": ["inconclusive", "does not hold", "holds"], "apoptosis": ["does not hold", "holds"]}
+
+
+def git_knows(commit: str) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True).returncode == 0
+
+
+def test_the_committed_archive_holds_every_published_reporting_run():
+    reg = registry.load()
+    for paper, verdicts in PUBLISHED.items():
+        kept = history.records(paper)
+        assert [r["attempt"] for r in kept] == list(range(1, len(verdicts) + 1)), paper
+        assert [r["status"] for r in kept] == verdicts  # as run and published
+        assert [history.status(r) for r in kept] == verdicts  # at each attempt's alpha: no verdict changed
+        for r in kept:
+            assert r["alpha"] == reg.attempt_alpha(r["attempt"]) and r["condition"] and r["claim"]
+            assert r["files"] == "gone" and r["published_in"].startswith("docs/reproduce.md") and r["seeds"] is None
+            assert all(git_knows(c) for c in (r["registry_commit"], r["results_commit"]))
+            assert r["attempt"] > 1 or r["design"] == 1
+    assert history.history_line(history.records("gossipgrad")) == (
+        "inconclusive (design 1) → does not hold (design 2) → holds (design 3)")
+    assert history.history_line(history.records("apoptosis")) == "does not hold (design 1) → holds (design 2)"
+
+
+def test_an_archived_interval_is_decided_again_at_its_attempts_alpha():
+    """The runs before the attempt budget were decided at 0.025; the record keeps that and decides again at its
+    attempt's alpha from the recorded mean, interval and n: GossipGraD's 12-seed p = 8 interval no longer excludes 0."""
+    second = history.records("gossipgrad")[1]
+    p8 = [f for f in history.decided(second) if f["label"] == "p=8"][0]
+    assert (p8["status_run"], p8["status"], p8["alpha"]) == ("inconclusive", "inconclusive", 0.00625)
+    assert p8["low"] < -3.02 and p8["high"] > 0 > -0.42  # wider than the 95 % one it ran with
+
+
+def reporting_campaign(out, archive, gossip_pt):
+    """A tiny fake GossipGraD campaign on drawn reporting seeds: gossip - allreduce ``gossip_pt`` per seed."""
+    seeds = history.claim(out, registry.seeds_of(out, "gossipgrad"), archive)
+    frame = gossip_frame().assign(reporting=True)
+    for seed, pt in enumerate(gossip_pt):
+        frame.loc[(frame.parallelism == "gossip") & (frame.seed == seed), "plateau_accuracy"] = 0.95 + pt / 100
+    verdict = gossipgrad.verdict(frame, "paper")
+    verdict.save(out, table=frame, archive=archive)
+    return seeds, verdict
+
+
+def test_two_archived_verdicts_of_one_paper_each_at_its_attempts_alpha_and_both_in_the_report(tmp_path):
+    archive, effects = tmp_path / "archive", (-0.39, -0.2, -0.01)  # lower bound -0.88 at 97.5 %, -1.17 at 98.75 %
+    first, v1 = reporting_campaign(tmp_path / "one", archive, effects)
+    second, v2 = reporting_campaign(tmp_path / "two", archive, effects)
+    reg = registry.load()
+    assert (first["attempt"], second["attempt"]) == (1, 2) and not second["exploratory"]
+    assert (v1.alpha, v2.alpha) == (reg.attempt_alpha(1), reg.attempt_alpha(2)) == (0.0125, 0.00625)
+    for v in (v1, v2):  # each decision is the registry's at the attempt's alpha, from the values it kept
+        for d in v.decisions:
+            finding = replace(registry.load().finding(d["key"]), alpha=v.alpha)
+            again = registry.paired_decision(finding, d["inputs"]["values"])
+            assert (d["status"], d["low"], d["alpha"]) == (again.status, again.low, v.alpha)
+    assert (v1.status, v2.status) == ("holds", "inconclusive")  # the same data: the later attempt has less alpha
+    assert "97.5 % interval" in v1.decisions[0]["detail"] and "98.75 % interval" in v2.decisions[0]["detail"]
+    kept = history.records("gossipgrad", archive)
+    assert [(r["attempt"], r["status"], r["files"]) for r in kept] == [(1, "holds", "kept"),
+                                                                      (2, "inconclusive", "kept")]
+    assert kept[0]["seeds"]["seeds"] == first["seeds"] and len(kept[0]["table"]["data"]) == 12
+    assert history.history_line(kept) == "holds (design 1) → inconclusive (design 1)"
+    v1.save(tmp_path / "one", archive=archive)  # saved again (a resumed campaign): still one record per run
+    assert len(history.records("gossipgrad", archive)) == 2
+    page = write_report(tmp_path / "runs", archive=archive).read_text()
+    assert "gossipgrad: holds (design 1) → inconclusive (design 1)" in page
+    assert page.count("<b>attempt ") == 2 and "alpha 0.0125" in page and "alpha 0.00625" in page
+    assert "ccgrid22: no registered reporting run archived" in page
+
+
+def test_a_run_beyond_the_attempt_budget_is_exploratory(tmp_path):
+    archive = tmp_path / "archive"
+    for attempt in (1, 2, 3):
+        (archive / "gossipgrad").mkdir(parents=True, exist_ok=True)
+        (archive / "gossipgrad" / f"0{attempt}-x.json").write_text(json.dumps(
+            {"paper": "gossipgrad", "attempt": attempt, "design": 1, "alpha": 0.0125, "status": "holds"}))
+    seeds, verdict = reporting_campaign(tmp_path / "four", archive, (0.5, 0.4, 0.6))
+    assert seeds["attempt"] == 4 and seeds["alpha"] is None and verdict.exploratory
+    assert verdict.alpha == registry.load().attempts["spending"][-1]
+    assert history.history_line(history.records("gossipgrad", archive)).endswith("holds (design 2, exploratory)")
+
+
+def test_the_report_says_when_the_archive_holds_records_not_committed(tmp_path):
+    archive = tmp_path / "repo" / "archive"
+    (archive / "gossipgrad").mkdir(parents=True)
+    assert history.uncommitted(archive) is None  # not a checkout: nothing to say
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (archive / "gossipgrad" / "01-x.json").write_text(json.dumps(
+        {"paper": "gossipgrad", "attempt": 1, "design": 1, "date": "2026-11-28", "alpha": 0.0125, "status": "holds"}))
+    assert history.uncommitted(archive) == ["archive/gossipgrad/01-x.json"]
+    page = write_report(tmp_path / "runs", archive=archive).read_text()
+    assert "The archive has records not committed: archive/gossipgrad/01-x.json" in page
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "archive"], check=True)
+    assert history.uncommitted(archive) == []
+    assert "not committed" not in write_report(tmp_path / "runs", archive=archive).read_text()
+
+
+def test_a_tuning_run_at_the_paper_scale_writes_no_record(tmp_path):
+    archive = tmp_path / "archive"
+    history.claim(tmp_path / "out", registry.seeds_of(tmp_path / "out", "gossipgrad"), archive)
+    frame = gossip_frame().assign(reporting=False)  # seeds given: a tuning run, though reporting seeds lie in out
+    gossipgrad.verdict(frame, "paper").save(tmp_path / "out", table=frame, archive=archive)
+    gossipgrad.verdict(gossip_frame(), "small").save(tmp_path / "small", archive=archive)
+    tuning = gossip_frame()
+    tuning.attrs["reporting"] = False  # JPDC'24's table says which it is in its attrs
+    gossipgrad.verdict(tuning, "paper").save(tmp_path / "out", table=tuning, archive=archive)
+    assert history.records(root=archive) == []
+
+
+def test_the_docs_agree_with_the_archive():
+    """docs/reproduce.md shows each paper's history as archived; no page says a run that is archived was not run;
+    the count of deviations the docs give is the registry's."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "reproduce.md").read_text()
+    for paper in PUBLISHED:
+        assert f"| {history.history_line(history.records(paper))} |" in page, paper
+    texts = [page, (root / "README.md").read_text(), (root / "docs" / "apoptosis.md").read_text(),
+             registry.REGISTRY_FILE.read_text()]
+    for stale in ("not run yet", "has not been run", "have not been run", "has not run"):
+        assert not any(stale in text for text in texts), stale
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+    assert f"({words[len(registry.load().deviations)]} so far:" in page
