@@ -159,7 +159,9 @@ def test_an_unstamped_generation_keeps_its_wall_gap():
     for row in later:
         row["time"] += 1.0  # the change took 1 s of wall time
     table = rows(0, range(2)) + later
-    total = rt.timeline(table)
+    with pytest.warns(FallbackWarning, match="no CPU stamp") as said:  # said: rank_time_wall
+        total = rt.timeline(table)
+    assert [w.message.what for w in said] == ["rank_time_wall"]
     # no stamps at all: every step at its wall time, the change at its wall gap
     assert total == pytest.approx(4.0 + 1.0)
 
