@@ -284,8 +284,8 @@ class RankTime:
         unstamped = sum(1 for row in rows if math.isnan(row.get("rank_step_time", math.nan)))
         unmeasured = sorted(g for g, gen in self.gens.items() if not gen.measured)
         if unstamped or unmeasured:
-            self.say("rank_time_wall", f"{unstamped} steps and generation changes {unmeasured} had no CPU stamp "
-                     "(a peer's ranks): their wall time is counted on the rank clock")
+            self.say("rank_time_wall", f"no CPU stamp (a peer's ranks) for {unstamped} steps and the changes to "
+                     f"generations {unmeasured or 'none'}: their wall time is counted on the rank clock")
         clock, previous = 0.0, None
         for row in rows:
             if previous is not None and row["generation"] != previous["generation"]:
