@@ -159,7 +159,9 @@ def test_an_unstamped_generation_keeps_its_wall_gap():
     for row in later:
         row["time"] += 1.0  # the change took 1 s of wall time
     table = rows(0, range(2)) + later
-    total = rt.timeline(table)
+    with pytest.warns(FallbackWarning, match="no CPU stamp") as said:  # said: rank_time_wall
+        total = rt.timeline(table)
+    assert [w.message.what for w in said] == ["rank_time_wall"]
     # no stamps at all: every step at its wall time, the change at its wall gap
     assert total == pytest.approx(4.0 + 1.0)
 
@@ -202,6 +204,7 @@ def test_a_run_has_both_clocks():
     for name in clock.TIME_FIGURES:
         assert clock.PREFIX + name in failure
     assert failure["rank_settle_s"] >= failure["rank_detection_s"] > 0
+    assert "rank_time_wall" not in s["fallbacks"]  # every step and the generation change measured
     assert result.provenance["usable_cores"] == machine.usable_cores() and "steal_pct" in result.provenance
 
 
@@ -216,6 +219,7 @@ def test_every_mode_reports_rank_time(parallelism):
     result = workbench.run(world_size=2, steps=12, parallelism=parallelism, seed=0)
     assert result.completed and result.summary["rank_train_s"] > 0
     assert all(math.isfinite(r["rank_step_time"]) and r["rank_step_time"] > 0 for r in result.metrics)
+    assert "rank_time_wall" not in result.summary["fallbacks"]  # every rank stamped its CPU time
 
 
 def test_speeds_are_measured_once_per_machine(tmp_path, monkeypatch):

@@ -270,7 +270,9 @@ def test_a_rank_waits_for_a_dead_ranks_gpu_memory_until_the_driver_frees_it(tmp_
     smi.write_text("#!/bin/sh\necho 4242\n")  # the driver never frees it
     assert 0.3 <= devices.wait_for_release([4242], timeout=0.3) < 2  # held past the bound: it goes on
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    assert devices.gpu_holders() is None and devices.wait_for_release([4242]) < 0.5
+    with pytest.warns(FallbackWarning, match="nvidia-smi cannot tell") as said:  # no nvidia-smi: said
+        assert devices.gpu_holders() is None and devices.wait_for_release([4242]) < 0.5
+    assert [w.message.what for w in said] == ["gpu_wait_unknown"]
 
 
 def test_a_failed_gpu_probe_is_asked_again(monkeypatch):

@@ -9,13 +9,16 @@ docs/concepts.md ("Two clocks") and docs/internals.md.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.fallbacks import taken
 from workbench.machine import disk_mibs, latency_us, net_mibs
 
 CLOCKS = ("wall", "rank")
@@ -24,6 +27,7 @@ TIME_FIGURES = ("detection_s", "resume_s", "settle_s", "join_s", "regrow_s")  # 
 WINDOW = 10  # steps over which a step's slowest rank is found (RankTime.settle_steps)
 STEAL_LIMIT_PCT = 2.0  # the host stole more than this share of the CPU during a run: wall time measures the host
 NAMES = {"wall": "wall clock", "rank": "rank-time clock"}
+DISK_WAIT_S = 30.0  # at a run's end, how long the disk thread is waited for before the speed is learnt again
 
 
 def column(name: str, clock: str) -> str:
@@ -68,13 +72,19 @@ def resolve(clock: str | None, frame: Any) -> str:
     return clock
 
 
-def teardown_s(proc: Any, fault: dict[str, Any]) -> float | None:
+def teardown_s(proc: Any, fault: dict[str, Any], say: Callable[[str, str], None] = taken) -> float | None:
     """CPU seconds a rank that killed itself spent from its ``fault`` message to its end: the kernel tearing its
     process down before its connection closes, read from the usage its template reaped. None where either is
     unknown (a rank started afresh, a death that was not announced) or the rank did not die by its own kill (a hang
-    or a stall is found by a timeout: a wait by design)."""
+    or a stall is found by a timeout: a wait by design). A forked rank not reaped in time (its wait timed out) is a
+    fallback, said through ``say`` (``teardown_unmeasured``): the wall detection counts."""
     spent, before = getattr(proc, "cpu_s", None), fault.get("process_cpu")
-    if spent is None or before is None or fault.get("kind") != "kill":
+    if before is None or fault.get("kind") != "kill":
+        return None
+    if spent is None:
+        if hasattr(proc, "cpu_s"):  # forked, its kill announced, not reaped yet: its teardown is unknown
+            say("teardown_unmeasured", f"rank pid {getattr(proc, 'pid', '?')} was not reaped in time: its "
+                "teardown CPU is unknown, so its failure's detection counts the wall detection on the rank clock")
         return None
     return max(spent - before, 0.0)
 
@@ -121,7 +131,8 @@ class _Generation:
 class RankTime:
     """Rank-time bookkeeping of one run, fed with the ranks' CPU stamps (spawn id -> last stamp). ``bubble``: a
     GPipe step lasts (M + S - 1) / M times its busiest stage's CPU (M micro-batches through S stages: a stage idles
-    while the pipeline fills and drains); 1 for data parallel and gossip."""
+    while the pipeline fills and drains); 1 for data parallel and gossip. ``say``: how a fallback of this run's
+    bookkeeping is said (the recorder's :meth:`~workbench.supervisor.recorder.Recorder.fallback`)."""
 
     bubble: float = 1.0
     last: dict[int, float] = field(default_factory=dict)
@@ -134,6 +145,7 @@ class RankTime:
     disk: tuple[float, str] | None = None  # (MiB/s, where it came from): what checkpoint reads are charged at
     net: tuple[float, str] | None = None  # (MiB/s, where it came from): what bytes sent are charged at
     latency: tuple[float, str] | None = None  # (µs, where it came from): what each message sent is charged
+    say: Callable[[str, str], None] = field(default=taken, repr=False, compare=False)
     _disk_thread: threading.Thread | None = None
 
     def on_ready(self, spawn: int, m: dict[str, Any]) -> None:
@@ -187,11 +199,13 @@ class RankTime:
         self.last[spawn] = cpu
 
     def reads_from(self, gen: int, path: str) -> None:
-        """Generation ``gen`` resumes from checkpoint ``path``: its bytes are charged at the disk's bandwidth."""
+        """Generation ``gen`` resumes from checkpoint ``path``: its bytes are charged at the disk's bandwidth (a
+        checkpoint that cannot be sized: said, ``checkpoint_unsized``, and its read costs 0)."""
         try:
             self.gens.setdefault(gen, _Generation()).read += os.path.getsize(path)
-        except OSError:
-            pass
+        except OSError as exc:
+            self.say("checkpoint_unsized", f"generation {gen} resumed from {path}, which cannot be sized "
+                     f"({exc.strerror or exc}): its read costs 0 on the rank clock")
 
     def measure_disk(self, place: Path) -> None:
         """Learn the disk's bandwidth (given, cached, or measured once per machine) on a thread of its own: the
@@ -221,8 +235,12 @@ class RankTime:
                 g.wait += latency if g.hop else 0.0
         if any(g.read for g in self.gens.values()):
             if self._disk_thread is not None:
-                self._disk_thread.join(timeout=30.0)
+                self._disk_thread.join(timeout=DISK_WAIT_S)
             if self.disk is None:
+                if self._disk_thread is not None:  # still measuring (a slow disk, a stuck write), or it failed
+                    late = f"not learnt in {DISK_WAIT_S:g} s" if self._disk_thread.is_alive() else "not learnt"
+                    self.say("disk_speed_late", f"the disk speed was {late} where the checkpoints are: it is "
+                             "learnt again now, at the end of the run, in the temporary directory")
                 self.disk = disk_mibs()
             for g in self.gens.values():
                 g.io = g.read / (self.disk[0] * 2**20)
@@ -260,8 +278,14 @@ class RankTime:
     def timeline(self, rows: list[dict[str, Any]]) -> float:
         """Fill each row's ``rank_time`` (the rank clock at the end of that step, from the start of training) and
         return the run's rank-time of training: its steps (:meth:`settle_steps`; the wall step time where no rank
-        stamped one) and the generation changes between them (their wall gap where unmeasured)."""
+        stamped one) and the generation changes between them (their wall gap where unmeasured), said once
+        (``rank_time_wall``) where any is."""
         self.settle_steps(rows)
+        unstamped = sum(1 for row in rows if math.isnan(row.get("rank_step_time", math.nan)))
+        unmeasured = sorted(g for g, gen in self.gens.items() if not gen.measured)
+        if unstamped or unmeasured:
+            self.say("rank_time_wall", f"no CPU stamp (a peer's ranks) for {unstamped} steps and the changes to "
+                     f"generations {unmeasured or 'none'}: their wall time is counted on the rank clock")
         clock, previous = 0.0, None
         for row in rows:
             if previous is not None and row["generation"] != previous["generation"]:

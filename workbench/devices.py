@@ -169,12 +169,17 @@ def wait_for_release(dead_pids: list[int], timeout: float = RELEASE_TIMEOUT_S) -
     """In a GPU rank before it takes its GPU: wait until the driver lists none of ``dead_pids`` (this run's dead
     ranks) as holding GPU memory, at most ``timeout`` s; the seconds waited. A killed process's memory is freed
     when the driver closes its context, after the process is gone; nothing is waited for where nvidia-smi cannot
-    tell (a container that shows no processes: the replacement's allocation then says if memory is short)."""
+    tell (a container that shows no processes: the replacement's allocation then says if memory is short), said:
+    ``gpu_wait_unknown``."""
     started = time.monotonic()
     pending = set(dead_pids) - {os.getpid()}
     while pending:
         held = gpu_holders()
-        if held is None or not pending & held or time.monotonic() - started >= timeout:
+        if held is None:
+            taken("gpu_wait_unknown", f"nvidia-smi cannot tell which processes hold GPU memory: the GPU was taken "
+                  f"without waiting for {len(pending)} dead ranks' memory to be freed")
+            break
+        if not pending & held or time.monotonic() - started >= timeout:
             break
         time.sleep(_RELEASE_POLL_S)
     return time.monotonic() - started

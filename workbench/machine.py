@@ -30,11 +30,15 @@ SPEEDS = {DISK_MIB_VAR: "MiB/s of checkpoint reads", NET_MIB_VAR: "MiB/s of the 
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (its affinity: taskset, cgroups' cpusets), not the machine's count."""
+    """Cores this process may run on (its affinity: taskset, cgroups' cpusets), not the machine's count; where the
+    affinity cannot be read, the machine's count, said (``usable_cores_unknown``)."""
     try:
         return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    except (AttributeError, OSError) as exc:
+        count = os.cpu_count() or 1
+        taken("usable_cores_unknown", f"this process's CPU affinity cannot be read ({type(exc).__name__}): the "
+              f"machine's {count} cores are taken as usable (a taskset or cpuset may allow fewer)")
+        return count
 
 
 def cpu_ticks() -> tuple[int, int] | None:
@@ -253,9 +257,23 @@ print(spent[len(spent) // 4])  # the lower quartile: a loaded machine still show
 def _measure_latency(rounds: int = 200) -> float:
     """Half the lower-quartile time of a one-float gloo allreduce between two started processes (a ring of 2: two
     messages), each pinned to a core of its own where there are two. Where gloo cannot, :class:`Substitute`: a
-    bare loopback echo, which leaves out the transport threads and the wake-up (a lower figure), said and not cached."""
+    bare loopback echo, which leaves out the transport threads and the wake-up (a lower figure), said and not cached.
+    With fewer than two usable cores the hop is measured unpinned (the two processes share what there is: switches,
+    not a hop between two cores): :class:`Substitute` too, ``latency_unpinned``."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pins = cores[:2] if len(cores) >= 2 else [-1, -1]
+    hop = _gloo_hop(rounds, pins)
+    if isinstance(hop, str):
+        raise Substitute(_measure_echo(), "latency_echo", f"echo (gloo hop failed: {hop})")
+    if len(cores) < 2:
+        cores_said = "one usable core" if cores else "usable cores unknown"
+        raise Substitute(hop, "latency_unpinned", f"gloo hop unpinned ({cores_said})")
+    return hop
+
+
+def _gloo_hop(rounds: int, pins: list[int]) -> float | str:
+    """Half the lower-quartile gloo allreduce of one float between two processes pinned to ``pins`` (-1: unpinned),
+    in µs; or why there is no figure."""
     with tempfile.TemporaryDirectory(prefix="wb-hop-") as scratch:
         store = os.path.join(scratch, "store")
         procs = [subprocess.Popen([sys.executable, "-c", _HOPS, str(rank), store, str(rounds), str(pins[rank])],
@@ -265,15 +283,14 @@ def _measure_latency(rounds: int = 200) -> float:
             outputs = [proc.communicate(timeout=120)[0] for proc in procs]
             return round(float(outputs[0].split()[-1]) / 2 * 1e6, 1)
         except subprocess.TimeoutExpired:
-            why = "no answer within 120 s"
+            return "no answer within 120 s"
         except (ValueError, IndexError):
-            why = f"no figure from its processes, exit codes {[proc.returncode for proc in procs]}"
+            return f"no figure from its processes, exit codes {[proc.returncode for proc in procs]}"
         finally:
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-    raise Substitute(_measure_echo(), "latency_echo", f"echo (gloo hop failed: {why})")
 
 
 def measure_probe(core: int | None = None, rounds: int = 300) -> float:

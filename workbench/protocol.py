@@ -62,6 +62,8 @@ CONTROL_KINDS: dict[str, Kind] = {
     "apoptosis": Kind(RANK, ("step", "tau", "removed", "widths", "parameters", "hidden_units"),
                       "adaptive neuron apoptosis removed units (generation rank 0)"),
     "checkpoint": Kind(RANK, ("step", "path", "stall_s", "write_s"), "an HDF5 checkpoint is complete on disk"),
+    "fallback": Kind(RANK, ("what", "detail"), "the rank took a fallback (``workbench.fallbacks.taken`` in its "
+                     "process): the run's ``fallback`` event"),
     "quorum": Kind(RANK, ("step", "participants", "quorum_id", "t"), "torchft: a replica saw a new quorum"),
     "discarded": Kind(RANK, ("step", "t", "error"), "torchft: a replica's step was not committed"),
     "ulfm": Kind(RANK, ("event", "step", "t"), "ULFM: a failed MPI call (``failure``) or the shrunk communicator "

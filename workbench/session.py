@@ -44,6 +44,7 @@ class Run:
         self.out = out.path if isinstance(out, Claim) else Path(out) if out is not None else None
         self.track = track  # an MLflow tracking URI (workbench.tracking.require): logged after the run ends
         self._listeners: list[Listener] = [on_event] if on_event else []
+        self._failed: list[Listener] = []  # listeners that raised: said once each (_dispatch)
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
         # in a sweep point (workbench.sweeps.requeue): the earlier attempt's record, where the job stops on notice
         self._point, self._earlier = point, point.earlier() if point is not None and config.resume else None
@@ -201,11 +202,18 @@ class Run:
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _dispatch(self, kind: str, payload: dict[str, Any]) -> None:
+        """Every listener hears ``kind``; one that raises loses that event (a listener's bug must not kill the
+        run), said once per listener: the run's ``fallback`` event ``listener_failed``."""
         for listener in list(self._listeners):
             try:
                 listener(kind, payload)
-            except Exception:  # noqa: BLE001 - a listener's bug must not kill the run
-                pass
+            except Exception as exc:  # noqa: BLE001 - said below, once per listener
+                if not any(listener is failed for failed in self._failed):
+                    self._failed.append(listener)
+                    name = getattr(listener, "__qualname__", None) or repr(listener)
+                    why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"  # one line
+                    self._supervisor.recorder.fallback("listener_failed", f"the run's listener {name} raised {why}; "
+                                                       "the events it raises on are lost to it (said once)")
 
     @contextlib.contextmanager
     def _notice_signals(self) -> Iterator[None]:

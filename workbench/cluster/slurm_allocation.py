@@ -4,8 +4,8 @@
 :func:`allocation_hosts` reads the allocation from Slurm's environment (``SLURM_JOB_NODELIST`` expanded by ``scontrol
 show hostnames``, ``SLURM_TASKS_PER_NODE``); this node is the first host when the supervisor runs inside the job, else
 it holds no rank. One rank per task (or the first ``N``), this node's first; every other node is launched with ``srun
---overlap -N1 -n1 -w NODE``; addresses are the nodes' ``NodeAddr``. Mistakes are a ``ConfigError``. Details:
-docs/sweeps-and-clusters.md and docs/internals.md.
+--overlap -N1 -n1 -w NODE --cpus-per-task=C`` (``SLURM_JOB_CPUS_PER_NODE``); addresses are the nodes' ``NodeAddr``.
+Mistakes are a ``ConfigError``. Details: docs/sweeps-and-clusters.md and docs/internals.md.
 """
 
 from __future__ import annotations
@@ -35,10 +35,7 @@ def allocation_hosts(ranks: int | None = None, environ: Mapping[str, str] | None
         tasks = slurm.expand_tasks_per_node(env.get("SLURM_TASKS_PER_NODE", ",".join("1" for _ in nodes)))
     except (slurm.SlurmError, slurm.SlurmUnavailable) as exc:
         raise ConfigError("slurm", str(exc)) from None
-    try:
-        cpus = slurm.expand_tasks_per_node(env["SLURM_JOB_CPUS_PER_NODE"])  # same format: 4(x2),2
-    except (KeyError, slurm.SlurmError):
-        cpus = []
+    cpus = _cpus_per_node(env, nodes)
     if len(tasks) != len(nodes):
         raise ConfigError("slurm", f"SLURM_TASKS_PER_NODE={env.get('SLURM_TASKS_PER_NODE')} does not match the "
                           f"{len(nodes)} nodes of {nodelist}")
@@ -54,7 +51,7 @@ def allocation_hosts(ranks: int | None = None, environ: Mapping[str, str] | None
         take = min(tasks[i], left)
         left -= take
         if take:
-            placed.append((nodes[i], take, [f"--cpus-per-task={cpus[i]}"] if len(cpus) == len(nodes) else []))
+            placed.append((nodes[i], take, [f"--cpus-per-task={cpus[i]}"] if cpus else []))
     hosts: list[dict[str, Any]] = []
     if here is None or not placed or placed[0][0] != here:  # the supervisor runs off the allocation's nodes
         first = address_of(placed[0][0])
@@ -66,6 +63,24 @@ def allocation_hosts(ranks: int | None = None, environ: Mapping[str, str] | None
             hosts.append({"address": address_of(node), "slots": slots,
                           "launch": ["srun", "--overlap", "-N1", "-n1", f"-w{node}", *cpu_option]})
     return hosts
+
+
+def _cpus_per_node(env: Mapping[str, str], nodes: list[str]) -> list[int]:
+    """``SLURM_JOB_CPUS_PER_NODE`` expanded, one count per node (each rank launched with ``--cpus-per-task`` of
+    its node's); [] where Slurm did not set it. ConfigError where it is malformed: the ranks would be launched
+    with Slurm's default CPUs, fewer than the allocation holds."""
+    text = env.get("SLURM_JOB_CPUS_PER_NODE")
+    if text is None:
+        return []
+    try:
+        cpus = slurm.expand_tasks_per_node(text)  # the same format as the tasks: 4(x2),2
+    except slurm.SlurmError:
+        raise ConfigError("slurm", f"cannot read SLURM_JOB_CPUS_PER_NODE={text!r} (counts such as 4(x2),2): the "
+                          "ranks would get Slurm's default CPUs per task") from None
+    if len(cpus) != len(nodes):
+        raise ConfigError("slurm", f"SLURM_JOB_CPUS_PER_NODE={text} does not match the {len(nodes)} nodes of the "
+                          "allocation")
+    return cpus
 
 
 def node_address(node: str) -> str:

@@ -4,7 +4,9 @@ A reader thread receives the supervisor's messages; a ``generation`` message is 
 membership and wakes whatever the training loop is waiting on. A heartbeat thread proves the process is not
 frozen. If the connection ends, the supervisor is gone and the rank exits at once (``os._exit``).
 Every ``ready``, ``joined`` and ``step`` message carries ``cpu``: the CPU time this process has spent on its own
-work so far (:data:`cpu_time`), what the supervisor's rank-time clock is made of (:mod:`workbench.clock`).
+work so far (:data:`cpu_time`), what the supervisor's rank-time clock is made of (:mod:`workbench.clock`). A
+fallback taken in the rank's process (:func:`workbench.fallbacks.taken`) is sent as a ``fallback`` message: the
+run records it as its own.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from workbench import fallbacks
 from workbench.protocol import CONTROL, HEARTBEAT_PERIOD, SUPERVISOR, LineDecoder, ProtocolError, encode, message
 from workbench.rank import speed
 
@@ -39,6 +42,7 @@ class _CpuClock:
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
+        self.unseparated = False  # /proc/self/task could not be read: the transport threads are counted (said)
         self.transport: dict[int, float] = {}  # tid -> its CPU when last read (a thread that ended keeps it)
         self.probed = 0.0  # CPU spent in probes
         self.probes: list[float] = []  # seconds per probe, the latest last
@@ -51,7 +55,11 @@ class _CpuClock:
         total = time.process_time()
         try:
             tids = os.listdir("/proc/self/task")
-        except OSError:  # no procfs: the whole process
+        except OSError as exc:  # no procfs: the whole process, said once
+            if not self.unseparated:
+                self.unseparated = True
+                fallbacks.taken("rank_cpu_with_transport", f"no /proc/self/task ({exc.strerror or exc}): gloo's "
+                                "transport threads count as the rank's CPU time (more than its work on shared cores)")
             return total - self.probed
         for tid in tids:
             if tid not in self.seen:
@@ -134,6 +142,11 @@ class Channel:
         self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
+        fallbacks.listen(self)  # a rank's stderr goes to its log: what it falls back on goes to the supervisor
+
+    def fallback(self, what: str, detail: str) -> None:
+        """A fallback taken in this process: the supervisor records it (:mod:`workbench.fallbacks`)."""
+        self.send(message("fallback", what=what, detail=detail))
 
     def send(self, sent: dict[str, Any]) -> None:
         """Send a message built by :func:`workbench.protocol.message`."""

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import strategies
+from workbench.fallbacks import taken
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
@@ -283,11 +284,13 @@ class GossipTrainer(BaseTrainer):
         """The diffusion measurement (:func:`diffusion`) of the final replicas and the test accuracy of their
         consensus (the diffused state: what ``ceil(log2 p)`` rounds make of the replicas, their mean for p a power of
         two), sent with ``done``; none when a member is lost meanwhile (a measurement after the last step must not
-        fail a finished run). The replica keeps its own state."""
+        fail a finished run: said, ``diffusion_unmeasured``). The replica keeps its own state."""
         own = self._flat()  # a copy of the state; diffusion works on a copy of it in turn
         try:
             figures, consensus = diffusion(self.comm, self.schedule, own, self.step)
-        except (CommError, GenerationChanged):
+        except (CommError, GenerationChanged) as exc:
+            taken("diffusion_unmeasured", f"a member was lost while the replicas' diffusion was measured after the "
+                  f"last step ({type(exc).__name__}): the summary's diffusion is None")
             return {}
         self._unflat(consensus)
         figures["test_acc"] = self.evaluate()["test_acc"]

@@ -2,7 +2,8 @@
 so it composes with any model and shows on both clocks. Sleeping would add no CPU time (the rank-time clock would
 not see it), so the throttle burns CPU: (F - 1) times the rank's own CPU per step, measured without the throttle
 (the median of its last steps), at the mode's mid-step point, before its last gradient exchange, where the others
-wait for it as for a real straggler (docs/permanent-faults.md, "Slow ranks and stragglers").
+wait for it as for a real straggler (docs/permanent-faults.md, "Slow ranks and stragglers"). A step slowed before
+any was measured burns against its own compute so far (less than a step): said, ``throttle_no_baseline``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import statistics
 import time
 from collections import deque
 
+from workbench.fallbacks import taken
 from workbench.faults.spec import FaultSpec
 from workbench.rank.channel import cpu_time
 
@@ -60,7 +62,13 @@ class Throttle:
         if self.factor <= 1.0 or self._done or self._started is None:
             return
         self._done = True
-        base = statistics.median(self.computes) if self.computes else cpu_time() - self._started
+        if self.computes:
+            base = statistics.median(self.computes)
+        else:  # no step measured yet (slowed from its first step, or live before any was timed): this one so far
+            base = cpu_time() - self._started
+            taken("throttle_no_baseline", f"slowed x{self.factor:g} before any step was measured: this step burns "
+                  f"{self.factor - 1:g} times its compute up to its mid-step point ({base * 1e3:.1f} ms), so it is "
+                  "slowed less than reported")
         target = (self.factor - 1.0) * base
         began = time.thread_time()  # the burn runs on this thread alone: its own clock measures it exactly
         while time.thread_time() - began < target:

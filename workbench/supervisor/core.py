@@ -229,9 +229,9 @@ class Supervisor(Commands, SlowRanks):
                         self.launcher.kill(w, self.control.send)
             elif isinstance(d, Lost):
                 w = self.launcher.workers[d.id]
-                fault = w.fault or {}
+                fault, say = w.fault or {}, self.recorder.fallback  # a teardown not measured: said in this run
                 self.recorder.lost(d, fault.get("step", w.steps_done), fault.get("t", time.time()),
-                                   peer=self.peer is not None, teardown=clock.teardown_s(w.proc, fault))
+                                   peer=self.peer is not None, teardown=clock.teardown_s(w.proc, fault, say))
             elif isinstance(d, Generation):
                 self._announce(d)
             elif isinstance(d, Note):
@@ -358,7 +358,7 @@ class Supervisor(Commands, SlowRanks):
         elif kind == "flip":
             self.plan.flipped(w.label, m)
             self.recorder.rank_message(w.label, m)
-        elif kind in ("detected", "apoptosis"):
+        elif kind in ("detected", "apoptosis", "fallback"):
             self.recorder.rank_message(w.label, m)
         elif self.peer is not None and kind in self.peer.handlers:
             self.peer.handlers[kind](self.recorder, w.spawn_id, w.label, m)

@@ -91,7 +91,7 @@ class Recorder:
         self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
         stages = config.pipeline_stages if config.parallelism in ("pipeline", "hybrid") else None
         self.rank_time = clock.RankTime(bubble=(config.micro_batches + stages - 1) / config.micro_batches
-                                        if stages else 1.0)
+                                        if stages else 1.0, say=self.fallback)
         self._fallbacks: deque[tuple[float, str, str]] = deque()  # said by any thread, recorded by this one
         fallbacks.listen(self)  # until the result: what this process falls back on while the run goes on
         for what, detail in fallbacks.claim():  # taken while this run was prepared (in this thread)
@@ -247,9 +247,11 @@ class Recorder:
         return True
 
     def rank_message(self, label: int | None, m: dict[str, Any]) -> None:
-        """Events ranks report that only need recording (flip, detected, apoptosis, peer_error)."""
+        """Events ranks report that only need recording (flip, detected, apoptosis, fallback)."""
         kind = m["type"]
-        if kind == "flip":
+        if kind == "fallback":  # taken in a rank's process (workbench.rank.channel forwards it): this run's
+            self.fallback(m["what"], f"rank {label}: {m['detail']}")
+        elif kind == "flip":
             self.event("flip", m["step"], f"{m['target']} {m['tensor']}[{m['index']}] bit {m['bit']}: "
                        f"{m['old']!r} -> {m['new']!r}", rank=label)  # repr: the exact values, replayable
         elif kind == "detected":
@@ -273,12 +275,13 @@ class Recorder:
                keep_checkpoint: bool) -> RunResult:
         metrics = self.metrics
         self.rank_time.finish()
-        fallbacks.forget(self)
-        self._flush_fallbacks()
         rank_train_s = self.rank_time.timeline(metrics)
         failures = [f.figures(self.config.strategy) for f in self.failures]
         for failure, record in zip(failures, self.failures):
             failure.update(self.rank_time.failure(failure, record, metrics))
+        cores = machine.usable_cores()
+        fallbacks.forget(self)
+        self._flush_fallbacks()  # the last: what the bookkeeping above fell back on too
         accuracies = [r["test_acc"] for r in metrics if not math.isnan(r["test_acc"])]
         summary = {
             "outcome": outcome,
@@ -297,8 +300,8 @@ class Recorder:
             "overhead_s": None,
             "rank_train_s": round(rank_train_s, 3),
             "rank_overhead_s": None,
-            "cores": machine.usable_cores(),
-            "oversubscribed": self.config.world_size > machine.usable_cores(),
+            "cores": cores,
+            "oversubscribed": self.config.world_size > cores,
             "disk_mibs": self.rank_time.disk[0] if self.rank_time.disk else None,
             "net_mibs": self.rank_time.net[0] if self.rank_time.net else None,
             "latency_us": self.rank_time.latency[0] if self.rank_time.latency else None,

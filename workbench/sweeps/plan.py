@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import SweepError
+from workbench.fallbacks import taken
 from workbench.h5files import FileKindError, make_directory, read_json, remove_directories
 from workbench.sweeps.point import write_json
 
@@ -124,7 +125,8 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict[str, Any]:
 
     Read with Python's ``ast`` (every assigned name; a default that is not a literal is kept as its source), since
     ``papermill.inspect_notebook`` skips any line holding two ``=`` (``fault = "kill:rank=2,step=60"``); papermill's
-    reading is the fall-back for a cell that is not plain Python. No cell tagged ``parameters``: none."""
+    reading is the fall-back for a cell that is not plain Python (said: ``parameters_cell_not_python``). No cell
+    tagged ``parameters``: none."""
     import ast
 
     path = Path(notebook)
@@ -141,9 +143,11 @@ def notebook_parameters(notebook: str | os.PathLike) -> dict[str, Any]:
     source = "".join(source) if isinstance(source, list) else source
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except SyntaxError as exc:
         import papermill
 
+        taken("parameters_cell_not_python", f"{path}: the cell tagged parameters is not plain Python ({exc.msg}, "
+              f"line {exc.lineno}): its parameters are read by papermill, which drops any line holding two '='")
         return {name: p.get("default") for name, p in papermill.inspect_notebook(str(path)).items()}
     declared: dict[str, Any] = {}
     for node in tree.body:

@@ -130,7 +130,11 @@ def _refuse_if_running(directory: Path) -> None:
         job = json.loads((directory / JOB_FILE).read_text())["job"]
     except (OSError, ValueError, KeyError):
         return
-    if slurm.active_tasks(str(job)):
+    active = slurm.active_tasks(str(job))
+    if active is None:  # going on could run a second array over the same points
+        raise SweepError(f"{directory} has a job array {job}, and squeue did not answer whether it still runs: try "
+                         f"again, or check squeue -j {job} and remove {directory / JOB_FILE}")
+    if active:
         raise SweepError(f"{directory} has its job array {job} still queued or running: wait for it to end, or "
                          f"scancel {job}")
 

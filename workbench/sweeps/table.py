@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import ResultsError
+from workbench.fallbacks import taken
 from workbench.h5files import FileKindError, read_json
 from workbench.provenance import columns as provenance_columns
 from workbench.results import RESULT_FILE, RunResult, load_table, save_table
@@ -26,10 +27,16 @@ TRACKING_FILE = "tracking.json"  # the last MLflow logging of the sweep (workben
 
 
 def point_status(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """A point directory's ``point.json``, or None if the point never started."""
+    """A point directory's ``point.json``, or None if the point never started; a damaged one is None too (the point
+    is run again), said: ``point_status_damaged``."""
+    path = Path(directory) / POINT_FILE
     try:
-        return json.loads((Path(directory) / POINT_FILE).read_text())
-    except (OSError, ValueError):
+        return json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:
+        taken("point_status_damaged", f"{path} cannot be read ({str(exc).splitlines()[0][:80]}): the point counts "
+              "as not run, and a sweep runs it again")
         return None
 
 
@@ -77,8 +84,10 @@ def aggregate(directory: str | os.PathLike) -> pd.DataFrame:
     tracking = directory / TRACKING_FILE
     try:
         extra = {"tracking": read_json(tracking, "tracking record")} if tracking.is_file() else {}
-    except FileKindError:
-        extra = {}  # a damaged record of the last MLflow logging does not stop the table
+    except FileKindError as exc:  # a damaged record of the last MLflow logging does not stop the table
+        taken("tracking_record_damaged", f"{exc}: the table is written without the record of the sweep's last "
+              "MLflow logging")
+        extra = {}
     save_table(frame, directory / TABLE_FILE, notebook=spec["notebook"], signature=_signature(directory),
                parameters=sorted({k for p in spec["points"] for k in p["parameters"]}), **extra)
     return frame
@@ -116,6 +125,6 @@ def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
             frame, attrs = load_table(table)
             if attrs.get("signature") == _signature(directory):
                 return frame
-        except ResultsError:
-            pass
+        except ResultsError as exc:
+            taken("sweep_table_damaged", f"{exc}: the sweep's table is rebuilt from its points")
     return aggregate(directory)
