@@ -124,10 +124,20 @@ def test_the_throttle_makes_a_step_take_factor_times_its_own_cpu(monkeypatch):
         return throttle
 
     assert [fresh().factor_at(s) for s in (9, 10, 19, 20)] == [1.0, 3.0, 3.0, 1.0]
-    # on real CPU: the burn is CPU time, not a sleep (a sleep reads 1). The bound above is loose: the host's own
-    # speed can move the same compute by 2x between the two halves (docs/benchmarks.md, "The speed probe"; 5.2 seen
-    # once); the exact amount is the fake clock's check below
-    assert 2.0 < throttled_steps(fresh(), lambda: sum(i * i for i in range(60_000))) < 8.0
+    # on real CPU: the burn is CPU time, not a sleep (a sleep reads 0 on the thread's clock), and exactly the
+    # target: each slowed step's burn, read on this thread's own CPU clock (which the host's load and speed do not
+    # move, unlike a ratio of two halves' compute: 2.3 to 5.2 seen), is (3 - 1) x the median compute so far, give
+    # or take one turn of its busy loop
+    throttle = fresh()
+    for step in range(20):
+        throttle.begin(step)
+        sum(i * i for i in range(60_000))  # the step's own compute
+        target = 2.0 * statistics.median(throttle.computes) if step >= 10 else 0.0
+        before = time.thread_time()
+        throttle.burn()
+        spent = time.thread_time() - before
+        assert target <= spent <= target + 2e-3, (step, spent, target)
+        throttle.end()
     # on a CPU clock that moves only when the rank computes: exactly 2 more of its own steps' compute per step
     clock = [0.0]
 

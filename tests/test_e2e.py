@@ -1,0 +1,222 @@
+"""One end-to-end test per part of the product, fast tier (a few seconds each, 2-4 ranks, the digits MLP): a
+checkpoint restart, an interrupted sweep, a flip into an HDF5 checkpoint, the lab panel's fault buttons and a
+failure during a recovery. ULFM's lives in tests/test_ulfm.py; torchft's does not fit the fast tier (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import workbench
+from workbench import checkpoint as ckpt
+from workbench import cli
+from workbench.faults.outcomes import classify
+from workbench.results import RunResult
+from workbench.supervisor.watchdog import FLOOR_S
+from workbench.sweeps.run import is_complete, point_id
+from workbench.widgets import Lab
+
+GATED = Path(__file__).parent / "notebooks" / "gated_sweep.ipynb"
+# checkpoint_restart on 2 ranks; checkpoints every 5 steps are written in the background, so a kill at step 12
+# resumes from step 10 or, when that copy had not finished, step 5: the test reads which from the events
+CR = {"world_size": 2, "steps": 30, "strategy": "checkpoint_restart", "checkpoint_every": 5, "eval_interval": 30}
+KILL = 12
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` s (a bound on a condition, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not reached in {timeout:g} s"
+        time.sleep(0.02)
+
+
+def final_state(result: RunResult) -> ckpt.Checkpoint:
+    return ckpt.load(result.summary["final_checkpoint"])
+
+
+def assert_bitwise(ours: ckpt.Checkpoint, reference: ckpt.Checkpoint) -> None:
+    """Same step, weights and optimizer state, bit for bit."""
+    assert ours.step == reference.step
+    assert ours.model.keys() == reference.model.keys() and ours.optimizer.keys() == reference.optimizer.keys()
+    for name, tensor in reference.model.items():
+        assert torch.equal(ours.model[name], tensor), name
+    for name, state in reference.optimizer.items():
+        assert state.keys() == ours.optimizer[name].keys(), name
+        for key, value in state.items():
+            assert torch.equal(ours.optimizer[name][key], value), (name, key)
+
+
+def losses(result: RunResult) -> list[tuple[int, float]]:
+    return [(row["step"], row["loss"]) for row in result.metrics]
+
+
+def resumed_at(result: RunResult) -> list[int]:
+    return [e["step"] for e in result.events if e["kind"] == "recovered"]
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """The failure-free checkpoint_restart run (its checkpoints are the flip test's input)."""
+    result = workbench.run(CR, out=tmp_path_factory.mktemp("golden"))
+    assert result.completed and [s for s, _ in losses(result)] == list(range(CR["steps"]))
+    return result
+
+
+def test_checkpoint_restart_after_a_kill_is_bitwise_the_failure_free_run(golden, tmp_path):
+    """A rank SIGKILLed mid-run: the world restarts from the newest checkpoint; every loss (before the kill and
+    after the resume) and the final weights and optimizer state equal the failure-free run's exactly."""
+    result = workbench.run({**CR, "faults": [f"kill:rank=1,step={KILL}"]}, out=tmp_path)
+    assert result.completed, result.summary["reason"]
+    (failure,) = result.failures
+    assert (failure["rank"], failure["step"], failure["cause"]) == (1, KILL, "died (SIGKILL)")
+    (resume,) = resumed_at(result)
+    assert resume in (5, 10) and failure["steps_redone"] == KILL - resume and failure["world_size_after"] == 2
+    reference = dict(losses(golden))
+    assert losses(result) == [(s, reference[s]) for s in [*range(KILL), *range(resume, CR["steps"])]]
+    assert_bitwise(final_state(result), final_state(golden))
+
+
+def test_a_second_kill_during_the_restart_is_recovered_and_still_bitwise(golden, tmp_path):
+    """A failure during a recovery: rank 1 dies at step 12; while the restarted world joins (its generation
+    announced, not yet recovered) rank 0 is killed too. The restart starts again and the run ends bitwise where the
+    failure-free run ends, with both failures recorded and one recovery."""
+    box: dict[str, Any] = {}
+
+    def kill_during_the_restart(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "event" and payload["kind"] == "generation" and payload["detail"].startswith("generation 1:"):
+            try:
+                box["run"].kill(0)
+                box["killed"] = payload["time"]
+            except Exception as exc:  # noqa: BLE001 - a refused kill is asserted below, not swallowed
+                box["error"] = exc
+
+    run = workbench.start({**CR, "faults": [f"kill:rank=1,step={KILL}"]}, out=tmp_path,
+                          on_event=kill_during_the_restart)
+    box["run"] = run
+    result = run.wait(timeout=120)
+    assert "error" not in box and "killed" in box, box
+    assert result.completed, result.summary["reason"]
+    assert [(f["rank"], f["cause"]) for f in result.failures] == [(1, "died (SIGKILL)"), (0, "died (SIGKILL)")]
+    kinds = [(e["kind"], e["rank"]) for e in result.events if e["kind"] in ("failure", "restart", "recovered")]
+    # the second failure came before the first recovery finished: two restarts, one recovery, after both
+    assert kinds == [("failure", 1), ("restart", -1), ("failure", 0), ("restart", -1), ("recovered", -1)]
+    assert result.summary["world_size_final"] == 2 and result.summary["steps_completed"] == CR["steps"]
+    (resume,) = resumed_at(result)
+    reference = dict(losses(golden))
+    assert losses(result) == [(s, reference[s]) for s in [*range(KILL), *range(resume, CR["steps"])]]
+    assert_bitwise(final_state(result), final_state(golden))
+
+
+def ieee_flip(value: float, bit: int) -> float:
+    (word,) = struct.unpack("<I", struct.pack("<f", value))
+    return struct.unpack("<f", struct.pack("<I", word ^ (1 << bit)))[0]
+
+
+def test_a_flip_into_a_checkpoint_resumes_and_is_classified_against_the_golden_run(golden, tmp_path, capsys):
+    """``workbench flip`` alters the golden run's checkpoint of step 15; the unaltered checkpoint resumes to
+    exactly the golden run (masked, delta 0); an exponent flip (bit 30) resumes to non-finite losses and is
+    classified ``nonfinite``, a mantissa flip (bit 0) ``masked`` though its losses differ."""
+    source = Path(golden.summary["final_checkpoint"]).parent / "step_000015.h5"
+    assert ckpt.verify(source) == []
+    clean = workbench.run({**CR, "resume": str(source)}, out=tmp_path / "clean")
+    reference = dict(losses(golden))
+    assert losses(clean) == [(s, reference[s]) for s in range(15, CR["steps"])]
+    assert classify(clean, golden) | {"accuracy": None} == {
+        "outcome": "masked", "detected": False, "recovered": False, "accuracy": None, "accuracy_delta": 0.0,
+        "flips": 0}
+
+    found = {}
+    for bit in (30, 0):
+        altered, log = tmp_path / f"bit{bit}.h5", tmp_path / f"bit{bit}.jsonl"
+        assert cli.main(["flip", str(source), "--dataset", "model/fc1.weight", "--index", "7", "--bit", str(bit),
+                         "--out", str(altered), "--log", str(log)]) == 0
+        capsys.readouterr()
+        record = json.loads(log.read_text())
+        assert record["bits"] == [bit] and record["new"] == ieee_flip(record["old"], bit)
+        assert ckpt.verify(altered) == ["model/fc1.weight"]  # its checksum sees the flip
+        result = workbench.run({**CR, "resume": str(altered), "resume_verify": False}, out=tmp_path / f"r{bit}")
+        assert result.completed, result.summary["reason"]
+        found[bit] = (classify(result, golden)["outcome"], [loss for _, loss in losses(result)])
+    assert found[30][0] == "nonfinite" and not all(map(torch.isfinite, torch.tensor(found[30][1])))
+    assert found[0][0] == "masked" and found[0][1] != [reference[s] for s in range(15, CR["steps"])]
+
+
+def test_the_lab_panels_kill_hang_stall_and_flip_buttons_hit_a_live_run():
+    """The panel driven as its buttons are, no browser: Flip on rank 0, then Kill 3, Hang 2 and Stall 1, each
+    waited for until recovered; the run's events name the fault, its rank and how it was found."""
+    lab = Lab(world_size=4, steps=100_000, strategy="shrink", progress_timeout=FLOOR_S)  # the watchdog's floor
+    try:
+        lab.start_button.click()
+        run = lab.run
+        wait_for(lambda: len(run.metrics) > 5, what="training")
+        lab.flip_rank.value, lab.flip_index.value, lab.flip_bit.value = 0, 3, 23
+        lab.flip_button.click()
+        wait_for(lambda: any(e["kind"] == "flip" for e in run.events), what="the flip")
+        (flip,) = [e for e in run.events if e["kind"] == "flip"]
+        head, values = flip["detail"].split(": ")
+        old, new = (float(v) for v in values.split(" -> "))
+        assert (flip["rank"], head, new) == (0, "weight fc1.weight[3] bit 23", ieee_flip(old, 23))
+        causes = {"Kill 3": "died (SIGKILL)", "Hang 2": "froze (no heartbeat for 2 s)",
+                  "Stall 1": f"stalled (alive, but no step committed for {FLOOR_S:g} s)"}
+        for n, (column, button) in enumerate([(3, 0), (2, 1), (1, 2)], start=1):
+            pressed = lab.rank_buttons.children[column].children[button]
+            pressed.click()
+            wait_for(lambda n=n: len(resumed_at(run)) == n, what=pressed.description)
+            events = [e for e in run.events if e["rank"] == column and e["kind"] in ("kill", "hang", "stall",
+                                                                                     "failure")]
+            assert [e["kind"] for e in events] == [pressed.description.split()[0].lower(), "failure"], events
+            assert events[1]["detail"] == f"rank {column} {causes[pressed.description]}"
+            assert run.status["members"] == list(range(4 - n))
+            wait_for(lambda b=pressed: b.disabled, what="the dead rank's buttons greyed")
+    finally:
+        lab.stop_button.click()
+    result = run.wait(timeout=60)
+    assert [(f["rank"], f["world_size_after"]) for f in result.failures] == [(3, 3), (2, 2), (1, 1)]
+    hang, stall = result.failures[1:]
+    assert hang["detection_s"] >= 2.0 and stall["detection_s"] >= FLOOR_S  # neither found before its limit
+    lab.close()
+
+
+def test_an_interrupted_sweep_resumes_and_runs_each_point_once(tmp_path):
+    """2 points, one job: SIGINT once the first point is complete (the second waits on a gate, so the signal lands
+    in it); the resumed sweep runs exactly the second, and the first point's files are untouched."""
+    out, gate = tmp_path / "sweep", tmp_path / "gate"
+    argv = [sys.executable, "-m", "workbench", "sweep", str(GATED), "-p", "a", "0", "1", "-p", "gate",
+            str(gate), "--out", str(out), "--no-progress"]
+    first, later = point_id({"a": 0, "gate": str(gate)}), [point_id({"a": a, "gate": str(gate)}) for a in (1,)]
+    proc = subprocess.Popen([*argv, "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for(lambda: is_complete(out / first) or proc.poll() is not None, what="the first point")
+        assert proc.poll() is None, proc.communicate()
+        wait_for(lambda: (out / later[0] / "point.json").is_file(), what="the second point's start")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "interrupted" in err
+    assert [is_complete(out / p) for p in (first, *later)] == [True, False]
+    kept = {name: (out / first / name).read_bytes() for name in ("point.json", "result.h5")}
+    started = json.loads(kept["point.json"])["started"]
+
+    gate.touch()
+    resumed = subprocess.run([*argv, "--jobs", "1"], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "2 points: 1 executed (1 completed, 0 failed)" in resumed.stdout, resumed.stdout
+    assert {name: (out / first / name).read_bytes() for name in kept} == kept  # not run again
+    assert all(json.loads((out / p / "point.json").read_text())["started"] > started for p in later)
+    assert sorted(RunResult.load(out / p).config["seed"] for p in (first, *later)) == [0, 1]
