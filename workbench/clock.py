@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.fallbacks import taken
+from workbench.faults import kinds
 from workbench.machine import disk_mibs, latency_us, net_mibs
 
 CLOCKS = ("wall", "rank")
@@ -79,7 +80,7 @@ def teardown_s(proc: Any, fault: dict[str, Any], say: Callable[[str, str], None]
     or a stall is found by a timeout: a wait by design). A forked rank not reaped in time (its wait timed out) is a
     fallback, said through ``say`` (``teardown_unmeasured``): the wall detection counts."""
     spent, before = getattr(proc, "cpu_s", None), fault.get("process_cpu")
-    if before is None or fault.get("kind") != "kill":
+    if before is None or not getattr(kinds.find(fault.get("kind")), "kills", False):
         return None
     if spent is None:
         if hasattr(proc, "cpu_s"):  # forked, its kill announced, not reaped yet: its teardown is unknown

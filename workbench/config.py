@@ -23,6 +23,7 @@ from workbench.cluster.hosts_file import check_hosts
 from workbench.config_files import missing_checkpoint, read_settings
 from workbench.config_types import as_floats, coerce_types
 from workbench.errors import ConfigError
+from workbench.faults import kinds
 from workbench.faults.slow import check_straggler_settings
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
 from workbench.lr_schedule import SCHEDULES as LR_SCHEDULES
@@ -187,7 +188,7 @@ class RunConfig:
                                   f"has ranks 0..{self.world_size - 1}")
             if fault.step is not None and fault.step >= self.steps:
                 raise ConfigError("fault", f"{fault} is at step {fault.step} but the run has steps 0..{self.steps - 1}")
-            if fault.kind == "resize":
+            if kinds.of(fault).fires is kinds.Fires.BOUNDARY:
                 check_world(self, fault.world, str(fault))
 
     def _check_parallelism(self) -> None:
@@ -250,13 +251,12 @@ class RunConfig:
         if peer is None:
             return
         unsupported = {"regrow": self.regrow, "detect": self.detect, "apoptosis": self.apoptosis,
-                       "hosts": self.hosts, "resume": self.resume,
-                       "flip faults": [f for f in self.faults if isinstance(f, FaultSpec) and f.kind == "flip"],
-                       "stall faults": [f for f in self.faults if isinstance(f, FaultSpec) and f.kind == "stall"]}
+                       "hosts": self.hosts, "resume": self.resume}
         for name, value in unsupported.items():
             if value:
                 raise ConfigError("strategy", f"{self.strategy!r} runs the peer system as its users do; {name} is "
                                   "ours and does not apply to it")
+        kinds.refuse_on_peer(self.strategy, self.faults)  # which kinds a peer takes: their objects say
         if self.parallelism != "data":
             raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
         peer.require(self.strategy)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench import config, devices
+from workbench.faults import kinds
 from workbench.faults.slow import STRAGGLER_RESPONSES
 from workbench.peers import PEER_STRATEGIES
 from workbench.resize_rule import RULES as RESIZE_RULES
@@ -41,12 +42,8 @@ def _int_list(what: str, example: str) -> Callable[[str], list[int]]:
     return int_list
 
 
-_FAULTS = ("kill:rank=R,step=S | kill:rank=R,time=T | hang:rank=R,step=S | stall:rank=R,step=S | "
-           "preempt:rank=R,step=S,grace=G | resize:world=N,step=S | "
-           "slow:rank=R,factor=F,step=S,until=U | "
-           f"random:mtbf_steps=M,dist={'|'.join(config.DISTRIBUTIONS)},shape=K,seed=S,max=F[,kind=slow,factor=F,"
-           "duration=D] | "
-           f"flip:target={'|'.join(config.FLIP_TARGETS)},rank=R,step=S,tensor=NAME,index=I,bit=B")
+_FAULTS = " | ".join([*kinds.GRAMMAR, f"{kinds.RANDOM}:mtbf_steps=M,dist={'|'.join(config.DISTRIBUTIONS)},shape=K,"
+                       "seed=S,max=F[,kind=slow,factor=F,duration=D]"])  # each kind's forms: its object's
 _RECOVERY = "[Permanent faults](permanent-faults.md#recovery-strategies)"
 _MODES = "[Parallel modes](parallel-modes.md)"
 

@@ -12,8 +12,10 @@ import numbers
 from typing import Any
 
 from workbench.errors import ConfigError
+from workbench.faults import kinds
 
-_DEAD = ("failure", "kill")  # since the last generation: this rank is gone or going (a hang still counts alive)
+# since the last generation: this rank is gone or going (a hang still counts alive)
+_DEAD = ("failure", *(k.name for k in kinds.REGISTRY.values() if k.kills))
 
 
 def live_rank(rank: Any, action: str, status: dict[str, Any], events: list[dict[str, Any]], world_size: int,

@@ -9,18 +9,17 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench import clock as clocks
+from workbench.faults.kinds import CURVE_MARKERS
 
 if TYPE_CHECKING:
     from workbench.results import RunResult
 
 _PALETTE = ("royalblue", "crimson", "seagreen", "darkorange", "purple", "teal")
-FAULT_MARKERS = {"kill": ("x", "crimson"), "hang": ("square", "darkorange"), "stall": ("hourglass", "goldenrod"),
-                 "failure": ("x-thin", "crimson"),
+# the fault kinds' markers are their objects' (workbench/faults/kinds.py); the rest mark what the run did
+FAULT_MARKERS = {**CURVE_MARKERS, "failure": ("x-thin", "crimson"),
                  "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
                  "restart": ("circle-open", "purple"), "regrow": ("star", "teal"),
-                 "preempt": ("hexagram", "sienna"), "preempt_fallback": ("x-open", "sienna"),
-                 "resize": ("triangle-right", "slategray"),
-                 "slow": ("triangle-down", "peru"), "straggler": ("star-diamond", "orangered")}
+                 "preempt_fallback": ("x-open", "sienna"), "straggler": ("star-diamond", "orangered")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:

@@ -23,6 +23,7 @@ from workbench import machine, resize_rule
 from workbench.callables import IMPORT_PATH
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
+from workbench.faults import kinds
 from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
 
 DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the fixed 20 % test split (workbench.workloads.data.digits)
@@ -275,7 +276,7 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
     with fallbacks.preparing():  # auto on a machine without a GPU: said, and recorded by the run started next
         config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
     check(config)
-    flips = [f for f in config.faults if getattr(f, "kind", None) == "flip"]
+    flips = [f for f in config.faults if kinds.of(f).fires is kinds.Fires.INJECTOR]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
         # these checks build the model (torch); a run that needs none leaves this process without torch
         from workbench.faults.targets import check_flip_targets

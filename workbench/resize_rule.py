@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import ConfigError
+from workbench.faults import kinds
 
 RULES = ("keep", "linear")
 ATTRIBUTE = "resize_rule"  # the checkpoint attribute that holds a linear run's history (JSON)
@@ -138,7 +139,7 @@ def check_sizes(config: Any, n_train: int | None, worlds: list[int] | None = Non
     base = saved[0][1] if saved else units(config, config.world_size)
     batch = per_unit(config, base)
     if worlds is None:
-        worlds = [config.world_size] + [f.world for f in config.faults if getattr(f, "kind", None) == "resize"]
+        worlds = [config.world_size] + [f.world for f in config.faults if kinds.of(f).fires is kinds.Fires.BOUNDARY]
     for world in worlds if n_train is not None else []:
         size = batch * units(config, world)
         if size > n_train:

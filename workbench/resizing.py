@@ -56,11 +56,6 @@ def check_notice(config: Any) -> None:
     for name in config.notice_signals:
         if name not in NOTICE_SIGNALS:
             raise ConfigError("notice_signals", f"{name!r} is not allowed: {', '.join(NOTICE_SIGNALS)}")
-    peer = strategies.get(config.strategy).peer if config.strategy in strategies.REGISTRY else None
-    planned = [str(f) for f in config.faults if getattr(f, "kind", None) in ("preempt", "resize")]
-    if peer is not None and planned:
-        raise ConfigError("strategy", f"{config.strategy!r} runs the peer system as its users do; {planned[0]} is "
-                          "ours and does not apply to it")
 
 
 def leaving(config: Any, members: list[int], n: int) -> list[int]:

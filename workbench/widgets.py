@@ -23,6 +23,7 @@ from workbench import strategies
 from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
 from workbench.devices import DEVICES
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.faults import kinds
 from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
 from workbench.resize_rule import RULES
@@ -35,10 +36,9 @@ LIVE_POINTS = 1000
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
-MARKED = ("kill", "hang", "stall", "preempt", "resize", "slow", "straggler", "flip", "failure", "detected", "recovered",
-          "generation")
+MARKED = (*kinds.MARKERS, "straggler", "failure", "detected", "recovered", "generation")
 STRIP_STEPS = 200  # the per-rank strip shows this many latest steps
-MARKER_STYLE = {**FAULT_MARKERS, "flip": ("bowtie", "goldenrod"), "detected": ("circle", "black")}
+MARKER_STYLE = {**FAULT_MARKERS, **kinds.MARKERS, "detected": ("circle", "black")}
 
 
 # what the panel's number boxes can show: a default outside is refused, not clamped to the box
@@ -266,10 +266,9 @@ class Lab:
     def _make_rank_buttons(self, world_size: int) -> None:
         """A column of fault buttons per rank number below ``world_size`` (a grown world gets more)."""
         buttons = []
-        styles = {"kill": "danger", "hang": "warning", "stall": "info", "preempt": "", "slow": ""}
         for rank in range(world_size):
             column = []
-            for kind, style in styles.items():
+            for kind, style in kinds.BUTTONS.items():  # each kind's object: its button (the lab's method of its name)
                 button = w.Button(description=f"{kind.title()} {rank}", button_style=style, layout={"width": "90px"})
                 button.on_click(lambda _b, r=rank, k=kind: getattr(self, k)(r))
                 column.append(button)

@@ -28,10 +28,7 @@ def check_straggler_settings(config: Any) -> None:
     if isinstance(window, bool) or not isinstance(window, int) or not 3 <= window <= MAX_WINDOW:
         raise ConfigError("straggler_window", f"{window!r} is out of range: allowed integers 3..{MAX_WINDOW} (steps "
                           "the detector compares over)")
-    peer = strategies.get(config.strategy).peer is not None
-    if peer and any(getattr(f, "kind", None) == "slow" for f in config.faults):
-        raise ConfigError("strategy", f"{config.strategy!r} runs the peer system as its users do; slow faults are "
-                          "ours and do not apply to it")
+    peer = strategies.get(config.strategy).peer is not None  # a slow fault on a peer: faults.kinds.refuse_on_peer
     if response == "drop" and peer:
         raise ConfigError("straggler_response", f"drop is ours: {config.strategy!r} runs the peer system as its users "
                           "do (allowed: off, flag)")

@@ -16,15 +16,18 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from workbench.errors import ConfigError
+from workbench.faults import kinds
+from workbench.faults.kinds import FLIP_TARGETS, Fires
+from workbench.faults.kinds import number as _number
 
 DISTRIBUTIONS = ("exponential", "weibull")
-FAULT_KINDS = ("kill", "hang", "stall", "flip", "slow", "preempt", "resize")
-FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimizer")
-_FLIP_KEYS = ("target", "tensor", "index", "bit", "seed", "stage")
+FAULT_KINDS = kinds.NAMES  # each kind is one object of workbench/faults/kinds.py: its keys, checks, behaviour
 # the keys each kind takes beside rank and step|time (resize names no rank)
-KIND_KEYS = {"flip": _FLIP_KEYS, "slow": ("factor", "until"), "preempt": ("grace",), "resize": ("world",)}
+KIND_KEYS = {k.name: k.keys for k in kinds.REGISTRY.values() if k.keys}
 _FLOAT_KEYS = ("time", "factor", "grace")
-RANDOM_KINDS = ("kill", "slow")  # what a random process draws
+RANDOM_KINDS = kinds.RANDOM_NAMES  # what a random process draws
+__all__ = ["DEFAULT_GRACE_S", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS", "FaultSpec", "RandomFailures",
+           "parse_fault"]
 SLOW_FACTOR, SLOW_STEPS = 3.0, 20  # a random slow-down's factor and duration when none is given
 DEFAULT_GRACE_S = 30.0  # a preemption notice's lead time when none is given (Kubernetes' default)
 
@@ -58,61 +61,30 @@ class FaultSpec:
     until: float | None = None  # slow: the step (or time) the slow-down ends at; None: the run's end
     grace: float | None = None  # preempt: seconds of notice (default DEFAULT_GRACE_S)
     world: int | None = None  # resize: the world size from the boundary on
+    ms: int | None = None  # delay: milliseconds the rank's messages of that step are held back
 
     def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ConfigError("fault", f"kind {self.kind!r} is not known: allowed {', '.join(FAULT_KINDS)}, random")
-        extra = [k for k in ("target", "tensor", "index", "bit", "seed", "stage", "factor", "until", "grace", "world")
-                 if getattr(self, k) is not None and k not in KIND_KEYS.get(self.kind, ())]
+        kind = kinds.get(self.kind)
+        extra = [k for k in kinds.KEYS if getattr(self, k) is not None and k not in kind.keys]
         if extra:
-            takes = ", ".join(f"{k}=" for k in KIND_KEYS.get(self.kind, ()))
-            base = "step or time" if self.kind == "resize" else "rank and step or time"
+            takes = ", ".join(f"{k}=" for k in kind.keys)
+            base = "rank and step or time" if kind.names_rank else "step or time"
             raise ConfigError("fault", f"{self.kind} takes {base}{' and ' + takes if takes else ' only'}; "
                               f"{extra[0]}= does not apply")
-        if self.kind == "flip":
-            self._check_flip()
-        elif self.kind == "slow":
-            self._check_slow()
-        elif self.kind == "preempt" and self.grace is not None and not _number(self.grace, 0):
-            raise ConfigError("fault", f"preempt grace={self.grace!r} must be a number of seconds >= 0")
-        elif self.kind == "resize":
-            if self.rank is not None:
-                raise ConfigError("fault", "resize names no rank: resize:world=N,step=S (or time=T)")
-            if not isinstance(self.world, int) or isinstance(self.world, bool) or self.world < 1:
-                raise ConfigError("fault", f"resize needs world=N, an integer >= 1 (got {self.world!r})")
-        if self.rank is None and self.stage is None and self.kind != "resize":
+        if kind.check is not None:
+            kind.check(self)
+        if self.rank is None and self.stage is None and kind.names_rank:
             raise ConfigError("fault", f"{self.kind} names no rank (rank=R)")
         if self.rank is not None and (not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0):
             raise ConfigError("fault", f"rank={self.rank!r} must be an integer >= 0")
         if (self.step is None) == (self.time is None):
             who = "" if self.rank is None else f"rank={self.rank}"
             raise ConfigError("fault", f"{self.kind}:{who} needs exactly one of step=N or time=SECONDS")
-        next_step = self.kind in ("flip", "stall") and self.step == -1  # a live flip or stall: at the next step
+        next_step = kind.next_step and self.step == -1  # a live flip or stall: at the next step
         if self.step is not None and not next_step and (not isinstance(self.step, int) or self.step < 0):
             raise ConfigError("fault", f"step={self.step!r} must be an integer >= 0")
         if self.time is not None and not _number(self.time, 0):
             raise ConfigError("fault", f"time={self.time!r} must be a number of seconds >= 0")
-
-    def _check_flip(self) -> None:
-        if self.target not in FLIP_TARGETS:
-            raise ConfigError("fault", f"flip target={self.target!r} is not known: allowed {', '.join(FLIP_TARGETS)}")
-        if not self.tensor and not (self.target == "activation" and self.stage is not None):
-            raise ConfigError("fault", "flip needs tensor=NAME (a parameter name from named_parameters(), "
-                              "or a module name for target=activation; with stage=S an activation flip "
-                              "defaults to the activation stage S sends to the next stage)")
-        for key in ("index", "bit", "seed", "stage"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ConfigError("fault", f"flip {key}={value!r} must be an integer >= 0")
-
-    def _check_slow(self) -> None:
-        if not _number(self.factor, 1) or self.factor == 1:
-            raise ConfigError("fault", f"slow needs factor=F, a number > 1 (how many times as long a step takes; "
-                              f"got {self.factor!r})")
-        start = self.step if self.step is not None else self.time
-        if self.until is not None and not (_number(self.until, 0) and start is not None and self.until > start):
-            raise ConfigError("fault", f"slow until={self.until!r} must come after its start ({start}), in the "
-                              "same unit (steps with step=, seconds with time=)")
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -122,8 +94,8 @@ class FaultSpec:
             raise ConfigError("fault", f"{text!r} is not of the form kind:rank=R,step=S (or time=T)")
         values: dict[str, Any] = {}
         kind = kind.strip()
-        allowed = ("step", "time", *KIND_KEYS.get(kind, ())) if kind == "resize" else \
-            ("rank", "step", "time", *KIND_KEYS.get(kind, ()))
+        known = kinds.find(kind)
+        allowed = ("rank", "step", "time")[0 if kinds.names_rank(kind) else 1:] + (known.keys if known else ())
         for item in rest.split(","):
             key, eq, value = item.partition("=")
             key = key.strip()
@@ -136,7 +108,7 @@ class FaultSpec:
                     else _int_or_float(value) if key == "until" else int(value)
             except ValueError:
                 raise ConfigError("fault", f"{key}={value!r} in {text!r} is not a number") from None
-        if "rank" not in values and "stage" not in values and kind != "resize":
+        if "rank" not in values and "stage" not in values and kinds.names_rank(kind):
             raise ConfigError("fault", f"{text!r} names no rank (rank=R)")
         values.setdefault("rank", None)
         return cls(kind=kind, **values)
@@ -155,15 +127,10 @@ class FaultSpec:
         where = f"step={self.step}" if self.step is not None else f"time={self.time:g}"
         values = [(k, getattr(self, k)) for k in KIND_KEYS.get(self.kind, ()) if getattr(self, k) is not None]
         extra = "".join(f",{k}={v:g}" if isinstance(v, float) else f",{k}={v}" for k, v in values)
-        if self.kind == "resize":
-            return f"resize:world={self.world},{where}"
+        if not kinds.get(self.kind).names_rank:  # resize:world=N,step=S
+            return f"{self.kind}:{extra[1:]},{where}"
         who = f"rank={self.rank}," if self.rank is not None else ""
         return f"{self.kind}:{who}{where}{extra}"
-
-
-def _number(value: Any, low: float) -> bool:
-    """A real number >= ``low`` (no bool, no NaN)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
 
 
 def _int_or_float(text: str) -> int | float:
@@ -194,7 +161,7 @@ class RandomFailures:
     def __post_init__(self) -> None:
         if self.kind not in RANDOM_KINDS:
             raise ConfigError("fault", f"random: kind={self.kind!r} is not known: allowed {', '.join(RANDOM_KINDS)}")
-        if self.kind == "kill" and (self.factor is not None or self.duration is not None):
+        if self._drawn.fires is not Fires.THROTTLE and (self.factor is not None or self.duration is not None):
             raise ConfigError("fault", "random: factor= and duration= apply to kind=slow only")
         if self.factor is not None and not (_number(self.factor, 1) and self.factor > 1):
             raise ConfigError("fault", f"random: factor={self.factor!r} must be a number > 1")
@@ -208,6 +175,10 @@ class RandomFailures:
             raise ConfigError("fault", f"random: shape={self.shape!r} must be > 0")
         if not isinstance(self.max, int) or not 0 <= self.max <= 1000:
             raise ConfigError("fault", f"random: max={self.max!r} must be an integer 0..1000")
+
+    @property
+    def _drawn(self) -> kinds.FaultKind:
+        return kinds.get(self.kind)
 
     @classmethod
     def parse(cls, text: str) -> RandomFailures:
@@ -231,7 +202,7 @@ class RandomFailures:
     def draw(self, steps: int, world_size: int) -> list[tuple[int, int]]:
         """(step, position among the live ranks) of each failure, in step order, within ``1..steps-1``; none for
         kind=slow (:meth:`slowdowns`)."""
-        return self._draw(steps, world_size) if self.kind == "kill" else []
+        return self._draw(steps, world_size) if self._drawn.fires is Fires.RANK else []
 
     def _draw(self, steps: int, world_size: int) -> list[tuple[int, int]]:
         import numpy as np
@@ -252,16 +223,16 @@ class RandomFailures:
     def slowdowns(self, steps: int, world_size: int) -> list[FaultSpec]:
         """kind=slow: the drawn slow-downs as planned ``slow`` faults, each on a rank of the initial world (one
         that is gone by then is not slowed) for ``duration`` steps (cut at the run's end)."""
-        if self.kind != "slow":
+        if self._drawn.fires is not Fires.THROTTLE:
             return []
         factor, duration = self.factor or SLOW_FACTOR, self.duration or SLOW_STEPS
-        return [FaultSpec("slow", rank, step=step, factor=factor, until=step + duration if step + duration < steps
+        return [FaultSpec(self.kind, rank, step=step, factor=factor, until=step + duration if step + duration < steps
                           else None) for step, rank in self._draw(steps, world_size)]
 
     def __str__(self) -> str:
         slow = f",kind=slow,factor={self.factor or SLOW_FACTOR:g},duration={self.duration or SLOW_STEPS}" \
-            if self.kind == "slow" else ""
-        return (f"random:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},"
+            if self._drawn.fires is Fires.THROTTLE else ""
+        return (f"{kinds.RANDOM}:mtbf_steps={self.mtbf_steps:g},dist={self.dist},shape={self.shape:g},seed={self.seed},"
                 f"max={self.max}{slow}")
 
 
@@ -270,9 +241,9 @@ def parse_fault(value: Any) -> FaultSpec | RandomFailures:
     failure process)."""
     if isinstance(value, (FaultSpec, RandomFailures)):
         return value
-    if isinstance(value, str) and value.strip().startswith("random:"):
+    if isinstance(value, str) and value.strip().startswith(f"{kinds.RANDOM}:"):
         return RandomFailures.parse(value.strip())
-    if isinstance(value, dict) and value.get("kind") == "random":
+    if isinstance(value, dict) and value.get("kind") == kinds.RANDOM:
         return RandomFailures(**_fault_keys(RandomFailures, {k: v for k, v in value.items() if k != "kind"},
                                             "mtbf_steps", "mtbf_steps: M"))
     return FaultSpec.coerce(value)
@@ -288,7 +259,7 @@ def _fault_keys(cls: type, value: dict[Any, Any], needed: str, example: str) -> 
         raise ConfigError("fault", f"{value!r}: {unknown[0]!r} is not a key of a {what}; allowed: "
                           + ", ".join(allowed))
     if needed not in value or ("rank" not in value and "stage" not in value and cls is FaultSpec
-                               and value.get("kind") != "resize"):
+                               and kinds.names_rank(value.get("kind"))):
         missing = needed if needed not in value else "rank"
         raise ConfigError("fault", f"{value!r} names no {missing} (e.g. {example})")
     return {"rank": None, **value} if cls is FaultSpec else value

@@ -17,6 +17,7 @@ import torch
 
 from workbench import lr_schedule, protocol
 from workbench.config import FaultSpec, RunConfig
+from workbench.faults import kinds
 from workbench.rank.channel import Channel
 from workbench.rank.readings import evaluate
 from workbench.workloads.data import BatchSequence, load_dataset, shard
@@ -38,7 +39,7 @@ class PeerRank:
             self.channel.wake.wait(0.5)
         assignment = self.channel.latest_generation
         self.step_faults = {f.step: f for f in map(FaultSpec.parse, assignment.get("faults", []))
-                            if f.kind in ("kill", "hang")}
+                            if kinds.of(f).peers}  # the kinds a peer's rank fires itself (a signal)
         return assignment
 
     def batch(self, step: int, label: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +57,7 @@ class PeerRank:
         fault = self.step_faults.pop(step, None)
         if fault is not None:
             self.channel.send(protocol.message("fault", kind=fault.kind, step=step, t=time.time()))
-            os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+            os.kill(os.getpid(), getattr(signal, kinds.of(fault).signal))
 
     def report(self, step: int, gen: int, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor, started: float,
                **extra: Any) -> None:

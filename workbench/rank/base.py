@@ -21,6 +21,7 @@ import torch.distributed as dist
 from workbench import checkpoint as ckpt
 from workbench import devices, protocol, strategies
 from workbench.config import FaultSpec, RunConfig
+from workbench.faults import kinds
 from workbench.h5files import OutputError
 from workbench.rank import staging
 from workbench.rank import state as st
@@ -77,7 +78,7 @@ class BaseTrainer(Scaled):
 
     def _set_faults(self, a: dict[str, Any]) -> list[FaultSpec]:
         faults = [FaultSpec.parse(f) for f in a.get("faults", [])]
-        self.step_faults = {f.step: f for f in faults if f.kind in ("kill", "hang", "stall", "preempt")}
+        self.step_faults = {f.step: f for f in faults if kinds.of(f).fires is kinds.Fires.RANK}
         self.random_steps = set(a.get("random_steps", []))
         self.throttle.plan(faults)
         return faults
@@ -90,8 +91,12 @@ class BaseTrainer(Scaled):
         fault = self.step_faults.pop(self.inflight.step, None)
         if fault is None:
             return
-        if fault.kind == "preempt":  # notice: this step finishes; the supervisor stops everyone after it
-            self.channel.send(protocol.message("fault", kind="preempt", step=self.inflight.step, t=time.time()))
+        kind = kinds.of(fault)
+        if kind.notice or kind.hold is not None:  # a notice (this step finishes; the supervisor stops everyone
+            # after it) or a fault the step survives (a delay holds the rank's messages back, then goes on)
+            self.channel.send(protocol.message("fault", kind=kind.name, step=self.inflight.step, t=time.time()))
+            if kind.hold is not None:
+                kind.hold(fault)
             return
         self._before_fault()
         if self._writer is not None:
@@ -101,11 +106,11 @@ class BaseTrainer(Scaled):
         self.channel.send(protocol.message("fault", kind=fault.kind, step=self.inflight.step, t=time.time(),
                                            random=self.inflight.step in self.random_steps,
                                            process_cpu=time.process_time()))
-        if fault.kind == "stall":
+        if kind.blocks:
             # the training thread blocks for good while the heartbeat goes on: the supervisor's progress watchdog
             # kills this process (and a rank whose supervisor is gone exits with its connection)
             threading.Event().wait()
-        os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
+        os.kill(os.getpid(), getattr(signal, kind.signal))
 
     def _before_fault(self) -> None:
         """Let the communication this step already started complete everywhere: the fault lands mid-exchange."""
@@ -119,9 +124,9 @@ class BaseTrainer(Scaled):
         if self.channel.live_faults:
             live, self.channel.live_faults[:] = list(self.channel.live_faults), []
             faults = [FaultSpec.parse(f) for f in live]
-            for fault in (f for f in faults if f.kind == "stall"):
-                self.step_faults[self.step] = fault  # at this step's fault point
-            self.injector.pending += [f for f in faults if f.kind != "stall"]
+            for fault in (f for f in faults if kinds.of(f).fires is kinds.Fires.RANK):
+                self.step_faults[self.step] = fault  # at this step's fault point (a stall, a delay)
+            self.injector.pending += [f for f in faults if kinds.of(f).fires is kinds.Fires.INJECTOR]
 
     def _begin_step(self) -> tuple[int, float]:
         """Mark the step in flight and fire the flips due at its start; returns (step, start time)."""

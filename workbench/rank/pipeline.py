@@ -24,6 +24,7 @@ from torch import nn
 
 from workbench import strategies
 from workbench.config import FaultSpec, RunConfig
+from workbench.faults import kinds
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
@@ -205,8 +206,8 @@ class PipelineTrainer(BaseTrainer):
     def _stage_faults(self, faults: list[FaultSpec]) -> list[FaultSpec]:
         """An activation flip that names only its stage hits what that stage sends on (its last module)."""
         boundary = self.stage_names[self.stage_index][-1]
-        return [dataclasses.replace(f, tensor=boundary) if f.kind == "flip" and f.tensor is None else f
-                for f in faults]
+        flips = [f for f in faults if f.tensor is None and kinds.of(f).fires is kinds.Fires.INJECTOR]
+        return [dataclasses.replace(f, tensor=boundary) if f in flips else f for f in faults]
 
     # -- state --------------------------------------------------------------------------------------------------
     def stage_state(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import torch
 
 from workbench.config import FaultSpec, RunConfig
 from workbench.errors import WorkbenchError
+from workbench.faults import kinds
 from workbench.faults.bitflip import Flip, apply_masks, width
 from workbench.rank.state import float_buffers
 
@@ -75,7 +76,7 @@ class Injector:
                 self._hook(name)
 
     def set(self, faults: list[FaultSpec]) -> None:
-        self.pending = [f for f in faults if f.kind == "flip"]
+        self.pending = [f for f in faults if kinds.of(f).fires is kinds.Fires.INJECTOR]
         for f in self.pending:
             if f.target == "activation" and f.tensor in self.modules and self._hooked.get(f.tensor) is not \
                     self.modules[f.tensor]:

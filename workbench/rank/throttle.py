@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from workbench.fallbacks import taken
+from workbench.faults import kinds
 from workbench.faults.spec import FaultSpec
 from workbench.rank.channel import cpu_time
 
@@ -34,7 +35,7 @@ class Throttle:
 
     def plan(self, faults: list[FaultSpec]) -> None:
         """The planned slow faults of this rank (every generation message repeats them)."""
-        self.planned = [f for f in faults if f.kind == "slow"]
+        self.planned = [f for f in faults if kinds.of(f).fires is kinds.Fires.THROTTLE]
 
     def set_live(self, factor: float, seconds: float | None) -> None:
         """A live slow-down from now (factor 1: none), for ``seconds`` (None: until the next one)."""

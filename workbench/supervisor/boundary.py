@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from workbench import checkpoint as ckpt
 from workbench import protocol, resize_rule, strategies
+from workbench.faults import kinds
+from workbench.faults.kinds import FaultKind, Fires
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
 from workbench.resize_rule import units
 from workbench.resizing import leaving
@@ -61,22 +63,37 @@ class Commands:
                 return
             if name == "stop":
                 self._stop(str(arg or "stopped by the user"))
-            elif name in ("kill", "hang", "stall"):
-                self._inject(name, arg, source="live")
-            elif name == "slow":  # (rank, factor, seconds): workbench.supervisor.slow_ranks
-                self._slow(*arg)
-            elif name == "preempt":
-                self._inject("preempt", arg.rank, source="live", fault=arg)
             elif name == "notice":  # the whole job has notice (a signal to the run's process, a sweep point's)
                 self._job_notice(float(arg))
-            elif name == "resize":
-                self._resize(arg)
-            elif name == "flip":
-                w = self.worker(arg.rank)
-                if w is None or arg.rank not in self.membership.members:
-                    self.recorder.event("fault_skipped", -1, f"flip on rank {arg.rank}: not alive", rank=arg.rank)
-                else:
-                    self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
+            else:  # a fault kind's live command: its object says where it fires (workbench/faults/kinds.py)
+                self._live(kinds.get(name), arg)
+
+    def _live(self: Any, kind: FaultKind, arg: Any) -> None:
+        if kind.fires is Fires.THROTTLE:  # (rank, factor, seconds): workbench.supervisor.slow_ranks
+            self._slow(*arg)
+        elif kind.fires is Fires.BOUNDARY:
+            self._resize(arg)
+        elif kind.fires is Fires.INJECTOR:
+            w = self.worker(arg.rank)
+            if w is None or arg.rank not in self.membership.members:
+                self.recorder.event("fault_skipped", -1, f"{kind.name} on rank {arg.rank}: not alive", rank=arg.rank)
+            else:
+                self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
+        elif isinstance(arg, FaultSpec):  # a notice with its grace
+            self._inject(kind.name, arg.rank, source="live", fault=arg)
+        else:
+            self._inject(kind.name, arg, source="live")
+
+    def _fault_fired(self: Any, w: Any, m: dict[str, Any]) -> None:
+        """A rank fired a planned fault of its own at its step and said so (``fault``)."""
+        kind, fired = kinds.get(m["kind"]), self.plan.fired(w.label, m)
+        if kind.notice:
+            grace = next((f.grace for f in fired if f.grace is not None), DEFAULT_GRACE_S)
+            self._notice(w, grace, m["step"], "planned", planned=True)
+            return
+        if kind.ends_rank:  # its death (if it dies) is this fault's; a delay goes on
+            w.fault = m
+        self.recorder.event(kind.name, m["step"], "planned fault fired", rank=w.label)
 
     def _stop(self: Any, reason: str) -> None:
         self._apply(self.membership.stop(reason))
@@ -93,27 +110,30 @@ class Commands:
         for label in members:
             self._inject("preempt", label, source="job", fault=FaultSpec("preempt", label, time=0.0, grace=grace))
 
-    def _inject(self: Any, kind: str, label: int | None, source: str, fault: FaultSpec | None = None) -> None:
-        if kind == "resize":
+    def _inject(self: Any, name: str, label: int | None, source: str, fault: FaultSpec | None = None) -> None:
+        """A fault sent by the supervisor (live, or planned at a time); its kind's object says how."""
+        kind = kinds.get(name)
+        if kind.fires is Fires.BOUNDARY:
             self._resize(fault.world, planned=fault)
             return
-        if kind == "slow":  # a slow fault at a time: workbench.supervisor.slow_ranks
+        if kind.fires is Fires.THROTTLE:  # a slow fault at a time: workbench.supervisor.slow_ranks
             self._slow_planned(fault)
             return
         w = self.worker(label)
         if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
-            self.recorder.event("fault_skipped", -1, f"{kind} of rank {label}: not alive", rank=label)
+            self.recorder.event("fault_skipped", -1, f"{name} of rank {label}: not alive", rank=label)
             return
-        if kind == "stall":  # the rank blocks its own training thread at its next step and says so
-            self.control.send(w, protocol.message("faults_add", faults=[f"stall:rank={label},step=-1"]))
-            return
-        if kind == "preempt":
+        if kind.notice:
             grace = fault.grace if fault is not None and fault.grace is not None else DEFAULT_GRACE_S
             self._notice(w, grace, w.steps_done, source)
             return
-        w.fault = {"kind": kind, "step": w.steps_done, "t": time.time()}
-        self.launcher.signal(w, "SIGKILL" if kind == "kill" else "SIGSTOP", self.control.send)
-        self.recorder.event(kind, w.steps_done, f"{source} fault", rank=label)
+        if kind.signal is None:  # the rank fires it itself at its next step and says so (stall, delay, a flip)
+            sent = FaultSpec(name, label, step=-1) if fault is None else replace(fault, step=-1, time=None)
+            self.control.send(w, protocol.message("faults_add", faults=[str(sent)]))
+            return
+        w.fault = {"kind": name, "step": w.steps_done, "t": time.time()}
+        self.launcher.signal(w, kind.signal, self.control.send)
+        self.recorder.event(name, w.steps_done, f"{source} fault", rank=label)
 
     # -- boundaries --------------------------------------------------------------------------------------------
     def planned_pause(self: Any, members: list[int]) -> dict[str, Any] | None:
@@ -123,8 +143,8 @@ class Commands:
         b = self.boundary
         if b is not None:
             return {"step": b.step, "checkpoint": self._saves()}
-        resizes = [f.step for f in self.plan.step_faults if f.kind == "resize"]
-        notices = [f.step + 1 for f in self.plan.step_faults if f.kind == "preempt" and f.rank in members]
+        resizes = [f.step for f in self.plan.resizes()]
+        notices = [f.step + 1 for f in self.plan.notices() if f.rank in members]
         steps = [s for s in resizes + notices if self.recorder.committed <= s < self.config.steps]
         if not steps:
             return None

@@ -23,7 +23,6 @@ from workbench import clock, devices, outdir, protocol, provenance, resize_rule,
 from workbench.cluster.hosts_file import Host, placement
 from workbench.config import RunConfig
 from workbench.errors import RunStartError
-from workbench.faults.spec import DEFAULT_GRACE_S
 from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult
@@ -259,7 +258,7 @@ class Supervisor(Commands, SlowRanks):
                 **({"rule": self.scale.message()} if self.scale is not None else {}),
                 **({"dead_pids": self._dead_pids()} if self.config.device == "cuda" else {}),
                 **self.plan.for_member(label, members)))
-        resize = [f for f in self.plan.step_faults if f.kind == "resize" and pause and f.step == pause["step"]]
+        resize = [f for f in self.plan.resizes() if pause and f.step == pause["step"]]
         if resize and self.boundary is None:
             self._resize(resize[0].world, planned=resize[0])
         if d.gen == 0:
@@ -344,13 +343,8 @@ class Supervisor(Commands, SlowRanks):
         elif kind == "checkpoint":
             if self.recorder.checkpoint(m):
                 self.membership.checkpoint(m["path"])
-        elif kind == "fault" and m["kind"] == "preempt":
-            grace = next((f.grace for f in self.plan.fired(w.label, m) if f.grace is not None), DEFAULT_GRACE_S)
-            self._notice(w, grace, m["step"], "planned", planned=True)
         elif kind == "fault":
-            w.fault = m
-            self.plan.fired(w.label, m)
-            self.recorder.event(m["kind"], m["step"], "planned fault fired", rank=w.label)
+            self._fault_fired(w, m)
         elif kind == "notice":
             self._notice(w, m["grace"], w.steps_done, f"{m['signal']}")
         elif kind == "paused":

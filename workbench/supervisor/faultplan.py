@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import RunConfig
+from workbench.faults import kinds
+from workbench.faults.kinds import Fires
 
 
 class FaultPlan:
@@ -20,7 +22,7 @@ class FaultPlan:
         run that wrote its checkpoint, not here (a slow-down may still be under way: it stays)."""
         self.time_faults = sorted(config.time_faults, key=lambda f: f.time)
         # kill, hang, flip, preempt, resize at a step, until they fire
-        self.step_faults = [f for f in config.step_faults if f.step >= start or f.kind == "slow"]
+        self.step_faults = [f for f in config.step_faults if f.step >= start or kinds.of(f).fires is Fires.THROTTLE]
         self.random = list(config.random_failures)  # (step, position among live ranks)
 
     def planned(self) -> int:
@@ -43,12 +45,22 @@ class FaultPlan:
 
     def flipped(self, label: int | None, m: dict[str, Any]) -> None:
         self.step_faults = [f for f in self.step_faults if not (
-            f.kind == "flip" and f.rank == label and f.step == m["planned"] and f.target == m["target"])]
+            kinds.of(f).fires is Fires.INJECTOR and f.rank == label and f.step == m["planned"]
+            and f.target == m["target"])]
 
     def forget_slow(self, label: int) -> None:
         """Rank ``label``'s process was dropped as a straggler: its slow-downs do not follow the number to a
         replacement (the slow machine is gone)."""
-        self.step_faults = [f for f in self.step_faults if not (f.kind == "slow" and f.rank == label)]
+        self.step_faults = [f for f in self.step_faults
+                            if not (kinds.of(f).fires is Fires.THROTTLE and f.rank == label)]
+
+    def resizes(self) -> list[Any]:
+        """The planned boundaries that change the world (resize), until they happen."""
+        return [f for f in self.step_faults if kinds.of(f).fires is Fires.BOUNDARY]
+
+    def notices(self) -> list[Any]:
+        """The planned notices (preempt), until they fire."""
+        return [f for f in self.step_faults if kinds.of(f).notice]
 
     def due(self, since_first_step: float | None) -> list[Any]:
         """Time faults whose moment has come (none before the first step)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from workbench import clock, fallbacks, machine
 from workbench.config import RunConfig
+from workbench.faults import kinds
 from workbench.results import RunResult, model_size
 from workbench.supervisor.membership import Generation, Lost
 
@@ -310,7 +311,7 @@ class Recorder:
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
             "checkpoints": sum(1 for e in self.events if e["kind"] == "checkpoint"),
-            "flips": sum(1 for e in self.events if e["kind"] == "flip"),
+            "flips": sum(1 for e in self.events if e["kind"] == kinds.FLIP.name),
             "detections": sum(1 for e in self.events if e["kind"] == "detected"),
             "final_checkpoint": self.final_checkpoint if keep_checkpoint else None,
             "failures": failures,
