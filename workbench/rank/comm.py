@@ -96,7 +96,9 @@ class Comm:
         return sub
 
     def _build(self, prefix_key: str, rank: int, size: int) -> dist.ProcessGroupGloo:
-        prefix = dist.PrefixStore(prefix_key, self.store)
+        # a connection of its own: a store client answers one request at a time, and an abandoned rendezvous (a
+        # member died before the supervisor saw it) waits on its key until its timeout, holding the next one back
+        prefix = dist.PrefixStore(prefix_key, self.store.clone())
         built: dict[str, Any] = {}
         done = threading.Event()
 

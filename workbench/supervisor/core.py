@@ -105,8 +105,8 @@ class Supervisor(Commands, SlowRanks):
             self._cleanup()
         self.status.update(state=outcome)
         self.recorder.event("end", -1, f"{outcome}: {reason}")
-        workers = [w for w in self.member_workers if w is not None]
-        result = self.recorder.result(outcome, reason, world_size_final=len(workers),
+        workers = [w for w in self.member_workers if w is not None and (w.done or outcome != "completed")]
+        result = self.recorder.result(outcome, reason, world_size_final=len(workers),  # completed: who finished
                                       replicas_identical=replicas_identical(workers),
                                       keep_checkpoint=self.out_dir is not None)
         result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
@@ -157,7 +157,7 @@ class Supervisor(Commands, SlowRanks):
                 self._inject(fault.kind, fault.rank, source=f"planned ({fault})", fault=fault)
             if self._all_done():
                 return "completed", (f"all {self.config.steps} steps done with world size "
-                                     f"{len(self.membership.members)}")
+                                     f"{sum(w.done for w in self.member_workers)}")
 
     def _watch(self) -> None:
         """Exit statuses, heartbeats and start-up deadlines of every process of the run."""
@@ -199,8 +199,12 @@ class Supervisor(Commands, SlowRanks):
                 return
 
     def _all_done(self) -> bool:
+        """Every member committed the last step; members commit together, so a member that never stepped (a
+        replacement admitted as the others finished) has nothing left to do once one is done."""
         members = self.member_workers
-        return bool(members) and not self.membership.restarting and all(w is not None and w.done for w in members)
+        if not members or self.membership.restarting or None in members:
+            return False
+        return any(w.done for w in members) and all(w.done or not w.stepped for w in members)
 
     # -- decisions ---------------------------------------------------------------------------------------------------
     def _on_death(self, w: Worker, cause: str) -> None:
@@ -325,6 +329,7 @@ class Supervisor(Commands, SlowRanks):
             members = self.membership.members
             if self.peer is not None:
                 self.peer.step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
+            w.stepped = True
             if m["gen"] == self.membership.gen:
                 w.steps_done = max(w.steps_done, m["step"] + 1)
                 if "loss" in m and (self.peer is None or not self.peer.one_reporter or w.label == min(members)):
@@ -335,7 +340,8 @@ class Supervisor(Commands, SlowRanks):
             self.recorder.rank_time.on_ready(w.spawn_id, m)
             if w.remote and w.proc is None and w.pid is None:
                 self.recorder.event("host", -1, f"rank {w.label} joined from {w.host}", rank=w.label)
-            self._apply(self.membership.ready(w.spawn_id))
+            if not self._all_done():  # the last step is committed: nothing is left to join
+                self._apply(self.membership.ready(w.spawn_id))
         elif kind == "joined":
             w.steps_done = m["step"]
             self.watchdog.joined(w.spawn_id, m["gen"], time.monotonic())
