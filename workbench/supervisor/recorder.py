@@ -31,7 +31,8 @@ class Failure:
     cause: str
     fault_time: float  # wall clock of the fault (announced by the rank, or sent by the supervisor)
     detect_time: float | None
-    committed: int  # steps committed by the failed generation (reports that arrive late included)
+    committed: int  # steps committed by the failed generation (reports that arrive late included; at least the
+    # failed step's own number: members commit a step together, and the last report may die with the world)
     lost_share: int  # samples of the global batch that were the dead rank's share at that step
     world_size_after: int = 0
     replacement: int | None = None  # spawn id of the process taking the dead rank's place (regrow, reinit)
@@ -126,7 +127,8 @@ class Recorder:
         batch, size = self.config.batch_size if self.scale is None else self.scale.global_batch(step), decision.size
         share = batch // size + (1 if decision.position < batch % size else 0)
         failure = Failure(decision.label, step, decision.cause, fault_time, None if peer else time.time(),
-                          committed=self.committed, lost_share=share, world_size_after=decision.world_size_after,
+                          committed=max(self.committed, step), lost_share=share,
+                          world_size_after=decision.world_size_after,
                           replacement=decision.replacement, teardown=None if peer else teardown)
         self.failures.append(failure)
         self.event("failure", step, f"rank {decision.label} {decision.cause}", rank=decision.label)
