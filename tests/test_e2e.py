@@ -140,8 +140,8 @@ def test_two_ranks_dying_in_one_step_are_recovered(strategy):
 
 def test_replacements_ready_as_the_last_step_is_committed_do_not_hold_the_run():
     """Three of four ranks die in one step, and fresh replacements come up while the survivor trains the rest
-    alone (40 steps of 2 ms): one admitted as the survivor finished never steps. The run ended as a hang (its
-    generation never joined) 1 time in 6; now it ends, its world the members that finished, replicas identical."""
+    alone (40 steps of 2 ms): one admitted as the survivor finished waits for it in a generation it never joins.
+    The run ended as a hang 1 time in 6; now it ends, its world the members that finished, replicas identical."""
     for _ in range(3):
         result = workbench.start(world_size=4, steps=40, strategy="shrink", regrow=True,
                                  faults=[f"kill:rank={r},step=12" for r in (1, 2, 3)]).wait(timeout=90)

@@ -72,8 +72,9 @@ CONTROL_KINDS: dict[str, Kind] = {
                    "SIGUSR1, or SIGTERM when ``notice_signals`` names it): it has ``grace`` seconds"),
     "paused": Kind(RANK, ("step", "gen"), "the rank stopped before ``step`` at a step boundary and waits for the next "
                    "generation (after the boundary's checkpoint, if one was asked for)"),
-    "done": Kind(RANK, ("step", "fingerprint", "group"), "the rank finished all steps; ``diffusion``: gossip's "
-                 "replica spread before and after ceil(log2 p) rounds without updates", ("detector_s", "diffusion")),
+    "done": Kind(RANK, ("step", "fingerprint", "group"), "the rank finished all steps (in generation ``gen``); "
+                 "``diffusion``: gossip's replica spread before and after ceil(log2 p) rounds without updates",
+                 ("detector_s", "diffusion", "gen")),
     "error": Kind(RANK, ("message", "reason"), _FAILED + " (else None)", ("traceback",)),
     "peer_error": Kind(RANK, ("message", "reason"), "as ``error``, but only an event: the peer handles it",
                        ("traceback",)),

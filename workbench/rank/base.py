@@ -347,7 +347,8 @@ class BaseTrainer(Scaled):
                 assignment = self.channel.latest_generation
         if self._writer is not None:
             self._writer.join()
-        self.channel.send(protocol.message("done", step=self.step, fingerprint=fingerprint(self.model),
+        self.channel.send(protocol.message("done", step=self.step, gen=self.comm.gen,
+                                           fingerprint=fingerprint(self.model),
                                            group=self.replica_group(), detector_s=self.detector_s,
                                            **self._done_figures()))
 

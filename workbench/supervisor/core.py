@@ -5,8 +5,7 @@ reports to, and wires the rooms together: :mod:`.membership` decides, :mod:`.lau
 processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the faults, :mod:`.recorder` keeps the
 figures, :mod:`workbench.peers.adapters` speaks for the peers. Membership is a numbered generation with an
 authoritative ``source``. A dead rank is seen by its closed connection and exit status, a frozen one by missing
-heartbeats (then SIGKILLed); a supervisor error still ends in a result, every process gone. Details:
-docs/concepts.md and docs/internals.md.
+heartbeats (then SIGKILLed); a supervisor error still ends in a result, every process gone (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -199,12 +198,12 @@ class Supervisor(Commands, SlowRanks):
                 return
 
     def _all_done(self) -> bool:
-        """Every member committed the last step; members commit together, so a member that never stepped (a
-        replacement admitted as the others finished) has nothing left to do once one is done."""
+        """Every member finished, but one first announced after another had (the finished never join again)."""
         members = self.member_workers
         if not members or self.membership.restarting or None in members:
             return False
-        return any(w.done for w in members) and all(w.done or not w.stepped for w in members)
+        finished = max((w.done_gen for w in members if w.done and w.done_gen is not None), default=None)
+        return all(w.done or finished is not None and (w.first_gen or 0) > finished for w in members)
 
     # -- decisions ---------------------------------------------------------------------------------------------------
     def _on_death(self, w: Worker, cause: str) -> None:
@@ -255,8 +254,9 @@ class Supervisor(Commands, SlowRanks):
     def _announce(self, d: Generation) -> None:
         members = list(d.members)
         pause = self.planned_pause(members)  # the boundary under way outlives a failure
-        for i, (label, id) in enumerate(zip(d.members, d.holders)):
-            self.control.send(self.launcher.workers[id], protocol.message(
+        for i, (label, w) in enumerate(zip(d.members, [self.launcher.workers[id] for id in d.holders])):
+            w.first_gen = d.gen if w.first_gen is None else w.first_gen
+            self.control.send(w, protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
                 resume=d.resume, recovery=d.recovery, pause=pause, **({"lanes": self.lanes} if self.lanes else {}),
                 **({"rule": self.scale.message()} if self.scale is not None else {}),
@@ -329,7 +329,6 @@ class Supervisor(Commands, SlowRanks):
             members = self.membership.members
             if self.peer is not None:
                 self.peer.step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
-            w.stepped = True
             if m["gen"] == self.membership.gen:
                 w.steps_done = max(w.steps_done, m["step"] + 1)
                 if "loss" in m and (self.peer is None or not self.peer.one_reporter or w.label == min(members)):
@@ -366,7 +365,8 @@ class Supervisor(Commands, SlowRanks):
             self.recorder.event("peer_error", w.steps_done, m["message"], rank=w.label)
         elif kind == "done":
             w.done = True
-            w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
+            w.fingerprint, w.group, w.detector_s, w.done_gen = (m.get("fingerprint"), m.get("group", 0),
+                                                                 m.get("detector_s", 0.0), m.get("gen"))
             w.diffusion = m.get("diffusion")
         elif kind == "error":
             self._outcome = ("failed", self.recorder.rank_error(w.label, w.steps_done, m))

@@ -40,7 +40,8 @@ class Worker:
     decoder: LineDecoder = field(default_factory=LineDecoder)
     last_heard: float = 0.0
     steps_done: int = 0
-    stepped: bool = False  # it committed a step (a replacement admitted as the others finished never does)
+    first_gen: int | None = None  # the generation it was first announced in
+    done_gen: int | None = None  # the generation it finished the last step in (sent with "done")
     ready: bool = False  # data and model built, waiting for (or in) a generation
     done: bool = False
     alive: bool = True
