@@ -118,7 +118,7 @@ def test_a_peer_strategy_refuses_a_delay_in_the_one_place_that_decides():
 
 def test_a_delayed_run_is_bitwise_the_failure_free_run_and_its_step_takes_the_delay_longer(tmp_path):
     """Rank 0's messages of step 6 are held back 400 ms: rank 1 waits for them in the exchange, and rank 0's own step
-    (the step time the run records) takes at least 400 ms longer than its fastest; nothing else changes (the final
+    (the step time the run records) takes at least 400 ms, ~350 ms over its median; nothing else changes (the final
     weights are bitwise those of the run without)."""
     steps, common = 12, dict(world_size=2, eval_interval=12, seed=3)
     golden = workbench.run(steps=steps, out=tmp_path / "golden", **common)
@@ -128,7 +128,9 @@ def test_a_delayed_run_is_bitwise_the_failure_free_run_and_its_step_takes_the_de
     assert (event["step"], event["rank"]) == (6, 0)
     times = {row["step"]: row["step_time"] for row in result.metrics}
     others = [t for s, t in times.items() if s not in (0, 6)]
-    assert times[6] - min(others) >= 0.4 and times[6] - statistics.median(others) >= 0.35
+    # the 400 ms are inside rank 0's step 6; the step's own work overlaps them (the earlier buckets' exchange runs
+    # in the background while the rank holds its last one), so the step is 400 ms plus less than a whole step
+    assert times[6] >= 0.4 and times[6] - statistics.median(others) >= 0.35
     ours = checkpoint.load(result.summary["final_checkpoint"]).model
     reference = checkpoint.load(golden.summary["final_checkpoint"]).model
     assert all(ours[k].equal(reference[k]) for k in reference)

@@ -151,7 +151,9 @@ class ControlServer:
             pass
         self._refused.append(pending.conn)
 
-    def forget(self, conn: socket.socket) -> None:
+    def forget(self, conn: socket.socket | None) -> None:
+        if conn is None:
+            return
         try:
             self._sel.unregister(conn)
         except (KeyError, ValueError):

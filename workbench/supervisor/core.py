@@ -223,11 +223,11 @@ class Supervisor(Commands, SlowRanks):
                 self.launcher.workers[d.id].label = d.label
             elif isinstance(d, Retire):
                 for id in d.ids:
-                    w = self.launcher.workers[id]
-                    w.alive = False
+                    (w := self.launcher.workers[id]).alive = False
                     if d.kill:
-                        if w.conn is not None:
-                            self.control.forget(w.conn)
+                        for m in [m for m in self.control.drain(w) if m.get("type") == "step"]:
+                            self._handle(w, m)  # its last step reports first: a restart must not lose them
+                        self.control.forget(w.conn)
                         self.launcher.kill(w, self.control.send)
             elif isinstance(d, Lost):
                 w = self.launcher.workers[d.id]
