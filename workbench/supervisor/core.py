@@ -331,8 +331,8 @@ class Supervisor(Commands, SlowRanks):
                 self.peer.step(self.recorder, w.spawn_id, w.label, bool(members) and w.label == min(members), m)
             if m["gen"] == self.membership.gen:
                 w.steps_done = max(w.steps_done, m["step"] + 1)
-                if "loss" in m and (self.peer is None or not self.peer.one_reporter or w.label == min(members)):
-                    self.recorder.step(m)
+            if "loss" in m and (self.peer is None or not self.peer.one_reporter or w.label == min(members)):
+                self.recorder.step(m)  # one of a generation just replaced too: the recorder keeps it if it is late
             self._straggler_step(w, m)  # last: a straggler dropped here changes the generation
         elif kind == "ready":
             w.ready = True

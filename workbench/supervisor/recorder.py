@@ -86,6 +86,7 @@ class Recorder:
         self.train_start: float | None = None
         self.committed = 0  # steps committed by the run (rank 0 of the current generation)
         self.gen = -1
+        self.stepped_gen = -1  # the generation of the last step recorded (a late report of an older one is not)
         self.world_size = 0
         self.scale: Any = None  # resize_rule linear: the supervisor's workbench.resize_rule.Scale (the global batch)
         self.last_checkpoint: dict[str, Any] | None = None
@@ -213,7 +214,6 @@ class Recorder:
         self._flush_fallbacks()
         if self.train_start is None:
             self.train_start = time.time() - m["step_time"]
-        self.committed = m["step"] + 1
         for failure in self.failures:
             if failure.resume_time is None and (failure.recovery_gen is None or m["gen"] < failure.recovery_gen):
                 # a step of the failed generation reported after the death was seen (a gossip survivor finishing
@@ -226,6 +226,9 @@ class Recorder:
             elif failure.resume_time is None and failure.recovery_gen is None and failure.settle_time is not None \
                     and m["t"] >= failure.settle_time:  # ulfm: the first step committed after the shrink
                 failure.resume_time = m["t"]
+        if m["gen"] < self.stepped_gen:  # a newer generation has stepped: a report this late is not the run's row
+            return
+        self.stepped_gen, self.committed = m["gen"], m["step"] + 1
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
                "samples": m["samples"], "world_size": self.world_size, "generation": self.gen,
                "step_time": m["step_time"]}
