@@ -225,8 +225,8 @@ class Supervisor(Commands, SlowRanks):
                 for id in d.ids:
                     (w := self.launcher.workers[id]).alive = False
                     if d.kill:
-                        for m in [m for m in self.control.drain(w) if m.get("type") == "step"]:
-                            self._handle(w, m)  # its last step reports first: a restart must not lose them
+                        for m in [m for m in self.control.drain(w) if m.get("type") in ("step", "checkpoint")]:
+                            self._handle(w, m)  # its last reports first: a restart must not lose a step or a write
                         self.control.forget(w.conn)
                         self.launcher.kill(w, self.control.send)
             elif isinstance(d, Lost):
