@@ -16,6 +16,7 @@ from workbench.config import RunConfig
 from workbench.config_fields import run_flags
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.processes import interrupted_once
+from workbench.supervisor import events as ev
 
 
 class _Parser(argparse.ArgumentParser):
@@ -88,13 +89,13 @@ def _progress(kind: str, payload: dict[str, Any]) -> None:
     if kind == "step" and payload["test_acc"] == payload["test_acc"]:  # not NaN: an evaluation step
         print(f"step {payload['step'] + 1:>6}  loss {payload['loss']:.4f}  test_acc {payload['test_acc']:.4f}  "
               f"world {payload['world_size']}  gen {payload['generation']}", file=sys.stderr, flush=True)
-    elif kind == "event" and payload["kind"] not in ("joined", "end"):
+    elif kind == "event" and not ev.get(payload["kind"]).quiet:
         print(f"[{payload['time']:7.2f}s] {payload['kind']}: {payload['detail']}", file=sys.stderr, flush=True)
 
 
 def _fallbacks(kind: str, payload: dict[str, Any]) -> None:
     """With ``--json`` (stdout is the summary's): a fallback is still said, one warning line on stderr."""
-    if kind == "event" and payload["kind"] == "fallback":
+    if kind == "event" and ev.kind_is(payload, ev.FALLBACK):
         print(f"workbench: warning: {payload['detail']}", file=sys.stderr, flush=True)
 
 

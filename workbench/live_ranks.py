@@ -13,9 +13,10 @@ from typing import Any
 
 from workbench.errors import ConfigError
 from workbench.faults import kinds
+from workbench.supervisor import events as ev
 
 # since the last generation: this rank is gone or going (a hang still counts alive)
-_DEAD = ("failure", *(k.name for k in kinds.REGISTRY.values() if k.kills))
+_DEAD = (ev.FAILURE.name, *(k.name for k in kinds.REGISTRY.values() if k.kills))
 
 
 def live_rank(rank: Any, action: str, status: dict[str, Any], events: list[dict[str, Any]], world_size: int,
@@ -32,7 +33,7 @@ def live_rank(rank: Any, action: str, status: dict[str, Any], events: list[dict[
     since_generation: set[int] = set()  # killed or failed since the latest generation
     last_fault: dict[int, str] = {}
     for event in list(events):
-        if event.get("kind") == "generation":
+        if ev.kind_is(event, ev.GENERATION):
             since_generation = set()
         elif event.get("kind") in _DEAD:
             since_generation.add(event.get("rank", -1))

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench import clock as clocks
+from workbench.faults import kinds
 from workbench.faults.kinds import CURVE_MARKERS
+from workbench.supervisor import events as ev
 
 if TYPE_CHECKING:
     from workbench.results import RunResult
 
 _PALETTE = ("royalblue", "crimson", "seagreen", "darkorange", "purple", "teal")
 # the fault kinds' markers are their objects' (workbench/faults/kinds.py); the rest mark what the run did
-FAULT_MARKERS = {**CURVE_MARKERS, "failure": ("x-thin", "crimson"),
-                 "generation": ("diamond", "royalblue"), "recovered": ("triangle-up", "seagreen"),
-                 "restart": ("circle-open", "purple"), "regrow": ("star", "teal"),
-                 "preempt_fallback": ("x-open", "sienna"), "straggler": ("star-diamond", "orangered")}
+FAULT_MARKERS = {**CURVE_MARKERS, ev.FAILURE.name: ("x-thin", "crimson"),
+                 ev.GENERATION.name: ("diamond", "royalblue"), ev.RECOVERED.name: ("triangle-up", "seagreen"),
+                 ev.RESTART.name: ("circle-open", "purple"), ev.REGROW.name: ("star", "teal"),
+                 ev.PREEMPT_FALLBACK.name: ("x-open", "sienna"), ev.STRAGGLER.name: ("star-diamond", "orangered")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
@@ -34,7 +35,7 @@ def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
                              name="world size (fraction)", mode="lines", line={"shape": "hv", "dash": "dot"}),
                   secondary_y=True)
     for kind, (symbol, colour) in FAULT_MARKERS.items():
-        marks = [e for e in result.events if e["kind"] == kind and e["step"] >= 0]
+        marks = [e for e in ev.of(result.events, kind) if e["step"] >= 0]
         if not marks:
             continue
         fig.add_trace(go.Scatter(
@@ -64,8 +65,8 @@ def membership_timeline(results: dict[str, RunResult], title: str = "world size 
         fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=name, mode="lines+markers", legendgroup=name,
                                  showlegend=False, line={"color": colour}), 2, 1)
         sizes = dict(zip(frame.step, frame.world_size))
-        for kind in ("preempt", "resize", "failure"):
-            marks = [e for e in result.events if e["kind"] == kind and e["step"] >= 0 and e["step"] in sizes]
+        for kind in (kinds.PREEMPT.name, kinds.RESIZE.name, ev.FAILURE.name):
+            marks = [e for e in ev.of(result.events, kind) if e["step"] >= 0 and e["step"] in sizes]
             if marks:
                 symbol, _ = FAULT_MARKERS[kind]
                 fig.add_trace(go.Scatter(
@@ -130,20 +131,15 @@ def bit_sensitivity(frame: Any) -> go.Figure:
     return fig
 
 
-_GENERATION = re.compile(r"generation (\d+): ranks \[([\d, ]*)\]")
-
-
 def recovery_timeline(result: RunResult) -> go.Figure:
     """One lane per rank number: alive, dead, or held by a replacement, over the steps; generation changes as
     vertical lines. Read from the run's ``generation`` and ``failure`` events."""
     world = result.summary["world_size_initial"]
     end = max(result.summary["steps_completed"], 1)
     changes = []
-    for e in result.events:
-        match = _GENERATION.match(e["detail"]) if e["kind"] == "generation" else None
-        if match:
-            members = {int(r) for r in match.group(2).split(",") if r.strip()}
-            changes.append((max(e["step"], 0), int(match.group(1)), members))
+    for e in ev.of(result.events, ev.GENERATION):  # its structured fields (gen, members), never its prose
+        if "members" in e:  # a result saved before generation events carried them: no lanes
+            changes.append((max(e["step"], 0), int(e["gen"]), {int(r) for r in e["members"]}))
     died: dict[int, int] = {}
     fig = go.Figure()
     colours = {"alive": "seagreen", "dead": "crimson", "replacement": "teal"}
@@ -354,7 +350,7 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10, clock: str | None
             frame[group] = label
             frame["oversubscribed"] = bool(result.summary.get("oversubscribed"))  # which clock by default
             frames.append(frame)
-            removals[label] = [e for e in result.events if e["kind"] == "apoptosis"]
+            removals[label] = ev.of(result.events, ev.APOPTOSIS)
         frame = pd.concat(frames, ignore_index=True)
     else:
         frame = runs

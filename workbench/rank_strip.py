@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
+from workbench.faults import kinds
 from workbench.plots import FAULT_MARKERS
+from workbench.supervisor import events as ev
 
 if TYPE_CHECKING:
     from workbench.results import RunResult
@@ -32,8 +34,8 @@ def rank_strip(result: RunResult, title: str | None = None) -> go.Figure:
                                  customdata=ms.values, colorscale="YlOrRd", zmin=0.5, zmax=max(3.0, grid.max().max()),
                                  colorbar={"title": "x step median"},
                                  hovertemplate="%{y}, step %{x}: %{customdata:.2f} ms (%{z:.2f}x)<extra></extra>"))
-    for kind in ("slow", "straggler"):
-        marks = [e for e in result.events if e["kind"] == kind and e["rank"] >= 0]
+    for kind in (kinds.SLOW.name, ev.STRAGGLER.name):
+        marks = [e for e in ev.of(result.events, kind) if e["rank"] >= 0]
         symbol, colour = FAULT_MARKERS[kind]
         fig.add_trace(go.Scatter(x=[e["step"] for e in marks], y=[f"rank {e['rank']}" for e in marks], name=kind,
                                  mode="markers", marker={"symbol": symbol, "size": 13, "color": colour,

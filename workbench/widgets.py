@@ -28,6 +28,7 @@ from workbench.faults.bitflip import bit_field
 from workbench.plots import FAULT_MARKERS
 from workbench.resize_rule import RULES
 from workbench.session import Run, start
+from workbench.supervisor import events as ev
 
 REFRESH_HZ = 5
 # the most points a live curve sends the browser at each refresh: a long run's every step, resent 5 times a
@@ -36,9 +37,9 @@ LIVE_POINTS = 1000
 # the dataset box's suggestions; a directory goes after the colon (the box takes free text)
 DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
                    "imagefolder:")
-MARKED = (*kinds.MARKERS, "straggler", "failure", "detected", "recovered", "generation")
+MARKED = (*kinds.MARKERS, *(k.name for k in (ev.STRAGGLER, ev.FAILURE, ev.DETECTED, ev.RECOVERED, ev.GENERATION)))
 STRIP_STEPS = 200  # the per-rank strip shows this many latest steps
-MARKER_STYLE = {**FAULT_MARKERS, **kinds.MARKERS, "detected": ("circle", "black")}
+MARKER_STYLE = {**FAULT_MARKERS, **kinds.MARKERS, ev.DETECTED.name: ("circle", "black")}
 
 
 # what the panel's number boxes can show: a default outside is refused, not clamped to the box
@@ -334,7 +335,7 @@ class Lab:
             acc.x, acc.y = [r["step"] for r in evals], [r["test_acc"] for r in evals]
             world.x, world.y = [r["step"] for r in shown], [r["world_size"] / self._world_size for r in shown]
             for trace, kind in zip(self.figure.data[3:], MARKED):
-                marks = [e for e in events if e["kind"] == kind]
+                marks = ev.of(events, kind)
                 trace.x = [max(e["step"], 0) for e in marks]
                 trace.y = [1.04] * len(marks)
                 trace.hovertext = [f"{kind}: {'rank ' + str(e['rank']) + ' ' if e['rank'] >= 0 else ''}{e['detail']}"

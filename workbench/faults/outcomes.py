@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from workbench.faults.kinds import FLIP
+from workbench.supervisor import events as ev
+
 OUTCOMES = ("masked", "degraded", "nonfinite", "crash")
 
 
@@ -37,15 +40,14 @@ def possible_outcomes(old: float, new: float) -> tuple[str, ...]:
 
 def classify(result: Any, golden: Any, tolerance: float = 0.01) -> dict[str, Any]:
     """``outcome`` (masked / degraded / nonfinite / crash), ``detected``, ``recovered``, accuracy delta."""
-    kinds = [e["kind"] for e in result.events]
     accuracy = result.summary["final_test_accuracy"]
     golden_accuracy = golden.summary["final_test_accuracy"]
     outcome = classify_values(accuracy, golden_accuracy, [r["loss"] for r in result.metrics],
                               result.completed, tolerance)
-    return {"outcome": outcome, "detected": "detected" in kinds,
-            "recovered": "recovered" in kinds and outcome == "masked",
+    return {"outcome": outcome, "detected": bool(ev.of(result.events, ev.DETECTED)),
+            "recovered": bool(ev.of(result.events, ev.RECOVERED)) and outcome == "masked",
             "accuracy": accuracy, "accuracy_delta": None if accuracy is None else accuracy - golden_accuracy,
-            "flips": kinds.count("flip")}
+            "flips": ev.count(result.events, FLIP.name)}
 
 
 def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float, float]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from workbench.faults.outcomes import wilson
 from workbench.reproduce.stats import mean_interval, one_sided
+from workbench.supervisor import events as ev
 
 __all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "on_reporting_seeds",
            "one_sided", "paired", "preflight", "scale_settings", "wilson"]
@@ -284,9 +285,8 @@ def reusable(result: Any) -> bool:
     """Whether a saved run says what its settings alone would make it say again: it completed or failed by a fault
     it planned, and no rank was lost to anything else (a rank killed from outside, a machine too loaded to start
     it). Anything else is run again rather than replayed: a transient failure must not stick to a campaign."""
-    kinds = [e["kind"] for e in result.events]
     planned = sum(e.get("detail") == "planned fault fired" for e in result.events)
-    if kinds.count("failure") > planned:
+    if ev.count(result.events, ev.FAILURE) > planned:
         return False
     return result.outcome == "completed" or planned > 0
 

@@ -25,6 +25,7 @@ from workbench.errors import RunStartError
 from workbench.peers.adapters import adapter
 from workbench.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import RunResult
+from workbench.supervisor import events
 from workbench.supervisor.boundary import Commands
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
@@ -110,8 +111,7 @@ class Supervisor(Commands, SlowRanks):
                                       keep_checkpoint=self.out_dir is not None)
         result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
         result.summary["diffusion"] = next((w.diffusion for w in workers if w.diffusion), None)  # gossip: the same
-        result.rank_steps, result.summary["stragglers"] = self.stragglers.table(), sum(
-            e["kind"] == "straggler" for e in self.events)
+        result.rank_steps, result.summary["stragglers"] = self.stragglers.table(), self.recorder.count("straggler")
         result.provenance = provenance.finish(self.provenance)
         result.summary["clock"] = clock.default(result.summary, result.provenance)  # what its figures show
         return result
@@ -237,7 +237,7 @@ class Supervisor(Commands, SlowRanks):
             elif isinstance(d, Generation):
                 self._announce(d)
             elif isinstance(d, Note):
-                self.recorder.event(d.kind, self.recorder.committed if d.kind == "restart" else -1, d.detail,
+                self.recorder.event(d.kind, self.recorder.committed if d.kind == events.RESTART.name else -1, d.detail,
                                     rank=d.rank)
             elif isinstance(d, End):
                 self._outcome = (d.outcome, d.reason)

@@ -19,6 +19,7 @@ from workbench import clock, fallbacks, machine
 from workbench.config import RunConfig
 from workbench.faults import kinds
 from workbench.results import RunResult, model_size
+from workbench.supervisor import events
 from workbench.supervisor.membership import Generation, Lost
 
 EventCallback = Callable[[str, dict[str, Any]], None]
@@ -100,16 +101,22 @@ class Recorder:
         for what, detail in fallbacks.claim():  # taken while this run was prepared (in this thread)
             self.fallback(what, detail)
 
-    def event(self, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
-        """An event row; ``fields``: figures beside the text (a join's ``gen``, ``bytes_in``, ``gpu_wait_s``)."""
+    def event(self, kind: str | events.EventKind, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
+        """An event row of a kind declared in :mod:`workbench.supervisor.events`; ``fields``: its declared fields
+        beside the text (a join's ``gen``, ``bytes_in``, ``gpu_wait_s``); anything else raises ``EventError``."""
         self._flush_fallbacks()
         self._event(time.time(), kind, step, detail, rank, **fields)
 
-    def _event(self, t: float, kind: str, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
-        event = {"time": t - self.t0, "step": step, "rank": rank, "kind": kind, "detail": detail, **fields}
+    def _event(self, t: float, kind: str | events.EventKind, step: int, detail: str, rank: int = -1,
+               **fields: Any) -> None:
+        event = events.row(t - self.t0, kind, step, detail, rank, **fields)
         self.events.append(event)
         if self.on_event:
             self.on_event("event", event)
+
+    def count(self, kind: str | events.EventKind) -> int:
+        """How many events of the declared ``kind`` the run has recorded."""
+        return events.count(self.events, kind)
 
     def fallback(self, what: str, detail: str) -> None:
         """A fallback taken in this process (:func:`workbench.fallbacks.taken`, any thread): a ``fallback`` event
@@ -119,7 +126,7 @@ class Recorder:
     def _flush_fallbacks(self) -> None:
         while self._fallbacks:
             t, what, detail = self._fallbacks.popleft()
-            self._event(t, "fallback", self.committed, detail, what=what)
+            self._event(t, events.FALLBACK, self.committed, detail, what=what)
 
     # -- membership -------------------------------------------------------------------------------------------
     def lost(self, decision: Lost, step: int, fault_time: float, peer: bool, teardown: float | None = None) -> Failure:
@@ -166,8 +173,9 @@ class Recorder:
             cube = 1 << (size - 1).bit_length()
             self.event("gossip", self.committed, f"{size} members gossip on a {cube}-slot hypercube: a member "
                        "whose partner slot is empty skips that round's average (the replicas' mean is kept)")
-        self.event("generation", self.committed, f"generation {decision.gen}: ranks {list(decision.members)}"
-                   + (f" ({decision.recovery})" if decision.recovery else ""))
+        self.event(events.GENERATION, self.committed, f"generation {decision.gen}: ranks {list(decision.members)}"
+                   + (f" ({decision.recovery})" if decision.recovery else ""), gen=decision.gen,
+                   members=list(decision.members))
 
     def joined(self, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
         calling = [f for f in self.failures if f.recovery_gen == m["gen"]]
@@ -312,12 +320,12 @@ class Recorder:
             "net_mibs": self.rank_time.net[0] if self.rank_time.net else None,
             "latency_us": self.rank_time.latency[0] if self.rank_time.latency else None,
             "speed_sources": self.rank_time.sources(),
-            "fallbacks": list(dict.fromkeys(e["what"] for e in self.events if e["kind"] == "fallback")),
+            "fallbacks": list(dict.fromkeys(e["what"] for e in events.of(self.events, events.FALLBACK))),
             "steps_redone_total": sum(f["steps_redone"] for f in failures),
             "samples_lost_total": sum(f["samples_lost"] for f in failures),
-            "checkpoints": sum(1 for e in self.events if e["kind"] == "checkpoint"),
-            "flips": sum(1 for e in self.events if e["kind"] == kinds.FLIP.name),
-            "detections": sum(1 for e in self.events if e["kind"] == "detected"),
+            "checkpoints": events.count(self.events, events.CHECKPOINT),
+            "flips": events.count(self.events, kinds.FLIP.name),
+            "detections": events.count(self.events, events.DETECTED),
             "final_checkpoint": self.final_checkpoint if keep_checkpoint else None,
             "failures": failures,
             "result_path": None,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from workbench.h5files import atomic_output
 from workbench.results import RESULT_FILE, RunResult
+from workbench.supervisor import events as ev
 
 if TYPE_CHECKING:
     from workbench.config import RunConfig
@@ -102,10 +103,9 @@ def continued(earlier: RunResult, later: RunResult) -> RunResult:
     metrics = kept + [{**r, "time": r["time"] + t_shift, "generation": r["generation"] + gens,
                        **({"rank_time": r["rank_time"] + rank_shift} if "rank_time" in r else {})}
                       for r in later.metrics]
-    mark = {"time": t_shift, "step": first, "rank": -1, "kind": "requeued",
-            "detail": f"the point ran again: resumed from the checkpoint of step {first} kept when its job was "
-                      "preempted"}
-    events = [e for e in earlier.events if e["kind"] != "end"] + [mark] + [
+    mark = ev.row(t_shift, ev.REQUEUED, first, f"the point ran again: resumed from the checkpoint of step {first} "
+                  "kept when its job was preempted")
+    events = [e for e in earlier.events if not ev.kind_is(e, ev.END)] + [mark] + [
         {**e, "time": e["time"] + t_shift, **({"gen": e["gen"] + gens} if "gen" in e else {})} for e in later.events]
     failures = earlier.failures + later.failures
     summary = dict(later.summary)
