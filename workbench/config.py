@@ -29,6 +29,7 @@ from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, Faul
 from workbench.lr_schedule import SCHEDULES as LR_SCHEDULES
 from workbench.resize_rule import check as check_rule
 from workbench.resizing import check_notice, check_world
+from workbench.workloads import registry
 from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
 
 __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
@@ -36,7 +37,7 @@ __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS"
            "REGROW_STRATEGIES", "SHUFFLES", "SPAWNS", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig",
            "parse_fault", "resolve_callable"]
 
-MODELS = ("mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")  # workbench/workloads/architectures.py
+MODELS = registry.model_names()  # the registered models as this module was imported (workbench.workloads.registry)
 OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = strategies.NAMES  # workbench/strategies.py: one object per name
 REGROW_STRATEGIES = strategies.regrowing()
@@ -122,7 +123,7 @@ class RunConfig:
                               "global batch is split over the ranks and each needs at least one sample")
         _positive("lr", self.lr)
         self._check_optimizer()
-        _choice_or_import("model", self.model, MODELS)
+        _choice_or_import("model", self.model, registry.model_names())
         self.hidden = list(self.hidden) if isinstance(self.hidden, (list, tuple)) else self.hidden
         if not (isinstance(self.hidden, list) and self.hidden
                 and all(isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 65536 for h in self.hidden)):

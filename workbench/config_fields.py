@@ -17,6 +17,7 @@ from workbench.faults import kinds
 from workbench.faults.slow import STRAGGLER_RESPONSES
 from workbench.peers import PEER_STRATEGIES
 from workbench.resize_rule import RULES as RESIZE_RULES
+from workbench.workloads import registry
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,13 @@ SETTINGS: dict[str, Setting] = {
     "optimizer": Setting("the optimizer: {choices}", config.OPTIMIZERS),
     "momentum": Setting("momentum of sgd, in [0, 1)", flag=None),
     "model": Setting("{choices}, or package.module:callable returning an nn.Module (it may take input_shape, "
-                     "num_classes)", config.MODELS, docs="[Models](#models)"),
+                     "num_classes)", registry.model_names(), docs="[Models](#models)"),
     "hidden": Setting("MLP hidden widths, e.g. 128,64", parse=_int_list("the hidden layers' widths", "128,64")),
     "width": Setting("vgg11, alexnet: multiplier of every convolution's channels (0 < width <= 4)"),
     "dataset": Setting("{choices}, or package.module:callable returning (x_train, y_train, x_test, y_test); "
                        "synthetic_image is 3x32x32, 10 classes; the files on disk: CIFAR binary version (cifar10, "
                        "cifar100), IDX files, .gz or not (mnist, fashion_mnist), class/*.png (imagefolder)",
-                       config.DATASETS + config.DATASET_FORMS, docs="[Datasets](#datasets)"),
+                       registry.dataset_forms(), docs="[Datasets](#datasets)"),
     "synthetic_size": Setting("training samples of synthetic and synthetic_image"),
     "augment": Setting("image datasets: {choices}; crop_flip is a 4-pixel padded random crop + horizontal flip, "
                        "decided per seed, step and sample: the same whatever the world size", config.AUGMENTS,

@@ -24,9 +24,11 @@ from workbench.callables import IMPORT_PATH
 from workbench.config import RunConfig
 from workbench.errors import ConfigError
 from workbench.faults import kinds
+from workbench.workloads import registry
 from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
 
-DIGITS_TRAIN = 1438  # scikit-learn's 1797 digits less the fixed 20 % test split (workbench.workloads.data.digits)
+# scikit-learn's 1797 digits less the fixed 20 % test split (workbench.workloads.data.digits): its registry entry's
+DIGITS_TRAIN = registry.DATASETS["digits"].train_size
 _IDX_SIZES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}  # IDX type code -> bytes per value
 
 
@@ -65,15 +67,12 @@ def finite_floats(config: Any) -> None:
 def dataset_info(spec: str, synthetic_size: int) -> DatasetInfo:
     """Size, input shape and classes of the dataset ``spec`` (validated by RunConfig), read cheaply; a file the
     ranks would refuse (an empty or truncated one) is a ConfigError here already."""
-    # the synthetic sets draw labels 0..9 at random: a small one may lack a class (then fewer outputs)
-    classes = 10 if synthetic_size >= 1000 else None
-    if spec == "digits":
-        return DatasetInfo(DIGITS_TRAIN, (1, 8, 8), 10)
-    if spec == "synthetic":
-        return DatasetInfo(synthetic_size, (1, 8, 8), classes)
-    if spec == "synthetic_image":
-        return DatasetInfo(synthetic_size, (3, 32, 32), classes)
-    if not is_file_dataset(spec):
+    entry = registry.dataset(spec)
+    if entry is not None and not entry.on_disk:  # known without loading it
+        if entry.sized:  # the synthetic sets draw labels at random: a small one may lack a class (fewer outputs)
+            return DatasetInfo(synthetic_size, entry.input_shape, entry.classes if synthetic_size >= 1000 else None)
+        return DatasetInfo(entry.train_size, entry.input_shape, entry.classes)
+    if entry is None:
         return DatasetInfo(None, None, None)  # the user's loader: its ranks check it
     name, _, where = spec.partition(":")
     if name in CIFAR:
@@ -201,10 +200,9 @@ def _setup(values: dict[str, Any]) -> dict[str, Any]:
     """What fixes a model's parameters: the model, its knobs, and the dataset (its kind: a copy elsewhere is fine)."""
     model, dataset = values.get("model"), str(values.get("dataset"))
     setup = {"model": model, "dataset": dataset.partition(":")[0] if is_file_dataset(dataset) else dataset}
-    if model == "mlp":
-        setup["hidden"] = list(values.get("hidden") or [])
-    if model in ("alexnet", "vgg11"):
-        setup["width"] = values.get("width", 1.0)
+    entry = registry.model(model)
+    for knob in entry.knobs if entry else ():  # the knobs it takes fix its parameters: a checkpoint's must match
+        setup[knob] = values.get(knob, 1.0) if knob == "width" else list(values.get(knob) or [])
     return setup
 
 

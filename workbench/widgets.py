@@ -20,7 +20,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from workbench import strategies
-from workbench.config import MODELS, PARALLELISMS, STRATEGIES, RunConfig
+from workbench.config import PARALLELISMS, STRATEGIES, RunConfig
 from workbench.devices import DEVICES
 from workbench.errors import ConfigError, WorkbenchError
 from workbench.faults import kinds
@@ -29,14 +29,12 @@ from workbench.plots import FAULT_MARKERS
 from workbench.resize_rule import RULES
 from workbench.session import Run, start
 from workbench.supervisor import events as ev
+from workbench.workloads import registry
 
 REFRESH_HZ = 5
 # the most points a live curve sends the browser at each refresh: a long run's every step, resent 5 times a
 # second, outruns the page (a stride over the run keeps its shape, the last step always shown)
 LIVE_POINTS = 1000
-# the dataset box's suggestions; a directory goes after the colon (the box takes free text)
-DATASET_CHOICES = ("digits", "synthetic", "synthetic_image", "cifar10:", "cifar100:", "mnist:", "fashion_mnist:",
-                   "imagefolder:")
 MARKED = (*kinds.MARKERS, *(k.name for k in (ev.STRAGGLER, ev.FAILURE, ev.DETECTED, ev.RECOVERED, ev.GENERATION)))
 STRIP_STEPS = 200  # the per-rank strip shows this many latest steps
 MARKER_STYLE = {**FAULT_MARKERS, **kinds.MARKERS, ev.DETECTED.name: ("circle", "black")}
@@ -74,10 +72,11 @@ class Lab:
         self._closed = False
         style = {"description_width": "110px"}
         self._given = dict(defaults)  # settings the panel has no control for (width, augment, ...) are kept
-        models = list(MODELS) + ([base.model] if base.model not in MODELS else [])  # a user factory stays offered
+        names = registry.model_names()  # the registered models, read when the panel is built
+        models = list(names) + ([base.model] if base.model not in names else [])  # a user factory stays offered
         self.model = w.Dropdown(options=models, value=base.model, description="model", style=style)
         # free text: the on-disk data sets take their directory (cifar10:DIR ...), a user loader its import path
-        self.dataset = w.Combobox(options=list(DATASET_CHOICES), value=base.dataset, ensure_option=False,
+        self.dataset = w.Combobox(options=list(registry.dataset_choices()), value=base.dataset, ensure_option=False,
                                   placeholder="digits, synthetic_image, cifar10:DIR, ...", description="dataset",
                                   style=style)
         self.world_size = w.BoundedIntText(value=base.world_size, min=1, max=SHOWN["world_size"][1],

@@ -167,9 +167,9 @@ def resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
     return _resnet("resnet18", input_shape, num_classes, RESNET18, option="B")
 
 
+# the seed papers' models by name (their entries in workbench.workloads.registry name these builders)
 ARCHITECTURES: dict[str, Callable[..., nn.Sequential]] = {
-    "lenet5": lenet5, "alexnet": alexnet, "vgg11": vgg11, "resnet20": resnet20, "resnet18": resnet18}
-WIDTH_KNOB = ("alexnet", "vgg11")  # the architectures that take ``width``
+    f.__name__: f for f in (lenet5, alexnet, vgg11, resnet20, resnet18)}
 
 
 def conv_bn_pairs(model: nn.Sequential) -> list[tuple[str, str, str | None]]:

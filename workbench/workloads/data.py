@@ -14,8 +14,9 @@ import torch
 
 from workbench.config import RunConfig, resolve_callable
 from workbench.errors import ConfigError
-from workbench.workloads.dataset_files import bundled_file, is_file_dataset
-from workbench.workloads.datasets import Dataset, load_file_dataset, synthetic_image
+from workbench.workloads import registry
+from workbench.workloads.dataset_files import bundled_file
+from workbench.workloads.datasets import Dataset
 
 _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
 
@@ -23,16 +24,8 @@ _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the 
 def load_dataset(config: RunConfig) -> Dataset:
     """The run's dataset, with its augmentation setting; image datasets (``synthetic_image``, ``cifar10:DIR``,
     ...: :mod:`workbench.workloads.datasets`) keep uint8 images and normalise them in :meth:`Dataset.train_batch`."""
-    if config.dataset == "digits":
-        data = digits()
-    elif config.dataset == "synthetic":
-        data = synthetic(config.synthetic_size)
-    elif config.dataset == "synthetic_image":
-        data = synthetic_image(config.synthetic_size)
-    elif is_file_dataset(config.dataset):
-        data = load_file_dataset(config.dataset)
-    else:
-        data = _user_dataset(config.dataset)
+    entry = registry.dataset(config.dataset)
+    data = entry.load(config.dataset, config.synthetic_size) if entry else _user_dataset(config.dataset)
     if config.augment != "none" and len(data.input_shape) != 3:
         raise ConfigError("augment", f"{config.augment!r} needs (C, H, W) images; {config.dataset!r} gives samples of "
                           f"shape {data.input_shape}")
@@ -54,7 +47,7 @@ def digits() -> Dataset:
     scikit-learn: ~2.4 s of CPU per rank start). A missing file is an error, never a silent fall back to
     scikit-learn: that path once made every rank start 16x slower for three issues (docs/benchmarks.md).
     """
-    with np.load(bundled_file("digits")) as f:
+    with np.load(bundled_file(digits.__name__)) as f:
         images, target = f["images"], f["target"]
     x = (images.astype(np.float32) / 8.0 - 1.0).reshape(-1, 1, 8, 8)
     y = target.astype(np.int64)

@@ -10,12 +10,15 @@ from pathlib import Path
 
 from workbench.callables import IMPORT_PATH, resolve_callable
 from workbench.errors import ConfigError
+from workbench.workloads import registry
 
-DATASETS = ("digits", "synthetic", "synthetic_image")  # built in; re-exported by workbench.config
+# the registry's names, as they stood when this module was imported (workbench.workloads.registry: the entries)
+DATASETS = registry.dataset_names()  # built in; re-exported by workbench.config
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder
-BUNDLED_FILES = {"digits": DATA_DIR / "digits.npz"}  # built-in datasets read from a file shipped with the repository
+# built-in datasets read from a file shipped with the repository
+BUNDLED_FILES = {e.name: DATA_DIR / e.bundled for e in registry.DATASETS.values() if e.bundled}
 AUGMENTS = ("none", "crop_flip")
-FILE_DATASETS = ("cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")  # each named PREFIX:DIR
+FILE_DATASETS = registry.dataset_names(on_disk=True)  # each named PREFIX:DIR
 DATASET_FORMS = tuple(f"{name}:DIR" for name in FILE_DATASETS)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 CIFAR = {  # name: (files, extracted folder, label bytes per record, classes, where the user gets the files)
@@ -36,27 +39,30 @@ IDX_SOURCE = {
 
 def is_file_dataset(spec: object) -> bool:
     """Whether ``spec`` names a dataset on disk (``cifar10:DIR``, ...), before it could pass for an import path."""
-    return isinstance(spec, str) and spec.partition(":")[0] in FILE_DATASETS
+    entry = registry.dataset(spec)
+    return entry is not None and entry.on_disk
 
 
 def check_dataset(spec: object, augment: object = "none", synthetic_size: object = 4096) -> str:
     """RunConfig's check of ``dataset``, ``augment``, ``synthetic_size``: a DIR must hold the expected files (read
     at load), and comes back absolute, so every rank finds it whatever its working directory."""
-    if is_file_dataset(spec):  # first: "cifar10:data" also reads as an import path
+    entry = registry.dataset(spec)
+    if entry is not None and entry.on_disk:  # first: "cifar10:data" also reads as an import path
         spec = check_files(str(spec))
-    elif isinstance(spec, str) and spec not in DATASETS and IMPORT_PATH.match(spec):
+    elif entry is None and isinstance(spec, str) and IMPORT_PATH.match(spec):
         resolve_callable("dataset", spec)
-    elif spec in BUNDLED_FILES:
+    elif entry is not None and entry.bundled:
         bundled_file(str(spec))
-    elif spec not in DATASETS:
-        raise ConfigError("dataset", f"{spec!r} is not known: allowed {', '.join(DATASETS + DATASET_FORMS)} or an "
+    elif entry is None:
+        raise ConfigError("dataset", f"{spec!r} is not known: allowed {', '.join(registry.dataset_forms())} or an "
                           "import path 'package.module:callable'")
     if type(synthetic_size) is not int or not 16 <= synthetic_size <= 100_000_000:
         raise ConfigError("synthetic_size", f"{synthetic_size!r} is out of range: allowed integers 16..100000000")
     if augment not in AUGMENTS:
         raise ConfigError("augment", f"{augment!r} is not known: allowed {', '.join(AUGMENTS)}")
-    if augment != "none" and spec in ("digits", "synthetic"):
-        raise ConfigError("augment", f"{augment!r} crops and flips images; {spec!r} is 8x8 (a 4-pixel shift loses "
+    if augment != "none" and entry is not None and not entry.crops:
+        side = "x".join(map(str, (entry.input_shape or ("?", "?"))[-2:]))
+        raise ConfigError("augment", f"{augment!r} crops and flips images; {spec!r} is {side} (a 4-pixel shift loses "
                           "half of it): use it with synthetic_image or a dataset on disk")
     return str(spec)
 
@@ -65,7 +71,8 @@ def bundled_file(name: str) -> Path:
     """The file a built-in dataset is read from. Missing, it is an error, never a silent fall back to rebuilding
     it (digits from scikit-learn costs each rank ~2.4 s of CPU at start: docs/concepts.md, "No silent
     fallback")."""
-    path = BUNDLED_FILES[name]
+    entry = registry.dataset(name)
+    path = BUNDLED_FILES.get(name) or DATA_DIR / str(entry.bundled if entry else name)
     if not path.is_file():
         raise ConfigError("dataset", f"{name!r} reads its bundled file {path}, which is missing: restore it from the "
                                      f"repository (git checkout -- data/{path.name})")

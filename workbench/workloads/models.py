@@ -18,7 +18,7 @@ from torch import nn
 
 from workbench.config import RunConfig, resolve_callable
 from workbench.errors import ConfigError
-from workbench.workloads.architectures import ARCHITECTURES, WIDTH_KNOB
+from workbench.workloads import registry
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (128, 64)) -> nn.Module:
@@ -34,6 +34,8 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] 
 
 
 def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(input_shape) not in (2, 3):
+        raise ConfigError("model", f"'cnn' needs image inputs (C, H, W), the dataset gives {input_shape}")
     channels, height, width = input_shape if len(input_shape) == 3 else (1, *input_shape)
     return nn.Sequential(
         nn.Unflatten(1, (channels, height, width)) if len(input_shape) != 3 else nn.Identity(),
@@ -46,15 +48,9 @@ def cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 def build_model(config: RunConfig, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build the model on this process with the run's seed, so every rank starts from the same weights."""
     torch.manual_seed(config.seed)
-    if config.model == "mlp":
-        return mlp(input_shape, num_classes, tuple(config.hidden))
-    if config.model == "cnn":
-        if len(input_shape) not in (2, 3):
-            raise ConfigError("model", f"'cnn' needs image inputs (C, H, W), the dataset gives {input_shape}")
-        return cnn(input_shape, num_classes)
-    if config.model in ARCHITECTURES:
-        knobs = {"width": config.width} if config.model in WIDTH_KNOB else {}
-        return ARCHITECTURES[config.model](tuple(input_shape), num_classes, **knobs)
+    entry = registry.model(config.model)
+    if entry is not None:  # a registered model: its builder, with its knobs
+        return entry.build(tuple(input_shape), num_classes, config)
     factory = resolve_callable("model", config.model)
     kwargs = {k: v for k, v in (("input_shape", input_shape), ("num_classes", num_classes)) if accepts(factory, k)}
     model = factory(**kwargs)
