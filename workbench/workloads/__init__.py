@@ -1,5 +1,6 @@
 """What a run trains.
 
+- :mod:`.registry` — each model and dataset one registered entry, read by everything that names them;
 - :mod:`.models` — building the run's model; cutting a model into pipeline stages;
 - :mod:`.architectures` — the seed papers' CNNs (LeNet-5, AlexNet, VGG-11, ResNet-20/18) with batch norm;
 - :mod:`.data` — datasets by name and the global batch sequence;
