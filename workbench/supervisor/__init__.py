@@ -5,6 +5,7 @@
 * :mod:`.control` — the control channel's sockets and framing;
 * :mod:`.faultplan` — planned faults until they fire; :mod:`.watchdog` — a rank alive that commits no step;
 * :mod:`.recorder` — metrics, events, failure figures, and the :class:`~workbench.results.RunResult`;
+* :mod:`.events` — every run event kind, declared once with its fields (the recorder checks each event);
 * :mod:`.core` — :class:`~.core.Supervisor`, which wires them together on a run's monitor thread.
 Imports nothing: a module that needs one room loads that room.
 """
