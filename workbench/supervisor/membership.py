@@ -5,9 +5,8 @@ Events in: ``start()``, ``ready(id)``, ``died(id, cause)``, ``checkpoint(path)``
 the order they are carried out: :class:`Start`, :class:`Retire`, :class:`Lost`, :class:`Generation`,
 :class:`Note`, :class:`End`. Processes have spawn ids; ranks have stable labels, which a replacement inherits. A
 process that dies before it is a member is started anew, at most ``max_starts`` times in a row per label. A death
-is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it (docs/internals.md). At
-a step boundary every member has stopped before the same step: a resize grows or shrinks the world, a preempted
-rank leaves, nothing is lost or redone (docs/permanent-faults.md, "Preemption with notice").
+is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it; at a step boundary
+(a resize, a preemption: ``at_boundary``) nothing is lost or redone (docs/internals.md, docs/permanent-faults.md).
 """
 
 from __future__ import annotations
