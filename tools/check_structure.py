@@ -328,7 +328,7 @@ def _is_dataclass(node: ast.ClassDef) -> bool:
 
 def _own_attributes(node: ast.ClassDef) -> tuple[set[str], dict[str, int]]:
     """(what a class sets: its body's names, its dataclass fields, every ``self.x`` assigned in a method;
-    every ``self.x`` its methods read -> the first line reading it)."""
+    every ``self.x`` its methods read -> the first line reading it; ``self.x += 1`` reads ``x``)."""
     sets: set[str] = set()
     reads: dict[str, int] = {}
     for item in node.body:
@@ -343,9 +343,10 @@ def _own_attributes(node: ast.ClassDef) -> tuple[set[str], dict[str, int]]:
         me = _self_name(method)
         if me is None:
             continue
+        updated = {id(n.target) for n in ast.walk(method) if isinstance(n, ast.AugAssign)}  # ``self.x += 1`` reads
         for sub in ast.walk(method):
             if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == me:
-                if isinstance(sub.ctx, ast.Store):
+                if isinstance(sub.ctx, ast.Store) and id(sub) not in updated:
                     sets.add(sub.attr)
                 elif not (sub.attr.startswith("__") and sub.attr.endswith("__")):
                     reads.setdefault(sub.attr, sub.lineno)
