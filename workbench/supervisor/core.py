@@ -402,7 +402,7 @@ class Supervisor:
                 self._live(kinds.get(name), arg)
 
     def _live(self, kind: FaultKind, arg: Any) -> None:
-        if kind.fires is Fires.THROTTLE:  # (rank, factor, seconds): workbench.supervisor.slow_ranks
+        if kind.fires is Fires.THROTTLE:  # (rank, factor, seconds): _slow
             self._slow(*arg)
         elif kind.fires is Fires.BOUNDARY:
             self._resize(arg)
@@ -449,7 +449,7 @@ class Supervisor:
         if kind.fires is Fires.BOUNDARY:
             self._resize(fault.world, planned=fault)
             return
-        if kind.fires is Fires.THROTTLE:  # a slow fault at a time: workbench.supervisor.slow_ranks
+        if kind.fires is Fires.THROTTLE:  # a slow fault at a time: _slow_planned
             self._slow_planned(fault)
             return
         w = self.worker(label)
