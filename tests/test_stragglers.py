@@ -22,8 +22,7 @@ from workbench.faults.slow import check_live_slow
 from workbench.rank import throttle as throttle_module
 from workbench.rank.throttle import Throttle
 from workbench.results import RunResult
-from workbench.supervisor.boundary import Commands
-from workbench.supervisor.slow_ranks import SlowRanks
+from workbench.supervisor.core import Supervisor
 from workbench.supervisor.stragglers import Stragglers, find
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,24 +154,21 @@ def test_the_throttle_makes_a_step_take_factor_times_its_own_cpu(monkeypatch):
 
 
 def test_live_and_timed_slow_downs_reach_the_rank_as_throttle_messages():
-    class Supervisor(Commands, SlowRanks):  # the supervisor's parts that a slow-down touches
-        def __init__(self):
-            self.sent, self.commands = [], queue.Queue()
-            self.membership = SimpleNamespace(members=[0, 1])
-            self.control = SimpleNamespace(send=lambda w, m: self.sent.append((w.label, m)))
-            self.recorder = SimpleNamespace(event=lambda kind, step, detail, rank: self.sent.append((kind, detail)))
-
-        def worker(self, label):
-            return SimpleNamespace(proc=object(), conn=None, label=label) if label in (0, 1) else None
-
-    supervisor = Supervisor()
+    sent = []
+    supervisor = Supervisor.__new__(Supervisor)  # no run: only the parts that a slow-down touches
+    supervisor.commands = queue.Queue()
+    supervisor.membership = SimpleNamespace(members=[0, 1])
+    supervisor.control = SimpleNamespace(send=lambda w, m: sent.append((w.label, m)))
+    supervisor.recorder = SimpleNamespace(event=lambda kind, step, detail, rank: sent.append((kind, detail)))
+    supervisor.worker = lambda label: SimpleNamespace(proc=object(), conn=None, label=label) if label in (0, 1) \
+        else None
     supervisor._inject("slow", 1, "planned", fault=FaultSpec.parse("slow:rank=1,time=1.5,factor=3,until=4"))
     supervisor.commands.put(("slow", (0, 4.0, None)))
     supervisor.commands.put(("slow", (7, 2.0, None)))
     supervisor._run_commands()
-    assert supervisor.sent == [(1, {"type": "throttle", "factor": 3.0, "seconds": 2.5}),
-                               (0, {"type": "throttle", "factor": 4.0, "seconds": None}),
-                               ("fault_skipped", "slow of rank 7: not alive")]
+    assert sent == [(1, {"type": "throttle", "factor": 3.0, "seconds": 2.5}),
+                    (0, {"type": "throttle", "factor": 4.0, "seconds": None}),
+                    ("fault_skipped", "slow of rank 7: not alive")]
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------

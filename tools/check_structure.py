@@ -1,5 +1,5 @@
 """Check the shape of the ``workbench`` package: no import circles, no forbidden reach, no private names across
-modules, and rooms of a size a reader holds in mind.
+modules, classes whole in one file, and functions of a size a reader holds in mind.
 
 Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure.py``:
 
@@ -15,9 +15,16 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
    load, directly or through other modules, the session, sweeps, supervisor, widgets, studies or reproductions.
 3. **No private names across modules** (:func:`private_imports`): ``from pkg.a import _x`` in another module
    (a name that is used elsewhere is public: drop the underscore, or move the code).
-4. **Sizes** (:func:`oversized`): a module at most 400 lines, a function or method at most 80 (``def`` line to
-   last line; a nested function counts in its parent and on its own), unless its docstring says
-   ``One piece:`` and why (a module's marker exempts its line count only, not its functions).
+4. **A class lives whole in one file** (:func:`mixins`): no method annotates ``self: Any``, and no class is a
+   mixin: a class that is a base of a class in another module while its methods read ``self.<attr>`` that neither
+   it nor its bases in the package set (``self.x = ...`` in a method, an assignment or ``def`` in the class body, a
+   field of a dataclass; a bare annotation declares, it sets nothing). Such a class is part of another one spread
+   over files: fold it in, or make it an object with its own state that the other holds. A class with a base from
+   outside the package (other than ``object``/``Generic``/``ABC``) may get attributes from it: not judged.
+5. **Sizes** (:func:`oversized`): a function or method at most 80 lines (``def`` line to last line; a nested
+   function counts in its parent and on its own) unless its docstring says ``One piece:`` and why. A module over
+   1000 lines is reported too, with no marker to excuse it: a smell detector for a module holding more than one
+   concept (what a module holds cannot be checked; its docstring says it, and review judges it).
 
 Usage: ``python tools/check_structure.py [PACKAGE_DIR]`` (default: this repository's ``workbench/``). Exit 0
 with a one-line summary when every check passes; exit 1 listing every problem otherwise.
@@ -32,7 +39,7 @@ import sys
 from pathlib import Path
 
 MARKER = "One piece:"
-MAX_LINES = 400
+MAX_LINES = 1000  # a smell detector, not a design rule: see the module docstring
 MAX_FUNCTION = 80
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "workbench"
 # (modules, the modules they may not reach, why): names relative to the package, ``fnmatch`` patterns; a
@@ -241,13 +248,13 @@ def private_imports(root: Path) -> list[str]:
     return problems
 
 
-def _exempt(node: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def _exempt(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether the docstring of ``node`` says ``One piece:`` and gives a reason after it."""
     return bool(re.search(re.escape(MARKER) + r"\s*\S", ast.get_docstring(node, clean=False) or ""))
 
 
 def oversized(root: Path, max_lines: int = MAX_LINES, max_function: int = MAX_FUNCTION) -> list[str]:
-    """Every module over ``max_lines`` lines and every function over ``max_function`` lines that does not carry
+    """Every module over ``max_lines`` lines, and every function over ``max_function`` lines that does not carry
     the ``One piece:`` marker in its docstring, as ``path: N lines > MAX`` / ``path:LINE name: N lines > MAX``."""
     root = Path(root)
     problems = []
@@ -256,14 +263,157 @@ def oversized(root: Path, max_lines: int = MAX_LINES, max_function: int = MAX_FU
         tree = ast.parse(text, filename=str(path))
         where = path.relative_to(root.parent)
         lines = len(text.splitlines())
-        if lines > max_lines and not _exempt(tree):
-            problems.append(f"{where}: {lines} lines > {max_lines} (split it, or say why in '{MARKER} ...')")
+        if lines > max_lines:
+            problems.append(f"{where}: {lines} lines > {max_lines} (more than one concept? say each in a module of "
+                            "its own)")
         functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         for node in sorted(functions, key=lambda n: n.lineno):
             length = (node.end_lineno or node.lineno) - node.lineno + 1
             if length > max_function and not _exempt(node):
                 problems.append(f"{where}:{node.lineno} {node.name}: {length} lines > {max_function} "
                                 f"(split it, or say why in '{MARKER} ...')")
+    return problems
+
+
+NEUTRAL_BASES = {"object", "Generic", "ABC"}  # bases from outside the package that give a class no attributes
+Functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.C`` of a base expression (``Generic[T]``: ``Generic``); None for anything else."""
+    if isinstance(node, ast.Subscript):
+        return _dotted(node.value)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        outer = _dotted(node.value)
+        return None if outer is None else f"{outer}.{node.attr}"
+    return None
+
+
+def _bindings(name: str, path: Path, tree: ast.Module) -> dict[str, str]:
+    """Names bound at a module's top by imports of the package -> what they are (``pkg.a`` or ``pkg.a.C``)."""
+    bound = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    bound[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join([*package, base] if base else package)
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return bound
+
+
+def _self_name(method: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The name of a method's instance argument (None for a static or class method, or none at all)."""
+    decorators = {_dotted(d) for d in method.decorator_list}
+    positional = [*method.args.posonlyargs, *method.args.args]
+    if decorators & {"staticmethod", "classmethod"} or not positional:
+        return None
+    return positional[0].arg
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any((_dotted(d.func if isinstance(d, ast.Call) else d) or "").split(".")[-1] == "dataclass"
+               for d in node.decorator_list)
+
+
+def _own_attributes(node: ast.ClassDef) -> tuple[set[str], dict[str, int]]:
+    """(what a class sets: its body's names, its dataclass fields, every ``self.x`` assigned in a method;
+    every ``self.x`` its methods read -> the first line reading it; ``self.x += 1`` reads ``x``)."""
+    sets: set[str] = set()
+    reads: dict[str, int] = {}
+    for item in node.body:
+        if isinstance(item, (*Functions, ast.ClassDef)):
+            sets.add(item.name)
+        elif isinstance(item, ast.Assign):
+            sets |= {n.id for target in item.targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            if item.value is not None or _is_dataclass(node):
+                sets.add(item.target.id)
+    for method in (item for item in node.body if isinstance(item, Functions)):
+        me = _self_name(method)
+        if me is None:
+            continue
+        updated = {id(n.target) for n in ast.walk(method) if isinstance(n, ast.AugAssign)}  # ``self.x += 1`` reads
+        for sub in ast.walk(method):
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == me:
+                if isinstance(sub.ctx, ast.Store) and id(sub) not in updated:
+                    sets.add(sub.attr)
+                elif not (sub.attr.startswith("__") and sub.attr.endswith("__")):
+                    reads.setdefault(sub.attr, sub.lineno)
+    return sets, reads
+
+
+def mixins(root: Path) -> list[str]:
+    """Every method annotated ``self: Any``, and every mixin (see the module doc), as ``path:LINE ...``."""
+    root = Path(root)
+    known = modules(root)
+    classes: dict[str, tuple[ast.ClassDef, Path]] = {}  # "pkg.a.C" -> its node and file
+    bases: dict[str, list[str | None]] = {}  # "pkg.a.C" -> each base in the package ("pkg.b.D"), None: opaque
+    problems = []
+    trees = {name: ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for name, path in known.items()}
+    for name, tree in trees.items():
+        where = known[name].relative_to(root.parent)
+        for node in ast.walk(tree):
+            if isinstance(node, Functions):
+                first = [*node.args.posonlyargs, *node.args.args][:1]
+                if first and first[0].arg == "self" and first[0].annotation is not None \
+                        and _dotted(first[0].annotation) in ("Any", "typing.Any"):
+                    problems.append(f"{where}:{node.lineno} {node.name}: 'self: Any' (a mixin's method: fold it "
+                                    "into its class)")
+        bound = _bindings(name, known[name], tree)
+        local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        for node in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            classes[f"{name}.{node.name}"] = (node, known[name])
+            resolved: list[str | None] = []
+            for base in node.bases:
+                dotted = _dotted(base) or ""
+                head, _, rest = dotted.partition(".")
+                if dotted in local:
+                    resolved.append(f"{name}.{dotted}")
+                elif head in bound:
+                    resolved.append(bound[head] + (f".{rest}" if rest else ""))
+                elif dotted.split(".")[-1] not in NEUTRAL_BASES:
+                    resolved.append(None)
+            bases[f"{name}.{node.name}"] = resolved
+    attributes = {qualified: _own_attributes(node) for qualified, (node, _) in classes.items()}
+
+    def sets(qualified: str, seen: frozenset[str] = frozenset()) -> set[str] | None:
+        """Everything a class and its bases set; None when a base is no class defined in the package (not judged:
+        it may set anything)."""
+        if qualified in seen:
+            return set()
+        found = set(attributes[qualified][0])
+        for base in bases[qualified]:
+            if base is None or base not in classes:
+                return None
+            inherited = sets(base, seen | {qualified})
+            if inherited is None:
+                return None
+            found |= inherited
+        return found
+
+    for qualified, (node, path) in classes.items():
+        module = qualified.rsplit(".", 1)[0]
+        users = sorted(c for c, bs in bases.items() if qualified in bs and c.rsplit(".", 1)[0] != module)
+        given = sets(qualified) if users else None
+        if given is None:
+            continue
+        missing = {a: line for a, line in attributes[qualified][1].items() if a not in given}
+        if missing:
+            names = ", ".join(f"self.{a}" for a in sorted(missing, key=missing.get))
+            problems.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} reads {names}, which it "
+                            f"never sets, and is a base of {', '.join(users)}: a mixin (fold it into its class, "
+                            "or make it an object with its own state)")
     return problems
 
 
@@ -277,23 +427,27 @@ def main(argv: list[str] | None = None) -> int:
     forbidden = forbidden_edges(root)
     private = private_imports(root)
     sizes = oversized(root)
+    spread = mixins(root)
     for cycle in cycles:
         print(f"import cycle: {' -> '.join(cycle)}")
     for problem in forbidden:
         print(f"forbidden: {problem}")
     for problem in private:
         print(f"private name: {problem}")
+    for problem in spread:
+        print(f"class not whole: {problem}")
     for problem in sizes:
         print(f"too large: {problem}")
-    if cycles or forbidden or private or sizes:
+    if cycles or forbidden or private or spread or sizes:
         print(f"check_structure: {len(cycles)} import cycle(s), {len(forbidden)} forbidden reach(es), "
-              f"{len(private)} private import(s), {len(sizes)} oversized module(s)/function(s)")
+              f"{len(private)} private import(s), {len(spread)} class(es) not whole, "
+              f"{len(sizes)} oversized module(s)/function(s)")
         return 1
     graph = import_graph(root)
     lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules(root).items()}
     largest = max(lengths, key=lambda name: lengths[name])
     print(f"check_structure OK: {len(graph)} modules, {sum(map(len, graph.values()))} import edges, no cycles, "
-          f"no forbidden reach, no private imports; "
+          f"no forbidden reach, no private imports, every class whole; "
           f"largest module {largest} ({lengths[largest]} lines)")
     return 0
 

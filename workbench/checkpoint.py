@@ -50,7 +50,7 @@ class Checkpoint:
     config: dict[str, Any] = field(default_factory=dict)
     apoptosis: dict[str, torch.Tensor] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
-    rule: dict[str, Any] = field(default_factory=dict)  # resize_rule linear: workbench.rank.scaling.rule_record
+    rule: dict[str, Any] = field(default_factory=dict)  # resize_rule linear: rank.base.BaseTrainer.rule_record
 
 
 def checksum(array: np.ndarray) -> str:

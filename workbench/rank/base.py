@@ -1,5 +1,6 @@
 """What every parallel mode's trainer shares (:class:`BaseTrainer`): data, the generation loop, planned faults,
-step reports, checkpoints, a GPU rank's device.
+step reports, checkpoints, a GPU rank's device, and the rank's side of the learning-rate rule of a resize
+(:mod:`workbench.resize_rule`).
 
 A mode (:mod:`.replicated` data parallel, :mod:`.pipeline`, :mod:`.gossip`) implements ``join`` (settle a new
 generation), ``train_step`` and the state accessors used by checkpoints and bit flips.
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import checkpoint as ckpt
-from workbench import devices, protocol, strategies
+from workbench import devices, lr_schedule, protocol, resize_rule, strategies
 from workbench.config import FaultSpec, RunConfig
 from workbench.faults import kinds
 from workbench.h5files import OutputError
@@ -30,8 +31,7 @@ from workbench.rank.comm import Comm, GenerationChanged
 from workbench.rank.optim import make_optimizer
 from workbench.rank.readings import evaluate, fingerprint
 from workbench.rank.recovery import InFlight
-from workbench.rank.scaling import Scaled
-from workbench.rank.soft_errors import Detected
+from workbench.rank.soft_errors import Detected, Injector
 from workbench.rank.throttle import Throttle
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
@@ -39,9 +39,9 @@ from workbench.workloads.models import build_model
 FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
 
 
-class BaseTrainer(Scaled):
-    """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints (and
-    the learning-rate rule of a resize: :class:`~workbench.rank.scaling.Scaled`).
+class BaseTrainer:
+    """What every parallel mode shares: data, the generation loop, planned faults, step reports, checkpoints, and
+    the learning-rate rule of a resize.
 
     A mode implements ``join`` (settle a new generation), ``train_step``, and the state accessors used by
     checkpoints and bit flips (``checkpoint_state``, ``optimizer_state_of``); ``evaluate`` is overridden where the
@@ -49,6 +49,7 @@ class BaseTrainer(Scaled):
     """
 
     provenance: dict[str, Any] = {}  # the run's (workbench.provenance), set from the start message; in checkpoints
+    scale: resize_rule.Scale | None = None  # resize_rule linear: the run's resizes so far (None: keep)
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
@@ -70,6 +71,7 @@ class BaseTrainer(Scaled):
         self.step_faults: dict[int, FaultSpec] = {}
         self.random_steps: set[int] = set()
         self.throttle = Throttle()  # a slow rank's (slow faults, run.slow)
+        self.injector = Injector(self.model, self._report_flip)  # bit flips (a pipeline stage: its own module's)
         self.memory_snapshot: Any = None  # reinit: the last global snapshot
         self._writer: staging.Writer | None = None  # the checkpoint writer thread, from the first checkpoint on
         self._staged: staging.Staged | None = None  # a checkpoint's copy under way (see _write_checkpoint)
@@ -199,6 +201,59 @@ class BaseTrainer(Scaled):
     def _take_memory_snapshot(self) -> Any:
         """The strategy's snapshot in memory (copies of the tensors), restored in place by a join."""
         raise NotImplementedError
+
+    # -- the learning-rate rule of a resize ------------------------------------------------------------------------
+    # Under ``linear`` every generation message carries the run's history of resizes (``rule``), from which the
+    # rank takes each step's global batch, learning rate (every parameter group; the momentum buffers stay) and
+    # place in the sample stream. Under ``keep`` (``scale`` None) nothing here changes a thing: the global batch
+    # is ``batch_size`` and the learning rate ``lr``.
+    def adopt_rule(self, a: dict[str, Any]) -> None:
+        """Generation ``a``'s history of resizes (the same in every member's message; newcomers get it here)."""
+        scale = resize_rule.from_message(self.config, a.get("rule"))
+        if scale is not None and (self.scale is None or scale.history != self.scale.history):
+            self.scale = scale
+            self.batches = self.batch_sequence()
+
+    def batch_sequence(self) -> BatchSequence:
+        """The global batches of every step (read by a sample cursor under ``linear``, once the run has resized)."""
+        return BatchSequence(len(self.data.y_train), self.config.batch_size, self.config.seed,
+                             self.scale.segments() if self.scale is not None else None)
+
+    def global_batch(self, step: int) -> int:
+        return self.config.batch_size if self.scale is None else self.scale.global_batch(step)
+
+    def lr_at(self, step: int) -> float:
+        """The resize rule's learning rate at ``step`` times the schedule's factor (``lr_schedule``)."""
+        base = self.config.lr if self.scale is None else self.scale.lr_at(step)
+        return base * lr_schedule.factor(self.config.lr_schedule, step, self.config.steps)
+
+    def apply_lr(self) -> None:
+        """Every parameter group of this rank's optimizers takes the learning rate of the step about to run."""
+        if self.scale is None and self.config.lr_schedule == "constant":
+            return
+        lr_schedule.set_lr(self.optimizers(), self.lr_at(self.step))
+
+    def optimizers(self) -> list[Any]:
+        return [self.optimizer]
+
+    def rule_report(self, step: int) -> dict[str, Any]:
+        """A step report's ``lr`` (``linear`` or a schedule) and ``global_batch`` (``linear`` only)."""
+        if self.scale is None:
+            return {} if self.config.lr_schedule == "constant" else {"lr": self.lr_at(step)}
+        return {"lr": self.lr_at(step), "global_batch": self.scale.global_batch(step)}
+
+    def rule_record(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the rule (``linear`` only): the history (a restart takes it up), and for
+        inspection the base, the units, lr and global batch at its step and the sample cursor before it."""
+        if self.scale is None:
+            return {}
+        step = self.step
+        record = {"rule": "linear", **self.scale.message(), "units": self.scale.units_at(step),
+                  "lr": self.lr_at(step), "global_batch": self.scale.global_batch(step)}
+        if self.config.parallelism != "gossip":  # gossip reads its own partitions, not the stream
+            epoch, offset, _ = self.batches.cursor(step)
+            record["cursor"] = {"epoch": epoch, "offset": offset, "samples": self.batches.samples(step)}
+        return record
 
     # -- reports ------------------------------------------------------------------------------------------------
     def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,

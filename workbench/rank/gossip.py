@@ -28,7 +28,6 @@ from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError, GenerationChanged
 from workbench.rank.data_parallel import ring_allreduce_traffic
-from workbench.rank.soft_errors import Injector
 from workbench.workloads.data import LocalPartition
 
 ORDER_SEED = 0x905519  # partner orders depend on the run's seed and this constant only
@@ -132,7 +131,6 @@ class GossipTrainer(BaseTrainer):
         super().__init__(config, channel, store, checkpoint_dir)
         self._own_optimizer()
         st.init_history(self.optimizer)
-        self.injector = Injector(self.model, self._report_flip)
         self.exchange = PairExchange(self.comm, self._flat, self._unflat)
         self.schedule: GossipSchedule | None = None
         self.partition: LocalPartition | None = None

@@ -22,7 +22,7 @@ from workbench.rank import staging, transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.data_parallel import DataParallel, clone_state
-from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors, Injector
+from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors
 from workbench.workloads.data import shard
 
 NO_ALARMS = [0.0] * ALARM_SLOTS
@@ -41,7 +41,6 @@ class Trainer(BaseTrainer):
             torch.set_flush_denormal(True)
         self.apoptosis = self._fresh_rule()
         self._build_dp()
-        self.injector = Injector(self.model, self._report_flip)
         self.detectors = Detectors(config, self.model)
         self._detections: set[tuple[int, str]] = set()  # (step, detector) of every alarm seen
         self.verified: dict[str, Any] | None = None  # last verified in-memory snapshot (soft-error recovery)
