@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench import checkpoint, strategies
-from workbench.config import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIES, STRATEGIES, RunConfig
-from workbench.errors import ConfigError
+from workbench import strategies
+from workbench.config.errors import ConfigError
+from workbench.config.run import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIES, STRATEGIES, RunConfig
+from workbench.results import checkpoint
 from workbench.strategies import Reaction
 from workbench.supervisor.membership import Generation, Lost, Membership, Retire, Start
 

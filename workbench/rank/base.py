@@ -18,12 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench import checkpoint as ckpt
-from workbench import devices, protocol, strategies
-from workbench.config import FaultSpec, RunConfig
+from workbench import strategies
+from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults import kinds
-from workbench.h5files import OutputError
-from workbench.rank import staging
+from workbench.launch import devices
+from workbench.rank import protocol, staging
 from workbench.rank import state as st
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.comm import Comm, GenerationChanged
@@ -33,6 +32,8 @@ from workbench.rank.recovery import InFlight
 from workbench.rank.scaling import Scaled
 from workbench.rank.soft_errors import Detected
 from workbench.rank.throttle import Throttle
+from workbench.results import checkpoint as ckpt
+from workbench.results.h5files import OutputError
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
 
@@ -48,7 +49,8 @@ class BaseTrainer(Scaled):
     model is spread over ranks (then every member takes part).
     """
 
-    provenance: dict[str, Any] = {}  # the run's (workbench.provenance), set from the start message; in checkpoints
+    # the run's (workbench.results.provenance), set from the start message; in checkpoints
+    provenance: dict[str, Any] = {}
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
@@ -294,7 +296,7 @@ class BaseTrainer(Scaled):
     def _checkpoint_failed(self, exc: Exception) -> None:
         """Writer thread: a checkpoint that could not be written ends the run as such, not as a rank fault (an
         ``error`` with its ``reason``, then this process exits): a full disk, a read-only place
-        (:class:`~workbench.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
+        (:class:`~workbench.results.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
         why = str(exc) if isinstance(exc, OutputError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, OutputError):
             traceback.print_exception(exc)  # where it failed, for the rank's log

@@ -1,4 +1,4 @@
-"""A rank's side of ``resize_rule`` (:mod:`workbench.resize_rule`), a mixin of
+"""A rank's side of ``resize_rule`` (:mod:`workbench.config.resize_rule`), a mixin of
 :class:`~workbench.rank.base.BaseTrainer`: under ``linear`` every generation message carries the run's history of
 resizes (``rule``), from which the rank takes each step's global batch, learning rate (every parameter group; the
 momentum buffers stay) and place in the sample stream. Under ``keep`` (``scale`` None) nothing here changes a
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench import lr_schedule, resize_rule
+from workbench.config import lr_schedule, resize_rule
 from workbench.workloads.data import BatchSequence
 
 

@@ -15,13 +15,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from workbench import checkpoint as ckpt
-from workbench import protocol, resize_rule, strategies
+from workbench import strategies
+from workbench.config import resize_rule
+from workbench.config.resize_rule import units
+from workbench.config.resizing import leaving
 from workbench.faults import kinds
 from workbench.faults.kinds import FaultKind, Fires
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
-from workbench.resize_rule import units
-from workbench.resizing import leaving
+from workbench.rank import protocol
+from workbench.results import checkpoint as ckpt
 
 MARGIN_STEPS = 3  # a live boundary lies this many steps past the furthest step committed (ranks run in lockstep)
 SETTLE_S = 2.0  # once a member paused, the others get this long; then the change happens with what they hold

@@ -1,9 +1,9 @@
-"""The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.session.Run`.
+"""The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.launch.session.Run`.
 
 It hosts the store the ranks' gloo groups rendezvous through (:mod:`.store`) and the control server every rank
 reports to, and wires the rooms together: :mod:`.membership` decides, :mod:`.launcher` starts and stops
 processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the faults, :mod:`.recorder` keeps the
-figures, :mod:`workbench.peers.adapters` speaks for the peers. Membership is a numbered generation with an
+figures, :mod:`workbench.strategies.peers.adapters` speaks for the peers. Membership is a numbered generation with an
 authoritative ``source``. A dead rank is seen by its closed connection and exit status, a frozen one by missing
 heartbeats (then SIGKILLed); a supervisor error still ends in a result, every process gone (docs/internals.md).
 """
@@ -17,14 +17,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from workbench import checkpoint as ckpt
-from workbench import clock, devices, outdir, protocol, provenance, resize_rule, strategies
-from workbench.cluster.hosts_file import Host, placement
-from workbench.config import RunConfig
-from workbench.errors import RunStartError
-from workbench.peers.adapters import adapter
-from workbench.protocol import CONTROL, CONTROL_KEY, RANK
-from workbench.results import RunResult
+from workbench import strategies
+from workbench.config import errors, resize_rule
+from workbench.config.run import RunConfig
+from workbench.launch import devices, outdir
+from workbench.launch.cluster import hosts_file
+from workbench.rank import protocol
+from workbench.results import checkpoint, clock, provenance, run_result
+from workbench.strategies.peers.adapters import adapter
 from workbench.supervisor.boundary import Commands
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
@@ -45,9 +45,9 @@ class Supervisor(Commands, SlowRanks):
         self.config = config
         self.out_dir = out_dir
         self.host = config.bind
-        hosts = [Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
+        hosts = [hosts_file.Host.coerce(h, first=i == 0) for i, h in enumerate(config.hosts or [])]
         self.this_host = hosts[0] if hosts else None
-        self.placement = placement(hosts)
+        self.placement = hosts_file.placement(hosts)
         self.strategy = strategies.get(config.strategy)
         self.peer = adapter(self.strategy)  # a peer strategy's adapter (None for ours)
         self.recorder = Recorder(config, on_event)
@@ -56,8 +56,8 @@ class Supervisor(Commands, SlowRanks):
         self.membership = Membership(
             self.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
             resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None,
-            verify=partial(ckpt.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
-        self.plan = FaultPlan(config, start=ckpt.step_of(config.resume) if config.resume else 0)
+            verify=partial(checkpoint.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
+        self.plan = FaultPlan(config, start=checkpoint.step_of(config.resume) if config.resume else 0)
         self.watchdog = Watchdog(config.progress_timeout, config.heartbeat_timeout)
         self.stragglers = Stragglers(config.straggler_factor, config.straggler_window,
                                      enabled=config.straggler_response != "off")
@@ -89,14 +89,14 @@ class Supervisor(Commands, SlowRanks):
         return Path(self._tmpdir.name)
 
     # -- the run ----------------------------------------------------------------------------------------------------
-    def run(self) -> RunResult:
-        """Run to the end; the result carries the run's provenance (:mod:`workbench.provenance`)."""
+    def run(self) -> run_result.RunResult:
+        """Run to the end; the result carries the run's provenance (:mod:`workbench.results.provenance`)."""
         outcome, reason = "failed", "the run did not start"
         self.provenance = provenance.collect(self.config.seed, devices.describe(self.config), self.config.speed_probe)
         try:
             self._start()
             outcome, reason = self._loop()
-        except RunStartError as exc:
+        except errors.RunStartError as exc:
             outcome, reason = "failed", str(exc)
         except BaseException as exc:  # noqa: BLE001 - a supervisor bug must still end in a result, ranks gone
             outcome, reason = "failed", f"supervisor error: {type(exc).__name__}: {exc}"
@@ -120,7 +120,7 @@ class Supervisor(Commands, SlowRanks):
         self.store, self._store_socket = open_store(self.host, self.config.store_port)
         listen = self._store_socket
         self.control = ControlServer(self.host, listen.family)
-        self.store.set(CONTROL_KEY, self.control.address)
+        self.store.set(protocol.CONTROL_KEY, self.control.address)
         self.store_address = f"{self.host}:{listen.getsockname()[1]}"
         if self.placement:
             self.recorder.event("store", -1, f"store at {self.store_address}; ranks on " + ", ".join(
@@ -319,7 +319,7 @@ class Supervisor(Commands, SlowRanks):
             self._handle(worker, message)
 
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
-        kind = CONTROL.received(m, RANK)
+        kind = protocol.CONTROL.received(m, protocol.RANK)
         if kind == "hb":
             self.watchdog.heartbeat(w.spawn_id, m, time.monotonic())
             return

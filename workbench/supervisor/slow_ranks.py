@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workbench import protocol
+from workbench.rank import protocol
 from workbench.supervisor.stragglers import Straggler
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench.callables import IMPORT_PATH, resolve_callable
-from workbench.errors import ConfigError
+from workbench.config.callables import IMPORT_PATH, resolve_callable
+from workbench.config.errors import ConfigError
 
-DATASETS = ("digits", "synthetic", "synthetic_image")  # built in; re-exported by workbench.config
+DATASETS = ("digits", "synthetic", "synthetic_image")  # built in; re-exported by workbench.config.run
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder
 BUNDLED_FILES = {"digits": DATA_DIR / "digits.npz"}  # built-in datasets read from a file shipped with the repository
 AUGMENTS = ("none", "crop_flip")
