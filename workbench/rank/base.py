@@ -54,7 +54,7 @@ class BaseTrainer(Scaled):
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
-        self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (workbench/strategies.py)
+        self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (strategies/registry.py)
         self.channel = channel
         self.checkpoint_dir = checkpoint_dir
         # a GPU rank builds on the CPU and takes its GPU when first put in a generation (_take_gpu): a warm spare
