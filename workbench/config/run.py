@@ -5,9 +5,8 @@ Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.
 field and what is allowed before any rank process starts.
 
 The fault plan's entries (:class:`~workbench.faults.spec.FaultSpec`, :class:`~workbench.faults.spec.RandomFailures`)
-live in :mod:`workbench.faults.spec`, user models and datasets named by import path in
-:mod:`workbench.config.callables`;
-both are re-exported here (``from workbench.config.run import FaultSpec, resolve_callable`` keeps working).
+live in :mod:`workbench.faults.spec`, user models and datasets named by import path in :mod:`.callables`; both
+are re-exported here (``from workbench.config.run import FaultSpec, resolve_callable`` keeps working).
 """
 
 from __future__ import annotations
