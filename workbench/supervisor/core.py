@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from workbench import strategies
-from workbench.config import errors, resize_rule
-from workbench.config.run import RunConfig
+from workbench.config import errors, resize_rule, run
 from workbench.launch import devices, outdir
 from workbench.launch.cluster import hosts_file
 from workbench.rank import protocol
+from workbench.rank.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import checkpoint, clock, provenance, run_result
 from workbench.strategies.peers.adapters import adapter
 from workbench.supervisor.boundary import Commands
@@ -41,7 +41,7 @@ class Supervisor(Commands, SlowRanks):
     commands and step boundaries: :class:`~workbench.supervisor.boundary.Commands`; slow ranks:
     :class:`~workbench.supervisor.slow_ranks.SlowRanks`."""
 
-    def __init__(self, config: RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
+    def __init__(self, config: run.RunConfig, out_dir: Path | None, on_event: EventCallback | None = None) -> None:
         self.config = config
         self.out_dir = out_dir
         self.host = config.bind
@@ -120,7 +120,7 @@ class Supervisor(Commands, SlowRanks):
         self.store, self._store_socket = open_store(self.host, self.config.store_port)
         listen = self._store_socket
         self.control = ControlServer(self.host, listen.family)
-        self.store.set(protocol.CONTROL_KEY, self.control.address)
+        self.store.set(CONTROL_KEY, self.control.address)
         self.store_address = f"{self.host}:{listen.getsockname()[1]}"
         if self.placement:
             self.recorder.event("store", -1, f"store at {self.store_address}; ranks on " + ", ".join(
@@ -319,7 +319,7 @@ class Supervisor(Commands, SlowRanks):
             self._handle(worker, message)
 
     def _handle(self, w: Worker, m: dict[str, Any]) -> None:
-        kind = protocol.CONTROL.received(m, protocol.RANK)
+        kind = CONTROL.received(m, RANK)
         if kind == "hb":
             self.watchdog.heartbeat(w.spawn_id, m, time.monotonic())
             return
