@@ -129,7 +129,7 @@ def test_runs_plan_every_arm_and_refuse_unknown_ones():
 
 
 def test_ulfm_availability_is_the_strategys_own(monkeypatch):
-    from workbench import strategies
+    from workbench.strategies import registry as strategies
 
     monkeypatch.setattr(strategies, "mpirun_path", lambda: None)
     assert "Open MPI's mpirun is not installed" in e.ulfm_missing()
