@@ -65,7 +65,7 @@ demo: setup
 	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
 	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
 
-# The seed papers' findings at the registered paper scale (workbench/reproduce/registry.yaml: lenet5, vgg11 on
+# The seed papers' findings at the registered paper scale (workbench/campaigns/reproduce/registry.yaml: lenet5, vgg11 on
 # synthetic_image, reporting seeds drawn when a campaign starts; one sweep point each; estimated ~115 min on 2
 # idle cores, more than the 60-minute aim: docs/reproduce.md gives the times taken), then runs/reproduce/report.html
 # with a verdict per registered finding. Resumable: every run of a campaign is cached and keeps its seeds, and a
@@ -78,7 +78,7 @@ reproduce: setup
 	@for pair in $(REPRODUCE_NOTEBOOKS); do key=$${pair%%:*}; nb=$${pair#*:}; \
 		$(VENV)/bin/workbench sweep notebooks/reproduce/$$nb.ipynb --out $(REPRO)/$$key -p scale paper || true; \
 	done
-	$(PY) -m workbench.reproduce.report $(REPRO)
+	$(PY) -m workbench.campaigns.reproduce.report $(REPRO)
 
 # The tests and every notebook (nbval) in pytest sessions over two workers (pytest-xdist): their waits for
 # processes, kernels and timeouts overlap. tests/ci_guard.py schedules them: a notebook's cells in one worker (and

@@ -6,8 +6,10 @@ The registered paper-scale setting is chosen by ``benchmarks/apoptosis_design_cn
 A data-parallel apoptosis run computes, on every replica, a full-batch SGD step (the ranks' gradients summed by
 the allreduce), the group-lasso pressure, and at each evaluation the rule's decision on rank 0's validation
 accuracy. This script replays that computation in one process with the workbench's own pieces (dataset and
-validation split, batch sequence, model, :class:`workbench.apoptosis.rule.Apoptosis`, ``group_lasso_``, ``shrink``,
-the phases of :class:`~workbench.apoptosis.rule.ApoptosisConfig`), about a second per run instead of a multi-process
+validation split, batch sequence, model, :class:`workbench.workloads.apoptosis.rule.Apoptosis`, ``group_lasso_``,
+``shrink``,
+the phases of :class:`~workbench.workloads.apoptosis.rule.ApoptosisConfig`), about a second per run instead of a
+multi-process
 run's several. It gave the same parameters and accuracies as ``workbench.run`` at world 2 on 19 of seeds 10-29
 (seed 29: another reduction, the allreduce sums the gradients in another order), so it is for exploring
 settings; the reported figures come from ``workbench.run`` (``make reproduce``).
@@ -32,9 +34,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.apoptosis import rule as apo
-from workbench.config import RunConfig
+from workbench.config.run import RunConfig
 from workbench.rank.readings import evaluate
+from workbench.workloads.apoptosis import rule as apo
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
 

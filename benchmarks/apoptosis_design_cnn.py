@@ -1,7 +1,8 @@
 """The paper-scale apoptosis design, scored on VALIDATION only: how docs/apoptosis.md "Design on lenet5" was measured.
 
 Each ``--apoptosis`` setting runs through ``workbench.run`` (lenet5, world 4, the registry's steps) against the
-same tuning seed's run without apoptosis, on :func:`workbench.reproduce.apoptosis.design_data`: synthetic_image's
+same tuning seed's run without apoptosis, on :func:`workbench.campaigns.reproduce.apoptosis.design_data`:
+synthetic_image's
 *training* data with 1/8 held out as the design's validation split, which neither run trains on and which the
 runs report as their "test" accuracy. The real test split is never loaded. Aims, per setting: parameters / >= 3
 in every run, accuracy change non-inferior within 1 pt (mean over seeds, 95 % t interval), training time lower
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import workbench
-from workbench.reproduce.apoptosis import DESIGN_DATA
-from workbench.reproduce.common import mean_interval
-from workbench.results import RESULT_FILE, RunResult
+from workbench.campaigns.reproduce.apoptosis import DESIGN_DATA
+from workbench.campaigns.reproduce.common import mean_interval
+from workbench.results.run_result import RESULT_FILE, RunResult
 
 
 def run(out: Path, seed: int, spec: str | None, steps: int, world: int,

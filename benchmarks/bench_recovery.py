@@ -112,7 +112,7 @@ def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str 
             "join_s": median([f.get("join_s") for f in failures]),
             "resume_s": median([f["resume_s"] for f in failures]),
             "regrow_s": median([f["regrow_s"] for f in failures]),
-            # the same figures on the rank-time clock (workbench.clock): what a core per rank would take
+            # the same figures on the rank-time clock (workbench.results.clock): what a core per rank would take
             **{f"rank_{k}": median([f.get(f"rank_{k}") for f in failures])
                for k in ("settle_s", "join_s", "resume_s", "regrow_s")},
             "steps_redone": sum(f["steps_redone"] for f in failures),
@@ -170,8 +170,8 @@ def main() -> None:
         print(json.dumps({"benchmark": "checkpoint_stall", "rows": rows}))
         return
     if args.peers:
-        from workbench.errors import ConfigError
-        from workbench.peers import require_peer
+        from workbench.config.errors import ConfigError
+        from workbench.strategies.peers import require_peer
 
         try:
             require_peer("torchft")

@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 import workbench
-from workbench.processes import RANK_ENV_DEFAULTS
-from workbench.results import RunResult
+from workbench.launch.processes import RANK_ENV_DEFAULTS
+from workbench.results.run_result import RunResult
 
 PATHS = ("cli_cold_template", "cli_cold_fresh", "warm_template", "warm_fresh", "torchrun_workers")
 AIMS = {"cli_world4_wall_s": 1.5, "warm_second_run_wall_s": 0.4}

@@ -219,7 +219,7 @@ def checkpoint_stall() -> Measured:
 def ddp_step() -> Measured:
     from bench_overhead import ddp_step_times, workbench_step_times
 
-    from workbench.config import RunConfig
+    from workbench.config.run import RunConfig
 
     config = RunConfig(world_size=2, steps=150, model="lenet5", dataset="synthetic_image", batch_size=128,
                        eval_interval=150)

@@ -1,7 +1,7 @@
 """The GossipGraD design, scored on VALIDATION only: how docs/reproduce.md's "GossipGraD, redesigned" was chosen.
 
 Per learning-rate schedule, p and tuning seed, the registry's GossipGraD run (lenet5, 600 steps, ten evaluations)
-under ``parallelism="gossip"`` and ``"data"`` on :data:`workbench.reproduce.apoptosis.DESIGN_DATA`:
+under ``parallelism="gossip"`` and ``"data"`` on :data:`workbench.campaigns.reproduce.apoptosis.DESIGN_DATA`:
 synthetic_image's *training* data with 1/8 held out as the validation split the runs report as "test"; the real
 test split is never loaded. Scored per accuracy reading — the plateau (mean of the last 3 evaluations, rank 0's
 replica), the final evaluation, and the consensus (gossip: the replicas after ceil(log2 p) rounds without updates;
@@ -22,9 +22,9 @@ from typing import Any
 
 from apoptosis_design_cnn import kept_row  # this folder's: the same row cache
 
-from workbench.reproduce.apoptosis import DESIGN_DATA
-from workbench.reproduce.common import mean_interval
-from workbench.reproduce.gossipgrad import plateau_accuracy
+from workbench.campaigns.reproduce.apoptosis import DESIGN_DATA
+from workbench.campaigns.reproduce.common import mean_interval
+from workbench.campaigns.reproduce.gossipgrad import plateau_accuracy
 
 
 def run(out: Path, seed: int, p: int, mode: str, schedule: str, steps: int,

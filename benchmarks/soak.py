@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 import workbench
-from workbench.config import REGROW_STRATEGIES, RunConfig
+from workbench.config.run import REGROW_STRATEGIES, RunConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import leaks  # noqa: E402 - the project's processes by command line, shared with the tests' leak check

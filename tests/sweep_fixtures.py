@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.results import RunResult
-from workbench.studies.sensitivity import save_trials
+from workbench.campaigns.studies.sensitivity import save_trials
+from workbench.results.run_result import RunResult
 from workbench.sweeps.run import point_id
 
 STRATEGIES = ("shrink", "rollback", "checkpoint_restart")

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import workbench
-from workbench import ConfigError, RunConfig, checkpoint
-from workbench.apoptosis import rule as apo
-from workbench.results import model_size
+from workbench import ConfigError, RunConfig
+from workbench.results import checkpoint
+from workbench.results.run_result import model_size
+from workbench.workloads.apoptosis import rule as apo
 from workbench.workloads.models import cnn, mlp
 
 
@@ -58,7 +59,7 @@ def test_models_it_cannot_shrink_are_refused_before_start():
 
 
 def test_cli_flag_reaches_the_config():
-    from workbench.cli import _config_from_args, build_parser
+    from workbench.launch.cli import _config_from_args, build_parser
 
     args = build_parser().parse_args(["run", "--apoptosis", "tol=0.01,window=3"])
     rule = _config_from_args(args).apoptosis_rule

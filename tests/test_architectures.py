@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.cli import _config_from_args, build_parser
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
+from workbench.launch.cli import _config_from_args, build_parser
 from workbench.workloads.architectures import ARCHITECTURES, BasicBlock, conv_bn_pairs
 from workbench.workloads.models import (
     block_costs,

@@ -18,9 +18,8 @@ import pytest
 import torch
 from sweep_fixtures import fake_result, fake_sweep, fake_trials
 
-from workbench import checkpoint, cli
-from workbench.checkpoint import Checkpoint
-from workbench.errors import WorkbenchError
+from workbench.campaigns.studies.sensitivity import save_trials
+from workbench.config.errors import WorkbenchError
 from workbench.faults.hdf5 import (
     NotComparable,
     alter_checkpoint,
@@ -28,9 +27,11 @@ from workbench.faults.hdf5 import (
     float_datasets,
     replay_checkpoint,
 )
-from workbench.h5files import CHECKPOINT, RESULT, SWEEP_TABLE, TABLE, FileKindError, OutputError, inspect
-from workbench.results import RunResult, load_results, load_table
-from workbench.studies.sensitivity import save_trials
+from workbench.launch import cli
+from workbench.results import checkpoint
+from workbench.results.checkpoint import Checkpoint
+from workbench.results.h5files import CHECKPOINT, RESULT, SWEEP_TABLE, TABLE, FileKindError, OutputError, inspect
+from workbench.results.run_result import RunResult, load_results, load_table
 from workbench.sweeps.run import load_sweep
 
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"

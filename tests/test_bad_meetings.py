@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench.cli import main
-from workbench.errors import ConfigError
-from workbench.outdir import LOCK_FILE, claim, holder, run_files
+from workbench.config.errors import ConfigError
+from workbench.launch.cli import main
+from workbench.launch.outdir import LOCK_FILE, claim, holder, run_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "workbench", "run"]
@@ -83,7 +83,7 @@ def test_two_cli_runs_on_one_out_keep_one(tmp_path, apart):
 
 API_RUN = """
 import sys, workbench
-from workbench.errors import WorkbenchError
+from workbench.config.errors import WorkbenchError
 try:
     result = workbench.run(dataset="synthetic", world_size=2, hidden=[16], eval_interval=1000, steps={steps},
                            seed=int(sys.argv[2]), out=sys.argv[1])

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench import checkpoint as ckpt
-from workbench.cli import main
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
-from workbench.h5files import OutputError
-from workbench.session import prepare
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
+from workbench.launch.cli import main
+from workbench.launch.session import prepare
+from workbench.results import checkpoint as ckpt
+from workbench.results.h5files import OutputError
 
 TINY = ["--world-size", "2", "--hidden", "16", "--eval-interval", "10"]
 
@@ -133,7 +133,7 @@ def test_the_same_mistakes_from_python_raise_config_error(tmp_path):
 
 
 def test_preflight_knows_the_digits_size_without_loading_them():
-    from workbench.preflight import DIGITS_TRAIN
+    from workbench.config.preflight import DIGITS_TRAIN
     from workbench.workloads.data import digits
 
     assert len(digits().y_train) == DIGITS_TRAIN
@@ -175,7 +175,7 @@ def test_a_read_only_out_is_refused_before_the_run(disk, capsys):
 
 
 def test_default_out_directories_do_not_collide(tmp_path):
-    from workbench.outdir import fresh
+    from workbench.launch.outdir import fresh
 
     (tmp_path / "run-1").mkdir()
     (tmp_path / "run-1-2").mkdir()
@@ -186,7 +186,7 @@ def test_default_out_directories_do_not_collide(tmp_path):
 def test_a_checkpoint_on_a_full_disk_fails_the_run_not_a_rank(disk, capsys):
     """The first checkpoint does not fit: h5py used to crash rank 0 (SIGSEGV), checkpoint_restart "recovered"
     from it, and hidden .tmp files stayed."""
-    out = disk(free_kib=24) / "run"  # 4 of them the page of the run's lock file (workbench.outdir.LOCK_FILE)
+    out = disk(free_kib=24) / "run"  # 4 of them the page of the run's lock file (workbench.launch.outdir.LOCK_FILE)
     code, stdout, err = cli(capsys, "run", *TINY, "--steps", "30", "--strategy", "checkpoint_restart",
                             "--checkpoint-every", "10", "--out", str(out), "--json")
     assert code == 1 and "Traceback" not in err and err == ""

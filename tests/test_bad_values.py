@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
 
 RANK = [sys.executable, "-m", "workbench", "rank"]
 CPP = ("frame #", "Exception raised from", "c10::", "c10d", "TCPStore")
@@ -260,7 +260,7 @@ def test_right_types_pass_and_numbers_are_normalised():
     ({"colour": "red"}, "colour: is not a run setting"),
 ])
 def test_lab_refuses_what_it_cannot_show(values, message):
-    from workbench.widgets import Lab
+    from workbench.launch.lab import Lab
 
     with pytest.raises(ConfigError) as caught:
         Lab(**values)
@@ -268,7 +268,7 @@ def test_lab_refuses_what_it_cannot_show(values, message):
 
 
 def test_lab_keeps_the_defaults_it_has_no_box_for():
-    from workbench.widgets import Lab
+    from workbench.launch.lab import Lab
 
     lab = Lab(world_size=16, eval_interval=5, checkpoint_every=7, strategy="shrink", spawn="fresh")
     try:
@@ -297,7 +297,7 @@ def test_bad_run_and_sweep_values_exit_2_before_anything_starts(argv, expected, 
 
 
 def test_sweep_refuses_a_timeout_that_is_not_a_positive_number(tmp_path):
-    from workbench.errors import SweepError
+    from workbench.config.errors import SweepError
     from workbench.sweeps.run import sweep
 
     with pytest.raises(SweepError, match="timeout must be a finite number of seconds > 0"):

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import workbench
-from workbench import checkpoint
-from workbench.errors import ConfigError
+from workbench.campaigns.studies.sensitivity import LocalResume, bit_sensitivity
+from workbench.config.errors import ConfigError
 from workbench.faults.hdf5 import alter_checkpoint
 from workbench.rank.state import RunningStats
-from workbench.studies.sensitivity import LocalResume, bit_sensitivity
+from workbench.results import checkpoint
 from workbench.workloads.models import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

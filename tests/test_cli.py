@@ -95,7 +95,7 @@ def test_a_second_signal_during_the_clean_up_still_exits_130_with_the_result_int
     import time
 
     wrapper = (
-        "import sys, workbench.session as session\n"
+        "import sys, workbench.launch.session as session\n"
         "real_stop = session.Run.stop\n"
         "def stop(self, reason='stopped by the user'):\n"
         "    if reason == 'interrupted':  # the clean-up of an interrupted wait()\n"
@@ -103,7 +103,7 @@ def test_a_second_signal_during_the_clean_up_still_exits_130_with_the_result_int
         "        sys.stdin.readline()  # until the test has sent its signals\n"
         "    real_stop(self, reason)\n"
         "session.Run.stop = stop\n"
-        "from workbench.cli import main\n"
+        "from workbench.launch.cli import main\n"
         "raise SystemExit(main(sys.argv[1:]))\n")
     proc = subprocess.Popen([sys.executable, "-c", wrapper, "run", "--world-size", "4", "--steps", "1000000",
                              "--strategy", "shrink", "--regrow", "--out", str(tmp_path)],

@@ -15,10 +15,11 @@ import pandas as pd
 import pytest
 
 import workbench
-from workbench import clock, machine
-from workbench.cli import main
-from workbench.fallbacks import FallbackWarning
+from workbench.launch import machine
+from workbench.launch.cli import main
 from workbench.rank.channel import _CpuClock
+from workbench.results import clock
+from workbench.results.fallbacks import FallbackWarning
 from workbench.supervisor.recorder import Failure
 
 

@@ -96,7 +96,7 @@ def test_import_paths_checked_up_front():
 
 
 def test_random_failures_parse_and_draw_reproducibly():
-    from workbench.config import RandomFailures
+    from workbench.config.run import RandomFailures
 
     spec = RandomFailures.parse("random:mtbf_steps=50,dist=weibull,shape=2,seed=4,max=3")
     assert spec == RandomFailures(50.0, "weibull", 2.0, 4, 3)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ranks_in_threads import run_ranks
 from torch import nn
 
-from workbench.config import MODELS, RunConfig
+from workbench.config.run import MODELS, RunConfig
 from workbench.rank.data_parallel import DEFAULT_BUCKETS, DataParallel, bucket_layout
 from workbench.rank.soft_errors import ALARM_SLOTS
 from workbench.workloads.models import build_model, mlp

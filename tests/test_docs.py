@@ -46,7 +46,7 @@ def test_site_builds_strictly(tmp_path):
     warnings = [line for line in output.splitlines() if "WARNING" in line]
     assert not warnings, "\n".join(warnings)
     site = tmp_path / "site"
-    for page in ("index.html", "reference/workbench.session/index.html", "notebooks/quickstart/index.html"):
+    for page in ("index.html", "reference/workbench.launch.session/index.html", "notebooks/quickstart/index.html"):
         assert (site / page).is_file(), page
     # the notebooks' own runs (under notebooks/, seen through docs/notebooks) are results, not documentation
     assert not [p for p in site.rglob("*") if p.name in ("runs", ".ipynb_checkpoints")]

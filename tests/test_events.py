@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from workbench import fallbacks, plots, protocol, widgets
-from workbench.config import RunConfig
+from workbench.config.run import RunConfig
 from workbench.faults import kinds as fault_kinds
-from workbench.results import RunResult
+from workbench.launch import lab as widgets
+from workbench.rank import protocol
+from workbench.results import fallbacks, plots
+from workbench.results.run_result import RunResult
 from workbench.supervisor import events
 from workbench.supervisor.events import EventError
 from workbench.supervisor.recorder import Recorder

@@ -15,12 +15,13 @@ import torch
 from sweep_fixtures import fake_sweep
 
 import workbench
-from workbench import clock, devices, machine
-from workbench.cluster.slurm_allocation import allocation_hosts
-from workbench.errors import ConfigError, SweepError
-from workbench.fallbacks import FallbackWarning
+from workbench.config.errors import ConfigError, SweepError
+from workbench.launch import devices, machine
+from workbench.launch.cluster.slurm_allocation import allocation_hosts
 from workbench.rank import channel, gossip
 from workbench.rank.comm import CommError
+from workbench.results import clock
+from workbench.results.fallbacks import FallbackWarning
 from workbench.sweeps import slurm_run, table
 from workbench.sweeps.plan import notebook_parameters
 

@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench import checkpoint, protocol, strategies
-from workbench.config import FAULT_KINDS, RunConfig
-from workbench.config_fields import SETTINGS
-from workbench.errors import ConfigError
+from workbench import strategies
+from workbench.config.errors import ConfigError
+from workbench.config.fields import SETTINGS
+from workbench.config.run import FAULT_KINDS, RunConfig
 from workbench.faults import kinds
 from workbench.faults.kinds import Fires
 from workbench.faults.spec import FaultSpec, RandomFailures
-from workbench.plots import FAULT_MARKERS
-from workbench.widgets import MARKED
+from workbench.launch.lab import MARKED
+from workbench.rank import protocol
+from workbench.results import checkpoint
+from workbench.results.plots import FAULT_MARKERS
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -8,9 +8,9 @@ import netns
 import pytest
 
 import workbench
-from workbench.cluster.hosts_file import read_hosts_file
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
+from workbench.launch.cluster.hosts_file import read_hosts_file
 
 RANK = [sys.executable, "-m", "workbench", "rank"]
 
@@ -37,7 +37,7 @@ def test_hosts_file_is_parsed_and_checked(tmp_path):
 
 
 def test_cli_hosts_file_sets_world_size_and_reports_a_missing_file(tmp_path):
-    from workbench.cli import _config_from_args, build_parser
+    from workbench.launch.cli import _config_from_args, build_parser
 
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 1\n127.0.0.2 2\n")

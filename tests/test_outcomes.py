@@ -2,8 +2,8 @@ import math
 
 import pandas as pd
 
+from workbench.campaigns.studies.sensitivity import outcome_shares
 from workbench.faults.outcomes import classify_values
-from workbench.studies.sensitivity import outcome_shares
 
 
 def test_outcome_classes():

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from ranks_in_threads import run_ranks
 
-from workbench.config import FaultSpec, RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults.targets import check_flip_targets
 from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.gossip import GossipSchedule, PairExchange

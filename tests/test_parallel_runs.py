@@ -5,8 +5,8 @@ import math
 import pytest
 
 import workbench
-from workbench import checkpoint
-from workbench.config import RunConfig
+from workbench.config.run import RunConfig
+from workbench.results import checkpoint
 from workbench.workloads.models import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

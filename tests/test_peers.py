@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import workbench
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
 
 TINY = {"world_size": 2, "steps": 100, "eval_interval": 50, "hidden": [32], "seed": 1}
 # torchft: long enough after the kill that the replacement (a fresh interpreter: 3 s to start idle, 7-9 s on
@@ -55,7 +55,7 @@ def test_torchrun_restarts_the_world_and_redoes_the_steps_since_the_checkpoint(t
 def test_torchft_without_the_extra_exits_2_with_the_install_hint():
     hide = ("import importlib.util as u; f = u.find_spec; "
             "u.find_spec = lambda n, *a: None if n == 'torchft' else f(n, *a); "
-            "from workbench.cli import main; raise SystemExit(main(['run', '--strategy', 'torchft']))")
+            "from workbench.launch.cli import main; raise SystemExit(main(['run', '--strategy', 'torchft']))")
     done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

@@ -5,7 +5,7 @@ import plotly.graph_objects as go
 import pytest
 from test_results import make_result
 
-from workbench import plots
+from workbench.results import plots
 
 
 def timeline_result():
@@ -125,7 +125,7 @@ def test_outcome_comparison_stacks_shares():
 
 
 def test_apoptosis_panels_and_removal_marks():
-    from workbench.results import RunResult
+    from workbench.results.run_result import RunResult
 
     def result(shrinks):
         metrics = [{"step": s, "time": s * 0.01, "loss": 1.0, "train_acc": 0.5, "samples": 64,

@@ -16,9 +16,10 @@ import torch
 from sweep_fixtures import fake_sweep
 
 import workbench
-from workbench import checkpoint, cli, provenance
-from workbench.report import ProvenanceWarning, report
-from workbench.results import RunResult
+from workbench.launch import cli
+from workbench.results import checkpoint, provenance
+from workbench.results.report import ProvenanceWarning, report
+from workbench.results.run_result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def git(*args):
 
 
 def test_collect_is_right_and_imports_no_torch():
-    code = ("import json, sys; from workbench import provenance; p = provenance.finish(provenance.collect(7)); "
+    code = ("import json, sys; from workbench.results import provenance; p = provenance.finish(provenance.collect(7)); "
             "print(json.dumps(p)); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          env={**os.environ, provenance.NOTEBOOK_VAR: "/x/nb.ipynb"}).stdout.splitlines()

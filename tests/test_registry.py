@@ -1,4 +1,4 @@
-"""The pre-registration (workbench/reproduce/registry.yaml): the file checks, every test decides as registered
+"""The pre-registration (workbench/campaigns/reproduce/registry.yaml): the file checks, every test decides as registered
 (holds, does not hold, inconclusive) and can fail, the seeds for reporting are fresh, the commit is found."""
 
 import math
@@ -7,8 +7,8 @@ from dataclasses import asdict
 
 import pytest
 
-from workbench.reproduce import registry
-from workbench.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, Finding, RegistryError
+from workbench.campaigns.reproduce import registry
+from workbench.campaigns.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, Finding, RegistryError
 
 
 def finding(test, margin):

@@ -1,5 +1,5 @@
-"""The reproductions' statistics and verdicts (workbench.reproduce), on synthetic campaign tables: a finding holds
-on numbers in the paper's direction, and each broken direction (rollback losing samples, shrink not continuing,
+"""The reproductions' statistics and verdicts (workbench.campaigns.reproduce), on synthetic campaign tables: a finding
+holds on numbers in the paper's direction, and each broken direction (rollback losing samples, shrink not continuing,
 gossip messages growing) makes its verdict fail, so the notebook's last cell fails (JPDC'24:
 tests/test_reproduce_jpdc24.py; apoptosis: tests/test_reproduce_apoptosis.py; EuroMPI'17:
 tests/test_reproduce_europmpi17.py). The campaigns themselves run in the
@@ -14,10 +14,10 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.reproduce import apoptosis, ccgrid22, common, europmpi17, gossipgrad
-from workbench.reproduce.common import Verdict, mean_interval, one_sided, paired, wilson
-from workbench.reproduce.report import write_report
-from workbench.results import RunResult
+from workbench.campaigns.reproduce import apoptosis, ccgrid22, common, europmpi17, gossipgrad
+from workbench.campaigns.reproduce.common import Verdict, mean_interval, one_sided, paired, wilson
+from workbench.campaigns.reproduce.report import write_report
+from workbench.results.run_result import RunResult
 
 
 def test_intervals():
@@ -68,7 +68,7 @@ def test_cached_runs_rerun_for_other_code_and_for_unplanned_failures(tmp_path, m
     again = common.cached_run(tmp_path, **settings)
     assert len(calls) == 1 and again.summary["final_test_accuracy"] == first.summary["final_test_accuracy"]
 
-    monkeypatch.setattr("workbench.provenance.source_digest", lambda: "other code")
+    monkeypatch.setattr("workbench.results.provenance.source_digest", lambda: "other code")
     common.cached_run(tmp_path, **settings)
     assert len(calls) == 2  # the source changed: run again
     common.cached_run(tmp_path, **settings)
@@ -312,7 +312,7 @@ def test_gossip_whose_replicas_stay_apart_after_log2_p_rounds_does_not_hold(spre
 
 
 def test_the_report_shows_the_registration_and_fails_make_reproduce_when_a_finding_does_not_hold(tmp_path, capsys):
-    from workbench.reproduce import report
+    from workbench.campaigns.reproduce import report
 
     for key, accuracy in (("gossipgrad", 0.92), ("apoptosis", None)):
         frame = gossip_frame()
@@ -322,7 +322,7 @@ def test_the_report_shows_the_registration_and_fails_make_reproduce_when_a_findi
     err = capsys.readouterr().err
     assert "does not hold or not run: ccgrid22, jpdc24, europmpi17, gossipgrad" in err
     page = (tmp_path / "report.html").read_text()
-    assert "pre-registered in <code>workbench/reproduce/registry.yaml</code>, commit " in page
+    assert "pre-registered in <code>workbench/campaigns/reproduce/registry.yaml</code>, commit " in page
     assert "registered: gossipgrad.accuracy_non_inferior" in page and "results from commit" in page
 
 
@@ -341,7 +341,7 @@ def test_report_shows_each_verdict_and_lists_the_findings_not_run(tmp_path):
 
 
 def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
-    from workbench.errors import ConfigError
+    from workbench.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^scale: 'medium' is not a scale of this campaign; choose one of small, "
                                           r"paper$"):

@@ -1,4 +1,4 @@
-"""The apoptosis reproduction's verdict (workbench.reproduce.apoptosis) on synthetic campaign frames: the
+"""The apoptosis reproduction's verdict (workbench.campaigns.reproduce.apoptosis) on synthetic campaign frames: the
 registered findings (registry.yaml, ``apoptosis``) hold on numbers in the paper's direction, and each broken one
 (an accuracy cost, a run that did not shrink, too few seeds) gives its status; the paper scale is the registry's
 workload with reporting seeds drawn at run time. The campaign itself runs in its notebook (nbval, small scale)."""
@@ -10,8 +10,8 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.reproduce import apoptosis, registry
-from workbench.reproduce.common import campaign_settings
+from workbench.campaigns.reproduce import apoptosis, registry
+from workbench.campaigns.reproduce.common import campaign_settings
 
 CHANGES = [0.3, -0.2, 0.1, 0.0, 0.4, -0.1, 0.2, 0.1]  # accuracy change with apoptosis per seed, points
 RATIOS = [0.62, 0.70, 0.66, 0.75, 0.68, 0.64, 0.71, 0.69]  # training time with / without, rank-time clock

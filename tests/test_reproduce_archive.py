@@ -1,5 +1,5 @@
-"""Every registered reporting run, kept and shown (workbench/reproduce/history.py, archive/): the committed archive
-holds each run the docs published, a paper-scale reporting run writes its record and is decided at the alpha its
+"""Every registered reporting run, kept and shown (workbench/campaigns/reproduce/history.py, archive/): the committed
+archive holds each run the docs published, a paper-scale reporting run writes its record and is decided at the alpha its
 attempt is given, and the report lists every archived run of every paper as a history."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from test_reproduce import gossip_frame
 
-from workbench.reproduce import gossipgrad, history, registry
-from workbench.reproduce.report import write_report
+from workbench.campaigns.reproduce import gossipgrad, history, registry
+from workbench.campaigns.reproduce.report import write_report
 
 PUBLISHED = {  # paper -> the verdicts the docs published, one per registered reporting run, in order
     "ccgrid22": ["inconclusive"], "jpdc24": ["inconclusive"], "europmpi17": ["inconclusive"],

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from workbench.errors import ConfigError
-from workbench.reproduce import europmpi17 as e
+from workbench.campaigns.reproduce import europmpi17 as e
+from workbench.config.errors import ConfigError
 
 SEEDS = (11, 12, 13, 14, 15, 16)
 NOISE = (0.02, -0.03, 0.01, 0.0, -0.01, 0.02)  # accuracy (points) each seed's arm differs by
@@ -129,7 +129,7 @@ def test_runs_plan_every_arm_and_refuse_unknown_ones():
 
 
 def test_ulfm_availability_is_the_strategys_own(monkeypatch):
-    from workbench import strategies
+    from workbench.strategies import registry as strategies
 
     monkeypatch.setattr(strategies, "mpirun_path", lambda: None)
     assert "Open MPI's mpirun is not installed" in e.ulfm_missing()

@@ -1,5 +1,5 @@
-"""JPDC'24 soft errors (workbench.reproduce.jpdc24) against its pre-registration: on synthetic campaign tables a
-correct campaign holds, a broken mechanism (mantissa flips not masked, no platform difference, a flip that did not
+"""JPDC'24 soft errors (workbench.campaigns.reproduce.jpdc24) against its pre-registration: on synthetic campaign tables
+a correct campaign holds, a broken mechanism (mantissa flips not masked, no platform difference, a flip that did not
 land) makes the registered finding or the mechanism check fail, and too few models leave it inconclusive; the
 paper scale's settings are the registry's; one tiny real campaign."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from workbench.reproduce import jpdc24
-from workbench.reproduce.common import campaign_settings
-from workbench.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, load
+from workbench.campaigns.reproduce import jpdc24
+from workbench.campaigns.reproduce.common import campaign_settings
+from workbench.campaigns.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, load
 
 
 def frames(models=5, mantissa="masked", gap=True, landed=None):
@@ -102,7 +102,7 @@ def test_the_paper_scale_is_the_registrys_workload(tmp_path):
 
 
 def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
-    from workbench.errors import ConfigError
+    from workbench.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) per_bit; this campaign's are model"):
         jpdc24.campaign("small", out=tmp_path, per_bit=3)

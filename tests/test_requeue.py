@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench import checkpoint
-from workbench.results import RunResult
+from workbench.results import checkpoint
+from workbench.results.run_result import RunResult
 from workbench.sweeps import requeue
 from workbench.sweeps.run import load_sweep
 

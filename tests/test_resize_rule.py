@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench import checkpoint, preflight, resize_rule
-from workbench.config import RunConfig
-from workbench.resizing import check_world
+from workbench.config import preflight, resize_rule
+from workbench.config.resizing import check_world
+from workbench.config.run import RunConfig
+from workbench.results import checkpoint
 from workbench.workloads.data import BatchSequence
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -138,7 +139,7 @@ def test_the_command_line_says_it_in_one_line_and_exits_2(args, expected, tmp_pa
 
 
 def test_the_lab_panel_offers_the_rule():
-    from workbench.widgets import Lab
+    from workbench.launch.lab import Lab
 
     lab = Lab(resize_rule="linear", spawn="fresh")
     try:

@@ -4,7 +4,7 @@ import h5py
 import pytest
 
 from workbench import RunResult, load_results
-from workbench.errors import ResultsError
+from workbench.config.errors import ResultsError
 
 
 def make_result(outcome="completed", seed=0):
@@ -47,7 +47,7 @@ def test_load_results_directory_and_glob(tmp_path):
 
 
 def test_training_curve_marks_faults():
-    from workbench import plots
+    from workbench.results import plots
 
     fig = plots.training_curve(make_result())
     names = [trace.name for trace in fig.data]

@@ -1,4 +1,4 @@
-"""Each RunConfig field's help, allowed values and flag are written once (workbench/config_fields.py): the
+"""Each RunConfig field's help, allowed values and flag are written once (workbench/config/fields.py): the
 ``workbench run`` flags and docs/settings.md's table come from there, and the page cannot drift from them."""
 
 import argparse
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from workbench import config, devices
-from workbench.cli import _config_from_args, build_parser
-from workbench.config import RunConfig
-from workbench.config_fields import SETTINGS, Setting, flag_of, help_text
+from workbench.config import run as config
+from workbench.config.fields import SETTINGS, Setting, flag_of, help_text
+from workbench.config.run import RunConfig
+from workbench.launch import devices
+from workbench.launch.cli import _config_from_args, build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("gen_settings", ROOT / "tools" / "gen_settings.py")

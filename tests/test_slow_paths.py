@@ -37,7 +37,7 @@ def test_the_supervising_process_imports_neither_torch_nor_scikit_learn(tmp_path
     out = run_python(f"""
         import atexit, sys
         atexit.register(lambda: print({HEAVY}))
-        from workbench.cli import main
+        from workbench.launch.cli import main
         main(["run", "--world-size", "2", "--steps", "4", "--strategy", "checkpoint_restart", "--checkpoint-every",
               "2", "--out", {str(tmp_path / "cli")!r}])
         """)
@@ -64,7 +64,7 @@ PLANT = '''\
 import importlib.abc, importlib.machinery, os, sys, time
 
 KIND = os.environ["WORKBENCH_PLANT"]
-TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.template_server"}[KIND]
+TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.launch.template_server"}[KIND]
 
 
 def plant(module):

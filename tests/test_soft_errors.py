@@ -4,7 +4,7 @@ import pytest
 
 import workbench
 from workbench import ConfigError
-from workbench.studies.campaign import campaign
+from workbench.campaigns.studies.campaign import campaign
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -83,7 +83,7 @@ def _slots(guard: float = 0.0, spike: float = 0.0, digests: list[float] | None =
 def test_guard_reads_a_steps_alarms_and_gradient_peaks_in_one_settle():
     import torch
 
-    from workbench.config import RunConfig
+    from workbench.config.run import RunConfig
     from workbench.rank.soft_errors import Detected, Detectors
 
     model = torch.nn.Linear(4, 2)
@@ -122,7 +122,7 @@ def test_fingerprint_digests_in_the_alarm_slots_tell_whether_all_replicas_agree(
     member that sent none (zeros) differs from every digest (they are 1..256)."""
     import torch
 
-    from workbench.config import RunConfig
+    from workbench.config.run import RunConfig
     from workbench.rank.soft_errors import Detectors
 
     torch.manual_seed(0)

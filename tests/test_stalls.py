@@ -10,8 +10,8 @@ import time
 import pytest
 
 import workbench
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
 from workbench.supervisor.watchdog import FIRST_STEP_S, FLOOR_S, STALE_S, Progress, Watchdog, stalled, timeout
 
 # the watchdog's floor, given: the lowest timeout it takes on its own (below it a loaded machine's hiccup would be a

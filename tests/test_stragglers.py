@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.config import FaultSpec, RandomFailures, RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import FaultSpec, RandomFailures, RunConfig
 from workbench.faults.slow import check_live_slow
 from workbench.rank import throttle as throttle_module
 from workbench.rank.throttle import Throttle
-from workbench.results import RunResult
+from workbench.results.run_result import RunResult
 from workbench.supervisor.core import Supervisor
 from workbench.supervisor.stragglers import Stragglers, find
 
@@ -243,7 +243,7 @@ def test_a_slow_rank_is_flagged_and_dropped_and_the_step_time_returns(tmp_path):
 
 @pytest.mark.usefixtures("no_leaks")
 def test_the_lab_slows_a_rank_down_and_its_strip_shows_it():
-    from workbench.widgets import Lab
+    from workbench.launch.lab import Lab
 
     lab = Lab(world_size=2, steps=100_000, strategy="shrink", hidden=[256, 256])
     try:
@@ -272,7 +272,7 @@ def test_the_lab_slows_a_rank_down_and_its_strip_shows_it():
 
 @pytest.mark.usefixtures("no_leaks")
 def test_a_sweep_over_a_slow_fault_reports_the_per_rank_strip(tmp_path):
-    from workbench.report import report
+    from workbench.results.report import report
     from workbench.sweeps.run import load_sweep, sweep
 
     out = tmp_path / "slow"

@@ -97,18 +97,21 @@ def test_a_package_init_is_no_edge_from_its_own_modules(tmp_path):
     assert check.find_cycles(root) == []
 
 
-@pytest.mark.parametrize("room", ["session.py", "sweeps/run.py", "supervisor/core.py", "widgets.py",
-                                  "studies/campaign.py", "reproduce/ccgrid22.py"])
-@pytest.mark.parametrize("rank_module", ["rank/main.py", "peers/torchft_rank.py"])
-def test_rank_code_may_not_reach_the_parent_side(tmp_path, capsys, room, rank_module):
+@pytest.mark.parametrize("room, first", [("launch/session.py", "launch.session"), ("sweeps/run.py", "sweeps"),
+                                         ("supervisor/core.py", "supervisor"), ("launch/lab.py", "launch.lab"),
+                                         ("campaigns/studies/campaign.py", "campaigns"),
+                                         ("campaigns/reproduce/ccgrid22.py", "campaigns")])
+@pytest.mark.parametrize("rank_module", ["rank/main.py", "strategies/peers/torchft_rank.py"])
+def test_rank_code_may_not_reach_the_parent_side(tmp_path, capsys, room, first, rank_module):
     forbidden = "pkg." + room[:-3].replace("/", ".")
     files = {rank_module: "import pkg.helper\n", "helper.py": f"import {forbidden}\n", room: "x = 1\n",
-             "rank/__init__.py": "", "peers/__init__.py": "", "peers/common.py": f"import {forbidden}\n"}
-    for folder in {Path(room).parent, Path(rank_module).parent} - {Path(".")}:
-        files.setdefault(f"{folder}/__init__.py", "")
+             "rank/__init__.py": "", "strategies/peers/common.py": f"import {forbidden}\n"}
+    for path in [room, rank_module, "strategies/peers/common.py"]:
+        for folder in [*Path(path).parents][:-1]:
+            files.setdefault(f"{folder}/__init__.py", "")
     root = package(tmp_path, files)
     source = "pkg." + rank_module[:-3].replace("/", ".")
-    first = "pkg." + room.split("/")[0].removesuffix(".py")  # a room in a package: its __init__ runs first
+    first = "pkg." + first  # the nearest forbidden module on the way: a forbidden package's __init__ runs first
     problems = check.forbidden_edges(root)
     assert len(problems) == 1, problems  # peers.common reaches it too, but is not rank code
     assert problems[0].startswith(f"{source} reaches {first} (code that runs in a rank process may not)")
@@ -246,6 +249,24 @@ def test_a_class_with_its_own_state_and_an_abstract_base_is_no_mixin(tmp_path):
     assert check.main([str(root)]) == 0
 
 
+def test_a_thirteenth_entry_on_the_top_floor_fails(tmp_path, capsys):
+    rooms = {f"room{i}/__init__.py": "" for i in range(9)}
+    root = package(tmp_path, {"__main__.py": "x = 1\n", "a.py": "x = 1\n", **rooms})
+    (root / "__pycache__").mkdir()  # neither counts
+    (root / ".hidden").write_text("")
+    assert len([p for p in root.iterdir() if p.name != "__pycache__" and not p.name.startswith(".")]) == 12
+    assert check.crowded_top(root) == []
+    assert check.main([str(root)]) == 0
+    (root / "extra.py").write_text("x = 1\n")  # the 13th
+    problems = check.crowded_top(root)
+    assert len(problems) == 1 and problems[0].startswith("pkg/: 13 entries > 12 on the top floor")
+    assert "extra.py" in problems[0]
+    assert check.main([str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "top floor: pkg/: 13 entries" in out and "1 crowded top floor(s)" in out
+    assert check.crowded_top(root, max_top=13) == []
+
+
 def test_the_script_runs_on_its_own(tmp_path):
     root = package(tmp_path, {"a.py": "import pkg.b\n", "b.py": "x = 1\n"})
     done = subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
@@ -263,3 +284,4 @@ def test_the_workbench_package_keeps_the_house_rules():
     assert check.private_imports(root) == []
     assert check.mixins(root) == []
     assert check.oversized(root) == []
+    assert check.crowded_top(root) == []

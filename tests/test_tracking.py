@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench import tracking
+from workbench.results import tracking
 from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,10 +179,11 @@ def test_track_the_readme_example_and_a_directory_with_no_server(tmp_path, mlflo
     assert list(runs["run_id"].values()) == [summary["tracking"]["run_id"]]
     assert runs["metrics.final_test_accuracy"]["0"] == pytest.approx(summary["final_test_accuracy"])
     assert runs["metrics.loss"]["0"] > 0 and runs["params.steps"]["0"] == "30"
-    again = subprocess.run([sys.executable, "-c", "from workbench import tracking; from workbench.results import "
-                            "RunResult; print(tracking.track_result(tracking.require('./store'), "
-                            "RunResult.load('run'))['run_id'])"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120)
+    again = subprocess.run([sys.executable, "-c", "from workbench.results import tracking; from "
+                            "workbench.results.run_result import RunResult; "
+                            "print(tracking.track_result(tracking.require('./store'), "
+                            "RunResult.load('run'))['run_id'])"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     runs = _search(tmp_path, MLFLOW_ALLOW_FILE_STORE="true", MLFLOW_TRACKING_URI=(tmp_path / "store").as_uri())
     assert list(runs["run_id"].values()) == [again.stdout.split()[-1]]
@@ -201,7 +202,8 @@ def test_server_gone_or_wrong_the_run_completes_with_a_warning(server, tmp_path,
 
 
 def test_without_mlflow_track_exits_2_before_anything_starts(tmp_path, monkeypatch):
-    block = "import sys; sys.modules['mlflow'] = None; from workbench.cli import main; sys.exit(main(sys.argv[1:]))"
+    block = ("import sys; sys.modules['mlflow'] = None; from workbench.launch.cli import main; "
+             "sys.exit(main(sys.argv[1:]))")
     for argv in (["run", "--world-size", "2", "--steps", "5", "--out", str(tmp_path / "run")],
                  ["sweep", str(TINY), "-p", "a", "1", "--out", str(tmp_path / "sweep")]):
         proc = subprocess.run([sys.executable, "-c", block, *argv, "--track", "./mlruns"], capture_output=True,

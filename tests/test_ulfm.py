@@ -7,9 +7,9 @@ import sys
 import pytest
 
 import workbench
-from workbench.config import RunConfig
-from workbench.errors import ConfigError
-from workbench.peers import mpirun_path
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig
+from workbench.strategies.peers import mpirun_path
 from workbench.supervisor.membership import End, Lost, Membership, Note, Start
 from workbench.supervisor.recorder import Recorder
 
@@ -61,7 +61,7 @@ def test_the_cli_acceptance_run_completes_with_3_ranks(tmp_path):
 def test_without_the_extra_ulfm_exits_2_with_the_install_hint():
     hide = ("import importlib.util as u; f = u.find_spec; "
             "u.find_spec = lambda n, *a: None if n == 'mpi4py' else f(n, *a); "
-            "from workbench.cli import main; raise SystemExit(main(['run', '--strategy', 'ulfm']))")
+            "from workbench.launch.cli import main; raise SystemExit(main(['run', '--strategy', 'ulfm']))")
     done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from workbench.widgets import MARKED, Lab
+from workbench.launch.lab import MARKED, Lab
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -165,7 +165,7 @@ def test_the_panel_offers_every_model_a_dataset_box_and_buffer_flips(tmp_path):
 
 
 def test_a_long_run_sends_the_browser_a_thinned_curve_that_ends_at_its_last_step():
-    from workbench.widgets import LIVE_POINTS, thinned
+    from workbench.launch.lab import LIVE_POINTS, thinned
 
     rows = [{"step": s} for s in range(1, 6017)]
     shown = thinned(rows)

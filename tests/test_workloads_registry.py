@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import config as config_module
-from workbench import preflight
-from workbench.config import RunConfig
-from workbench.config_fields import SETTINGS
-from workbench.errors import ConfigError
-from workbench.widgets import Lab
+from workbench.config import preflight
+from workbench.config import run as config_module
+from workbench.config.errors import ConfigError
+from workbench.config.fields import SETTINGS
+from workbench.config.run import RunConfig
+from workbench.launch.lab import Lab
 from workbench.workloads import dataset_files, registry
 from workbench.workloads.data import load_dataset
 from workbench.workloads.datasets import Dataset

@@ -12,7 +12,7 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
    a package ``__init__`` may import its own submodules, and a cycle through an ``__init__`` that imports more
    than its own rooms is found. A module naming itself is no edge. Each cycle is printed ``a -> b -> a``.
 2. **Forbidden reach** (:func:`forbidden_edges`, :data:`FORBIDDEN`): code that runs in a rank process may not
-   load, directly or through other modules, the session, sweeps, supervisor, widgets, studies or reproductions.
+   load, directly or through other modules, the session, sweeps, supervisor, the Lab panel or the campaigns.
 3. **No private names across modules** (:func:`private_imports`): ``from pkg.a import _x`` in another module
    (a name that is used elsewhere is public: drop the underscore, or move the code).
 4. **A class lives whole in one file** (:func:`mixins`): no method annotates ``self: Any``, and no class is a
@@ -25,6 +25,9 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
    function counts in its parent and on its own) unless its docstring says ``One piece:`` and why. A module over
    1000 lines is reported too, with no marker to excuse it: a smell detector for a module holding more than one
    concept (what a module holds cannot be checked; its docstring says it, and review judges it).
+6. **A short top floor** (:func:`crowded_top`): the package directory holds at most :data:`MAX_TOP` entries
+   (modules and packages, ``__init__.py`` and ``__main__.py`` counted, ``__pycache__`` and dot-files not): the
+   floor plan a reader takes in at a glance (docs/concepts.md, "Floor plan").
 
 Usage: ``python tools/check_structure.py [PACKAGE_DIR]`` (default: this repository's ``workbench/``). Exit 0
 with a one-line summary when every check passes; exit 1 listing every problem otherwise.
@@ -41,12 +44,13 @@ from pathlib import Path
 MARKER = "One piece:"
 MAX_LINES = 1000  # a smell detector, not a design rule: see the module docstring
 MAX_FUNCTION = 80
+MAX_TOP = 12  # entries on the package's top floor
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "workbench"
 # (modules, the modules they may not reach, why): names relative to the package, ``fnmatch`` patterns; a
 # forbidden name covers its submodules
 FORBIDDEN = [
-    (("rank", "rank.*", "peers.*_rank"), ("session", "sweeps", "supervisor", "widgets", "studies", "reproduce"),
-     "code that runs in a rank process"),
+    (("rank", "rank.*", "strategies.peers.*_rank"),
+     ("launch.session", "sweeps", "supervisor", "launch.lab", "campaigns"), "code that runs in a rank process"),
 ]
 
 
@@ -417,6 +421,16 @@ def mixins(root: Path) -> list[str]:
     return problems
 
 
+def crowded_top(root: Path, max_top: int = MAX_TOP) -> list[str]:
+    """One problem naming the entries when the package directory ``root`` holds more than ``max_top`` of them."""
+    root = Path(root)
+    entries = sorted(p.name for p in root.iterdir() if p.name != "__pycache__" and not p.name.startswith("."))
+    if len(entries) <= max_top:
+        return []
+    return [f"{root.name}/: {len(entries)} entries > {max_top} on the top floor (move some into a package): "
+            f"{', '.join(entries)}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0]) if args else DEFAULT_ROOT
@@ -428,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     private = private_imports(root)
     sizes = oversized(root)
     spread = mixins(root)
+    top = crowded_top(root)
     for cycle in cycles:
         print(f"import cycle: {' -> '.join(cycle)}")
     for problem in forbidden:
@@ -438,16 +453,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"class not whole: {problem}")
     for problem in sizes:
         print(f"too large: {problem}")
-    if cycles or forbidden or private or spread or sizes:
+    for problem in top:
+        print(f"top floor: {problem}")
+    if cycles or forbidden or private or spread or sizes or top:
         print(f"check_structure: {len(cycles)} import cycle(s), {len(forbidden)} forbidden reach(es), "
               f"{len(private)} private import(s), {len(spread)} class(es) not whole, "
-              f"{len(sizes)} oversized module(s)/function(s)")
+              f"{len(sizes)} oversized module(s)/function(s), {len(top)} crowded top floor(s)")
         return 1
     graph = import_graph(root)
     lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules(root).items()}
     largest = max(lengths, key=lambda name: lengths[name])
     print(f"check_structure OK: {len(graph)} modules, {sum(map(len, graph.values()))} import edges, no cycles, "
-          f"no forbidden reach, no private imports, every class whole; "
+          f"no forbidden reach, no private imports, every class whole, a short top floor; "
           f"largest module {largest} ({lengths[largest]} lines)")
     return 0
 

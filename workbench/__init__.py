@@ -10,10 +10,10 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "ConfigError": "workbench.errors", "WorkbenchError": "workbench.errors",
-    "FaultSpec": "workbench.config", "RunConfig": "workbench.config",
-    "RunResult": "workbench.results", "load_results": "workbench.results",
-    "Run": "workbench.session", "run": "workbench.session", "start": "workbench.session",
+    "ConfigError": "workbench.config.errors", "WorkbenchError": "workbench.config.errors",
+    "FaultSpec": "workbench.config.run", "RunConfig": "workbench.config.run",
+    "RunResult": "workbench.results.run_result", "load_results": "workbench.results.run_result",
+    "Run": "workbench.launch.session", "run": "workbench.launch.session", "start": "workbench.launch.session",
     "load_sweep": "workbench.sweeps.run", "sweep": "workbench.sweeps.run",
 }
 

@@ -1,6 +1,6 @@
 """A Griffe extension for the API reference: the docstrings' reStructuredText bits shown as Markdown can.
 
-The docstrings cross-reference with Sphinx roles (``:class:`~workbench.session.Run```, ``:func:`verify```,
+The docstrings cross-reference with Sphinx roles (``:class:`~workbench.launch.session.Run```, ``:func:`verify```,
 ``:mod:`.bitflip```). Markdown has no such roles, so they would show as ``:class:`` followed by the code. This turns
 each into inline code, shortened as Sphinx would (``~`` keeps the last component, a leading ``.`` is dropped).
 Not a link: some targets (the supervisor, errors) are not in the reference yet, and a dangling link fails the

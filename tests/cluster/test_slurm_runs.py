@@ -9,7 +9,7 @@ import time
 
 import leaks
 
-from workbench.results import RunResult
+from workbench.results.run_result import RunResult
 
 WORKBENCH = [sys.executable, "-m", "workbench"]
 

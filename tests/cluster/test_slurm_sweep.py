@@ -14,7 +14,7 @@ from pathlib import Path
 import leaks
 import pytest
 
-from workbench.results import RunResult
+from workbench.results.run_result import RunResult
 from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,5 +3,5 @@
 and the check of a flip's target against the model (:mod:`.targets`).
 
 Imports nothing: a rank process that flips a bit loads only what it uses. Campaigns and sensitivity studies built
-on these are in :mod:`workbench.studies`.
+on these are in :mod:`workbench.campaigns.studies`.
 """

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
 
 RANDOM = "random"  # the failure process's form (random:mtbf_steps=M,...): not a kind, it draws kinds (``random``)
 FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimizer")
@@ -57,7 +57,7 @@ class FaultKind:
 
     @property
     def kills(self) -> bool:
-        """The rank dies by its own kill (its teardown is measured: workbench.clock)."""
+        """The rank dies by its own kill (its teardown is measured: workbench.results.clock)."""
         return self.signal == "SIGKILL"
 
     @property

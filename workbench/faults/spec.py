@@ -3,7 +3,7 @@ their text forms (``kill:rank=2,step=50``, ``random:mtbf_steps=80,seed=1``).
 
 A fault checks itself in ``__post_init__`` (kind, target, rank, step or time); what depends on the run (the rank
 exists, the step is inside the run, a pipeline stage resolves to a rank) is checked by
-:class:`~workbench.config.RunConfig`, which holds the plan in ``faults``.
+:class:`~workbench.config.run.RunConfig`, which holds the plan in ``faults``.
 
 Rank numbers in fault plans are the ranks of the initial world. They are stable identities: after a shrink the
 survivors keep their numbers, and a replacement rank takes the number of the rank it replaces.
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
 from workbench.faults import kinds
 from workbench.faults.kinds import FLIP_TARGETS, Fires
 from workbench.faults.kinds import number as _number

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from workbench.config import FaultSpec, RunConfig
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults.bitflip import width
 from workbench.workloads.stages import buffer_tensors, model_tensors
 

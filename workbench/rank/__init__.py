@@ -1,1 +1,3 @@
-"""Code that runs inside a rank process. Nothing here imports the supervisor, widgets or plots."""
+"""Code that runs inside a rank process, and :mod:`.protocol`, the messages between the ranks and the supervisor
+(it lives here: rank code may not import the supervisor). Nothing here imports the supervisor, the Lab panel or
+plots."""

@@ -1,6 +1,6 @@
 """What every parallel mode's trainer shares (:class:`BaseTrainer`): data, the generation loop, planned faults,
 step reports, checkpoints, a GPU rank's device, and the rank's side of the learning-rate rule of a resize
-(:mod:`workbench.resize_rule`).
+(:mod:`workbench.config.resize_rule`).
 
 A mode (:mod:`.replicated` data parallel, :mod:`.pipeline`, :mod:`.gossip`) implements ``join`` (settle a new
 generation), ``train_step`` and the state accessors used by checkpoints and bit flips.
@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench import checkpoint as ckpt
-from workbench import devices, lr_schedule, protocol, resize_rule, strategies
-from workbench.config import FaultSpec, RunConfig
+from workbench import strategies
+from workbench.config import lr_schedule, resize_rule
+from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults import kinds
-from workbench.h5files import OutputError
-from workbench.rank import staging
+from workbench.launch import devices
+from workbench.rank import protocol, staging
 from workbench.rank import state as st
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.comm import Comm, GenerationChanged
@@ -33,6 +33,8 @@ from workbench.rank.readings import evaluate, fingerprint
 from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Detected, Injector
 from workbench.rank.throttle import Throttle
+from workbench.results import checkpoint as ckpt
+from workbench.results.h5files import OutputError
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
 
@@ -48,12 +50,13 @@ class BaseTrainer:
     model is spread over ranks (then every member takes part).
     """
 
-    provenance: dict[str, Any] = {}  # the run's (workbench.provenance), set from the start message; in checkpoints
+    provenance: dict[str, Any] = {}  # the run's (results.provenance), from the start message; in checkpoints
     scale: resize_rule.Scale | None = None  # resize_rule linear: the run's resizes so far (None: keep)
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         self.config = config
-        self.strategy = strategies.get(config.strategy)  # what this run's ranks keep and do (workbench/strategies.py)
+        # what this run's ranks keep and do (workbench/strategies/registry.py)
+        self.strategy = strategies.get(config.strategy)
         self.channel = channel
         self.checkpoint_dir = checkpoint_dir
         # a GPU rank builds on the CPU and takes its GPU when first put in a generation (_take_gpu): a warm spare
@@ -349,7 +352,7 @@ class BaseTrainer:
     def _checkpoint_failed(self, exc: Exception) -> None:
         """Writer thread: a checkpoint that could not be written ends the run as such, not as a rank fault (an
         ``error`` with its ``reason``, then this process exits): a full disk, a read-only place
-        (:class:`~workbench.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
+        (:class:`~workbench.results.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
         why = str(exc) if isinstance(exc, OutputError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, OutputError):
             traceback.print_exception(exc)  # where it failed, for the rank's log

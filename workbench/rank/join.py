@@ -4,7 +4,7 @@ answered before torch is imported.
 
 The wait speaks the first queries of torch's ``TCPStore`` client (``VALIDATE``, ``PING``, then ``WAIT`` and ``GET``
 of the control server's address; :mod:`workbench.supervisor.store`); refused connections are retried until the
-deadline. Errors are one line: :class:`~workbench.errors.ConfigError` or :class:`JoinError`, both exit 2.
+deadline. Errors are one line: :class:`~workbench.config.errors.ConfigError` or :class:`JoinError`, both exit 2.
 Details: docs/internals.md.
 """
 
@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.errors import ConfigError, WorkbenchError
-from workbench.protocol import CONTROL_KEY
+from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.rank.protocol import CONTROL_KEY
 
 MAGIC = 0x3C85F7CE  # torch's TCPStore (workbench/supervisor/store.py)
 VALIDATE, GET, WAIT, PING = 0, 3, 6, 13

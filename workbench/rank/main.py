@@ -21,13 +21,13 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from workbench import protocol
-from workbench.config import RunConfig
-from workbench.h5files import OutputError
-from workbench.processes import die_with_parent
+from workbench.config.run import RunConfig
+from workbench.launch.processes import die_with_parent
+from workbench.rank import protocol
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.join import Joined, join_or_exit
+from workbench.results.h5files import OutputError
 
 
 def start_rank_process() -> None:
@@ -43,8 +43,8 @@ def start_rank_process() -> None:
 def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
     """Run ``body(start message)`` and end the process with ``os._exit``; an exception is reported in one line
     as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it). An output
-    that cannot be written (a checkpoint on a full disk: :class:`~workbench.h5files.OutputError`) always fails the
-    run, with that as its ``reason``: no peer recovers a full disk."""
+    that cannot be written (a checkpoint on a full disk: :class:`~workbench.results.h5files.OutputError`) always fails
+    the run, with that as its ``reason``: no peer recovers a full disk."""
     code = 0
     try:
         body(channel.recv(timeout=120.0))

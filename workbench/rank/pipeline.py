@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench import strategies
-from workbench.config import FaultSpec, RunConfig
+from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults import kinds
 from workbench.rank import state as st
 from workbench.rank import transfer
@@ -249,7 +249,7 @@ class PipelineTrainer(BaseTrainer):
         self.pipe.between_phases = self._fault_point
         self.comm.prepare_links(self.layout.peers())
         if a.get("resume"):
-            from workbench import checkpoint as ckpt
+            from workbench.results import checkpoint as ckpt
 
             restored = ckpt.load(a["resume"], check=self.config.resume_verify)
             self.load_stage_state({"model": restored.model, "optim": restored.optimizer})

@@ -14,15 +14,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from workbench import checkpoint as ckpt
-from workbench import protocol, strategies
-from workbench.apoptosis import rule as apo
-from workbench.config import RunConfig
-from workbench.rank import staging, transfer
+from workbench import strategies
+from workbench.config.run import RunConfig
+from workbench.rank import protocol, staging, transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.data_parallel import DataParallel, clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors
+from workbench.results import checkpoint as ckpt
+from workbench.workloads.apoptosis import rule as apo
 from workbench.workloads.data import shard
 
 NO_ALARMS = [0.0] * ALARM_SLOTS

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.config import FaultSpec, RunConfig
-from workbench.errors import WorkbenchError
+from workbench.config.errors import WorkbenchError
+from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults import kinds
 from workbench.faults.bitflip import Flip, apply_masks, width
 from workbench.rank.state import float_buffers

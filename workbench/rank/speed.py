@@ -3,7 +3,7 @@ matrix products and Python — whose thread CPU time says how fast this core run
 :data:`EVERY_S` of its CPU and scales its CPU time by ``reference / probe`` (:mod:`workbench.rank.channel`), so a
 host that slows down (a busy neighbour on the same physical core, frequency, cache refills after a switch) does
 not slow the rank clock. The reference is the same probe on one idle core, measured once per machine
-(:func:`workbench.machine.probe_us`). Model and evidence: docs/concepts.md ("Two clocks").
+(:func:`workbench.launch.machine.probe_us`). Model and evidence: docs/concepts.md ("Two clocks").
 """
 
 from __future__ import annotations

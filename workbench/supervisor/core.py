@@ -1,10 +1,10 @@
-"""The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.session.Run`.
+"""The supervisor: one run from start to result, on the monitor thread of a :class:`~workbench.launch.session.Run`.
 
 It hosts the store the ranks' gloo groups rendezvous through (:mod:`.store`) and the control server every rank
 reports to, and wires the rooms together: :mod:`.membership` decides, :mod:`.launcher` starts and stops
 processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the faults, :mod:`.recorder` keeps the
-figures, :mod:`workbench.peers.adapters` speaks for the peers; it takes live commands from any thread, carries
-out step boundaries (:mod:`.boundary`) and answers slow ranks (:mod:`.stragglers`). Membership is a numbered
+figures, :mod:`workbench.strategies.peers.adapters` speaks for the peers; it takes live commands from any thread,
+carries out step boundaries (:mod:`.boundary`) and answers slow ranks (:mod:`.stragglers`). Membership is a numbered
 generation with an authoritative ``source``. A dead rank is seen by its closed connection and exit status, a frozen
 one by missing heartbeats (then SIGKILLed); a supervisor error still ends in a result, every process gone.
 """
@@ -20,19 +20,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from workbench import checkpoint as ckpt
-from workbench import clock, devices, outdir, protocol, provenance, resize_rule, strategies
-from workbench.cluster.hosts_file import Host, placement
-from workbench.config import RunConfig
-from workbench.errors import RunStartError
+from workbench import strategies
+from workbench.config import resize_rule
+from workbench.config.errors import RunStartError
+from workbench.config.resize_rule import units
+from workbench.config.resizing import leaving
+from workbench.config.run import RunConfig
 from workbench.faults import kinds
 from workbench.faults.kinds import FaultKind, Fires
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
-from workbench.peers.adapters import adapter
-from workbench.protocol import CONTROL, CONTROL_KEY, RANK
-from workbench.resize_rule import units
-from workbench.resizing import leaving
-from workbench.results import RunResult
+from workbench.launch import devices, outdir
+from workbench.launch.cluster.hosts_file import Host, placement
+from workbench.rank import protocol
+from workbench.rank.protocol import CONTROL, CONTROL_KEY, RANK
+from workbench.results import checkpoint as ckpt
+from workbench.results import clock, provenance
+from workbench.results.run_result import RunResult
+from workbench.strategies.peers.adapters import adapter
 from workbench.supervisor import events
 from workbench.supervisor.boundary import MARGIN_STEPS, SETTLE_S, Boundary
 from workbench.supervisor.control import ControlServer, Pending, open_store
@@ -101,7 +105,7 @@ class Supervisor:
 
     # -- the run -----------------------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        """Run to the end; the result carries the run's provenance (:mod:`workbench.provenance`)."""
+        """Run to the end; the result carries the run's provenance (:mod:`workbench.results.provenance`)."""
         outcome, reason = "failed", "the run did not start"
         self.provenance = provenance.collect(self.config.seed, devices.describe(self.config), self.config.speed_probe)
         try:

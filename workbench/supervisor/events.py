@@ -5,7 +5,7 @@ here: an undeclared kind, a declared field missing or an undeclared one given ra
 programming error). Readers (the figures, the lab, the command line, the campaigns) select rows by these
 objects (:func:`of`) and read the structured fields, never the ``detail`` prose, which is for people.
 
-Why here, beside the recorder rather than beside the protocol's message kinds (:mod:`workbench.protocol`): the
+Why here, beside the recorder rather than beside the protocol's message kinds (:mod:`workbench.rank.protocol`): the
 protocol is what ranks and the supervisor say to each other; events are what a run leaves behind, written by
 the supervisor's recorder alone (a requeued sweep point's mark, :mod:`workbench.sweeps.requeue`, is built with
 :func:`row` from the same table). The fault kinds' events (a planned ``kill`` fired, ...) are declared by their
@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.errors import WorkbenchError
+from workbench.config.errors import WorkbenchError
 from workbench.faults import kinds as fault_kinds
 
 COLUMNS = ("time", "step", "rank", "kind", "detail")  # every event row; ``step``/``rank`` -1: none
@@ -86,7 +86,7 @@ SLOW_END = EventKind("slow_end", "a slow rank runs at full speed again")
 STRAGGLER = EventKind("straggler", "the straggler detector flagged a rank (``; dropped``: the run dropped it)")
 DETECTED = EventKind("detected", "a soft-error detector fired (which, and what it saw)")
 APOPTOSIS = EventKind("apoptosis", "adaptive neuron apoptosis removed units of a layer")
-FALLBACK = EventKind("fallback", "the run fell back on something (``what``; workbench.fallbacks)", ("what",))
+FALLBACK = EventKind("fallback", "the run fell back on something (``what``; workbench.results.fallbacks)", ("what",))
 ERROR = EventKind("error", "a rank raised an error (its message); the run fails")
 PEER_ERROR = EventKind("peer_error", "a peer rank raised an error its peer system handles")
 TORCHRUN = EventKind("torchrun", "the torchrun agent started")

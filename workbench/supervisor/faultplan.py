@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import RunConfig
+from workbench.config.run import RunConfig
 from workbench.faults import kinds
 from workbench.faults.kinds import Fires
 

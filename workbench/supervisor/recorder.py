@@ -1,7 +1,7 @@
 """Recorder: what a run leaves behind — per-step metrics, events, per-failure recovery figures (``detection_s``,
 ``settle_s``, ``join_s``, ``resume_s``, ``regrow_s``, ``steps_redone``, ``samples_lost``, ``bytes_moved``,
 ``world_size_after``: defined in docs/concepts.md and docs/internals.md) — and the
-:class:`~workbench.results.RunResult` built from them. Fed by the supervisor's thread only; widgets read
+:class:`~workbench.results.run_result.RunResult` built from them. Fed by the supervisor's thread only; widgets read
 ``metrics``/``events``/``status`` (appends are atomic in CPython).
 """
 
@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import clock, fallbacks, machine
-from workbench.config import RunConfig
+from workbench.config.run import RunConfig
 from workbench.faults import kinds
-from workbench.results import RunResult, model_size
+from workbench.launch import machine
+from workbench.results import clock, fallbacks
+from workbench.results.run_result import RunResult, model_size
 from workbench.supervisor import events
 from workbench.supervisor.membership import Generation, Lost
 
@@ -89,7 +90,7 @@ class Recorder:
         self.gen = -1
         self.stepped_gen = -1  # the generation of the last step recorded (a late report of an older one is not)
         self.world_size = 0
-        self.scale: Any = None  # resize_rule linear: the supervisor's workbench.resize_rule.Scale (the global batch)
+        self.scale: Any = None  # resize_rule linear: the supervisor's config.resize_rule.Scale (the global batch)
         self.last_checkpoint: dict[str, Any] | None = None
         self.final_checkpoint: str | None = None
         self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
@@ -119,8 +120,8 @@ class Recorder:
         return events.count(self.events, kind)
 
     def fallback(self, what: str, detail: str) -> None:
-        """A fallback taken in this process (:func:`workbench.fallbacks.taken`, any thread): a ``fallback`` event
-        with its ``what``, recorded by the supervisor's thread at its next event, step or the result."""
+        """A fallback taken in this process (:func:`workbench.results.fallbacks.taken`, any thread): a ``fallback``
+        event with its ``what``, recorded by the supervisor's thread at its next event, step or the result."""
         self._fallbacks.append((time.time(), what, detail))
 
     def _flush_fallbacks(self) -> None:
@@ -131,7 +132,7 @@ class Recorder:
     # -- membership -------------------------------------------------------------------------------------------
     def lost(self, decision: Lost, step: int, fault_time: float, peer: bool, teardown: float | None = None) -> Failure:
         """A member failed: open its failure record (``peer``: the peer's own detection will be the one;
-        ``teardown``: :func:`workbench.clock.teardown_s`)."""
+        ``teardown``: :func:`workbench.results.clock.teardown_s`)."""
         batch, size = self.config.batch_size if self.scale is None else self.scale.global_batch(step), decision.size
         share = batch // size + (1 if decision.position < batch % size else 0)
         failure = Failure(decision.label, step, decision.cause, fault_time, None if peer else time.time(),

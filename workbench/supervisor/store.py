@@ -16,7 +16,7 @@ import sys
 import threading
 from collections import defaultdict, deque
 
-from workbench.errors import WorkbenchError
+from workbench.config.errors import WorkbenchError
 
 MAGIC = 0x3C85F7CE
 KEY_PREFIX = "/"  # torch's TCPStore client puts this before every key it sends

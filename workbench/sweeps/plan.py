@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workbench.errors import SweepError
-from workbench.fallbacks import taken
-from workbench.h5files import FileKindError, make_directory, read_json, remove_directories
+from workbench.config.errors import SweepError
+from workbench.results.fallbacks import taken
+from workbench.results.h5files import FileKindError, make_directory, read_json, remove_directories
 from workbench.sweeps.point import write_json
 
 SWEEP_FILE = "sweep.json"
@@ -24,7 +24,7 @@ SWEEP_FILE = "sweep.json"
 
 def read_sweep_spec(directory: str | os.PathLike) -> dict[str, Any]:
     """``DIR/sweep.json``, checked: a mapping with ``notebook`` and ``points`` (each an ``id`` and its
-    ``parameters``); :class:`~workbench.h5files.FileKindError`, one line, when it is missing or malformed."""
+    ``parameters``); :class:`~workbench.results.h5files.FileKindError`, one line, when it is missing or malformed."""
     directory = Path(directory)
     if not directory.is_dir():
         raise FileKindError(directory, f"is not a sweep directory ({'a file' if directory.exists() else 'missing'})")

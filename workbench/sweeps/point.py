@@ -1,7 +1,7 @@
 """A sweep worker: executes sweep points with papermill, one after another, in this process.
 
 Started by :func:`workbench.sweeps.run.sweep` as ``python -m workbench.sweeps.point --events FD --parent PID``, one
-worker per job slot, with one shared rank template (:func:`workbench.template.share`) for its whole life. Stdin:
+worker per job slot, with one shared rank template (:func:`workbench.launch.template.share`) for its whole life. Stdin:
 one JSON line per point; FD: JSON line events (``start``, ``cell``, ``done``); per point, in its directory:
 ``point.json``, the executed notebook and ``point.log``. After each point everything the kernel left is killed; on
 SIGTERM the worker kills its whole tree and exits, the point staying ``running``. Details: docs/internals.md.
@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench import provenance
-from workbench.h5files import write_text
-from workbench.outdir import clear as clear_run
-from workbench.results import RESULT_FILE
+from workbench.launch.outdir import clear as clear_run
+from workbench.launch.template import SHARED_VAR, UNSHARED, Template, TemplateError, share
+from workbench.launch.template_server import code_fingerprint
+from workbench.results import provenance
+from workbench.results.h5files import write_text
+from workbench.results.run_result import RESULT_FILE
 from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, POINT_VAR, PREEMPTED_DIR
-from workbench.template import SHARED_VAR, UNSHARED, Template, TemplateError, share
-from workbench.template_server import code_fingerprint
 
 POINT_FILE = "point.json"
 LOG_FILE = "point.log"
@@ -33,7 +33,7 @@ ENGINE = "workbench_sweep"
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write JSON atomically (temporary file, then rename; none left behind on failure, which is an
-    :class:`~workbench.h5files.OutputError` naming ``path``)."""
+    :class:`~workbench.results.h5files.OutputError` naming ``path``)."""
     write_text(path, json.dumps(data, indent=1, default=str))
 
 

@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench.h5files import atomic_output
-from workbench.results import RESULT_FILE, RunResult
+from workbench.results.h5files import atomic_output
+from workbench.results.run_result import RESULT_FILE, RunResult
 from workbench.supervisor import events as ev
 
 if TYPE_CHECKING:
-    from workbench.config import RunConfig
+    from workbench.config.run import RunConfig
 
 POINT_VAR = "WORKBENCH_POINT_DIR"  # set by the sweep's worker for its kernel: the point's directory
 NOTICE_FILE = ".notice"  # written by the worker when the point has notice of preemption

@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from workbench import provenance
-from workbench.errors import SweepError
+from workbench.config.errors import SweepError
+from workbench.results import provenance
 from workbench.sweeps.plan import (
     SWEEP_FILE,
     default_jobs,
@@ -60,7 +60,7 @@ def sweep(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]] |
     if timeout is not None and not 0 < timeout < float("inf"):
         raise SweepError(f"timeout must be a finite number of seconds > 0, not {timeout!r}")
     if track is not None:
-        from workbench.tracking import require
+        from workbench.results.tracking import require
 
         track = require(track)
     started = provenance.collect()

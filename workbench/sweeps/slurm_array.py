@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from workbench.cluster import slurm_commands as slurm
-from workbench.errors import SweepError
-from workbench.h5files import FileKindError, atomic_output, read_json
+from workbench.config.errors import SweepError
+from workbench.launch.cluster import slurm_commands as slurm
+from workbench.results.h5files import FileKindError, atomic_output, read_json
 from workbench.sweeps.plan import SWEEP_FILE, point_id, point_task, prepare, read_sweep_spec, slug
 from workbench.sweeps.point import write_json
 from workbench.sweeps.table import is_complete

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.cluster import slurm_commands as slurm
-from workbench.errors import SweepError
+from workbench.config.errors import SweepError
+from workbench.launch.cluster import slurm_commands as slurm
 from workbench.sweeps.plan import point_id, prepare
 from workbench.sweeps.point import POINT_FILE, write_json
 from workbench.sweeps.slurm_array import ARRAY_FILE, emit_slurm
@@ -93,7 +93,7 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
     frame = aggregate(directory)
     report = None
     if (frame.status == "completed").any():
-        from workbench.report import report as write_report
+        from workbench.results.report import report as write_report
 
         report = write_report(directory)
     executed = [ids[i] for i in indices]

@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.errors import ResultsError
-from workbench.fallbacks import taken
-from workbench.h5files import FileKindError, read_json
-from workbench.provenance import columns as provenance_columns
-from workbench.results import RESULT_FILE, RunResult, load_table, save_table
+from workbench.config.errors import ResultsError
+from workbench.results.fallbacks import taken
+from workbench.results.h5files import FileKindError, read_json
+from workbench.results.provenance import columns as provenance_columns
+from workbench.results.run_result import RESULT_FILE, RunResult, load_table, save_table
 from workbench.sweeps.plan import SWEEP_FILE, read_sweep_spec
 from workbench.sweeps.point import POINT_FILE, has_result
 
@@ -112,7 +112,7 @@ def load_sweep(directory: str | os.PathLike) -> pd.DataFrame:
     not run yet), ``error``, ``point_wall_s``, ``notebook`` and ``path`` (executed notebook and ``result.h5``),
     and the run's summary (``final_test_accuracy``, ``steps_redone_total``, ``samples_lost_total``,
     ``n_failures``, ``overhead_s``, ``config.*`` ...; a summary key equal to a parameter name gets a ``result.``
-    prefix), and ``prov.*``: where the point came from (:mod:`workbench.provenance`) — its run's provenance, or
+    prefix), and ``prov.*``: where the point came from (:mod:`workbench.results.provenance`) — its run's provenance, or
     for a point without a run (failed notebook) the point's own from ``point.json``; missing or NaN for points run
     before provenance was kept. Read from ``DIR/results.h5``; rebuilt from the points (and rewritten) when it is
     missing or stale — when any ``point.json`` or ``result.h5`` was added, removed or changed since it was written.

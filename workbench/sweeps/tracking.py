@@ -2,8 +2,8 @@
 
 After the points ran and the table was written, the sweep is logged as one parent run (the swept parameters,
 provenance, ``results.h5``, ``sweep.json``, ``report.html``) with one child run per point, logged as
-:func:`workbench.tracking.log_result` does. Never raises: an error stops the logging with a
-:class:`~workbench.tracking.TrackingWarning`, and the record goes to ``DIR/tracking.json``. Details:
+:func:`workbench.results.tracking.log_result` does. Never raises: an error stops the logging with a
+:class:`~workbench.results.tracking.TrackingWarning`, and the record goes to ``DIR/tracking.json``. Details:
 docs/internals.md.
 """
 
@@ -17,12 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench import provenance
-from workbench.results import RESULT_FILE, RunResult
-from workbench.sweeps.plan import SWEEP_FILE
-from workbench.sweeps.point import LOG_FILE, write_json
-from workbench.sweeps.table import TABLE_FILE, TRACKING_FILE, load_sweep, point_status
-from workbench.tracking import (
+from workbench.results import provenance
+from workbench.results.run_result import RESULT_FILE, RunResult
+from workbench.results.tracking import (
     TrackingWarning,
     abandon,
     client,
@@ -33,6 +30,9 @@ from workbench.tracking import (
     log_batches,
     log_result,
 )
+from workbench.sweeps.plan import SWEEP_FILE
+from workbench.sweeps.point import LOG_FILE, write_json
+from workbench.sweeps.table import TABLE_FILE, TRACKING_FILE, load_sweep, point_status
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,7 +121,7 @@ def _log_point(mlflow_client: Any, experiment: str, parent: str, directory: Path
 
 def _attach(mlflow_client: Any, run_id: str, directory: Path) -> None:
     """The table, ``sweep.json`` and the sweep's report (built here) as the parent's artifacts."""
-    from workbench.report import report
+    from workbench.results.report import report
 
     try:
         page = report(directory)

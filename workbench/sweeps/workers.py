@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.provenance import COMMAND_VAR, command
+from workbench.results.provenance import COMMAND_VAR, command
 from workbench.sweeps.point import POINT_FILE, descendants, kill_all, write_json
 from workbench.sweeps.table import point_status
 
@@ -37,7 +37,7 @@ class _WorkerProc:
 
     def __init__(self, events: queue.Queue) -> None:
         read, write = os.pipe()
-        # the sweep's command line: the provenance of its points and of their runs (workbench.provenance)
+        # the sweep's command line: the provenance of its points and of their runs (workbench.results.provenance)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", COMMAND_VAR: command()}
         self.proc = subprocess.Popen([sys.executable, "-m", "workbench.sweeps.point", "--events", str(write),
                                       "--parent", str(os.getpid())],

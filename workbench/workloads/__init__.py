@@ -6,5 +6,6 @@
 - :mod:`.data` — datasets by name and the global batch sequence;
 - :mod:`.datasets` — image datasets and the readers of their on-disk formats;
 - :mod:`.dataset_files` — what the configuration checks about a dataset's files (no torch);
-- :mod:`.stages` — where a pipeline or hybrid run's model is cut, and what each rank's stage holds.
+- :mod:`.stages` — where a pipeline or hybrid run's model is cut, and what each rank's stage holds;
+- :mod:`.apoptosis` — adaptive neuron apoptosis: the rule and the model surgery.
 """

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbench.config import RunConfig, resolve_callable
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig, resolve_callable
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import bundled_file
 from workbench.workloads.datasets import Dataset
@@ -31,7 +31,7 @@ def load_dataset(config: RunConfig) -> Dataset:
                           f"shape {data.input_shape}")
     data.augment, data.seed = config.augment, config.seed
     if config.apoptosis:  # the rule decides on a validation split of the training data, never on the test set
-        from workbench.apoptosis.rule import ApoptosisConfig
+        from workbench.workloads.apoptosis.rule import ApoptosisConfig
 
         data.carve_validation(ApoptosisConfig.parse(config.apoptosis).val)
     return data
@@ -95,7 +95,8 @@ class BatchSequence:
     """The global batch of every step: epoch ``e`` is a permutation seeded by (seed, e); the last partial batch
     of an epoch is dropped so every step has exactly ``batch_size`` samples.
 
-    ``segments`` (``resize_rule`` linear: :meth:`workbench.resize_rule.Scale.segments`): (first step, global batch)
+    ``segments`` (``resize_rule`` linear: :meth:`workbench.config.resize_rule.Scale.segments`): (first step, global
+    batch)
     of each stretch of constant global batch. The stream is then read by a sample cursor, (epoch, offset) into the
     same permutations: a step takes the next ``batch`` samples of the epoch, or the first ``batch`` of the next one
     where fewer are left (those are dropped). The cursor of step ``s`` depends on the seed, the segments and ``s``

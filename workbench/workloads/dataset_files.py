@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench.callables import IMPORT_PATH, resolve_callable
-from workbench.errors import ConfigError
+from workbench.config.callables import IMPORT_PATH, resolve_callable
+from workbench.config.errors import ConfigError
 from workbench.workloads import registry
 
 # the registry's names, as they stood when this module was imported (workbench.workloads.registry: the entries)
-DATASETS = registry.dataset_names()  # built in; re-exported by workbench.config
+DATASETS = registry.dataset_names()  # built in; re-exported by workbench.config.run
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder
 # built-in datasets read from a file shipped with the repository
 BUNDLED_FILES = {e.name: DATA_DIR / e.bundled for e in registry.DATASETS.values() if e.bundled}

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
 from workbench.workloads.dataset_files import (
     CIFAR,
     IDX_FILES,

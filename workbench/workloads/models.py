@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from workbench.config import RunConfig, resolve_callable
-from workbench.errors import ConfigError
+from workbench.config.errors import ConfigError
+from workbench.config.run import RunConfig, resolve_callable
 from workbench.workloads import registry
 
 

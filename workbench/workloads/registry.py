@@ -1,7 +1,7 @@
 """The workloads, each one registered entry (torchtitan's ``TrainSpec`` is the model): a :class:`Model` or a
 :class:`Dataset` says its name, its builder (an import path, imported in the rank: this module needs no torch),
 what it takes and gives (input shape, classes, size, knobs), and its files. Everything else reads these
-entries: the configuration's checks and choices (``workbench.config.MODELS``, the settings table, the command
+entries: the configuration's checks and choices (``workbench.config.run.MODELS``, the settings table, the command
 line's help), the lab's boxes, the pre-flight checks, the ranks' builders. A new model or dataset is one
 :func:`register` call; no name is compared anywhere else (tests/test_workloads_registry.py scans for it).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.callables import resolve_callable
-from workbench.errors import ConfigError
+from workbench.config.callables import resolve_callable
+from workbench.config.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from workbench.config import RunConfig
+from workbench.config.run import RunConfig
 
 
 def _built(config: RunConfig) -> tuple[torch.nn.Module, tuple[int, ...]]:
@@ -25,7 +25,8 @@ def _model(config: RunConfig) -> torch.nn.Module:
 
 
 # measured cuts by (model structure, input shape, stages): one measurement per model in this process, so the
-# start, the flip checks and a campaign's flip plan (workbench.studies.campaign) agree on where each tensor lives
+# start, the flip checks and a campaign's flip plan (workbench.campaigns.studies.campaign) agree on where each tensor
+# lives
 _measured_cuts: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
 
 
@@ -84,7 +85,7 @@ def check_model(config: RunConfig) -> RunConfig:
         config = copy.copy(config)  # validated already: no second __post_init__ (it re-verifies a resume file)
         config.stage_cuts = cuts
     if config.apoptosis is not None:
-        from workbench.apoptosis.rule import require_pairs
+        from workbench.workloads.apoptosis.rule import require_pairs
 
         require_pairs(_model(config), name=f"--model {config.model}")
     return config

@@ -1,0 +1,4 @@
+"""The paper campaigns, built on top of the package and shown apart from its core: :mod:`.reproduce` (the seed
+papers' findings, pre-registered and archived) and :mod:`.studies` (injection campaigns, per-bit sensitivity).
+Each drives many runs through ``sweeps`` and the public API. Importing this package imports none of its modules.
+"""

@@ -1,0 +1,159 @@
+"""*GossipGraD* (Daily et al., arXiv 1803.05880): gossip SGD with O(1) communication per step against allreduce.
+
+The finding, in our words: one partner per step (rotating, so updates diffuse within log2(p) steps) keeps a
+rank's communication constant in the number of ranks, at the accuracy of allreduce SGD. The campaign: the same
+run under ``parallelism="data"`` and ``"gossip"`` at each ``p``, per seed: accuracy, consensus distance,
+messages and bytes per step (counted, not timed). Details: docs/reproduce.md and docs/internals.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench.campaigns.reproduce.common import Verdict, cached_run, campaign_settings, preflight, run_extras
+
+KEY = "gossipgrad"
+TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"
+PAPER = ("A rank's communication per step is constant in the number of ranks p (one partner per step, rotating), "
+         "against allreduce's that grows with p; the accuracy reached matches allreduce SGD (ResNet-50/ImageNet "
+         "top-1 as published); replicas stay close because partners rotate (diffusion in log2 p steps).")
+
+SCALES: dict[str, dict[str, Any]] = {  # the paper scale is the registry's workload (registry.yaml)
+    "small": {"model": "mlp", "dataset": "digits", "worlds": [2, 4], "seeds": [0, 1], "steps": 100,
+              "lr_schedule": "cosine", "accuracy": "consensus_accuracy", "per_rank_batch": None},
+    "paper": {"seeds": None},
+}
+MODES = ("data", "gossip")
+PLATEAU_EVALUATIONS = 3  # the plateau accuracy: the mean of the last 3 of a run's 10 evaluations
+READINGS = ("plateau_accuracy", "final_test_accuracy", "consensus_accuracy")  # a workload's ``accuracy`` names one
+
+
+def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad", **overrides: Any) -> tuple[Any, Any]:
+    """(one row per run, per-step rows of every run) for every (p, seed, mode) of the scale; at the paper scale
+    on the registry's workload and the reporting seeds drawn for ``out``."""
+    import pandas as pd
+
+    settings = campaign_settings(KEY, SCALES, scale, out, overrides)
+    model, dataset = settings["model"], settings["dataset"]
+    reading = settings.get("accuracy", "plateau_accuracy")
+    if reading not in READINGS:
+        raise ValueError(f"gossipgrad: accuracy {reading!r} is not a reading: one of {', '.join(READINGS)}")
+    size = {"synthetic_size": settings["synthetic_size"], **run_extras(settings)}
+    per_rank = settings.get("per_rank_batch")  # each rank's batch, the global batch per_rank x p (weak scaling)
+
+    def batch(p: int) -> dict[str, int]:
+        return {"batch_size": per_rank * p} if per_rank else {}
+
+    preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size, **batch(p)}
+                for p in settings["worlds"] for mode in MODES])
+    rows, steps = [], []
+    for p in settings["worlds"]:
+        for seed in settings["seeds"]:
+            for mode in MODES:
+                extra = {"consensus_every": 5} if mode == "gossip" else {}
+                result = cached_run(Path(out) / "runs" / f"p{p}-s{seed}-{mode}", world_size=p, seed=seed,
+                                    steps=settings["steps"], parallelism=mode, model=model, dataset=dataset,
+                                    eval_interval=max(settings["steps"] // 10, 1), **size, **batch(p), **extra)
+                spread = result.summary.get("diffusion") or {}
+                frame = result.to_dataframe().assign(parallelism=mode, world_size=p, seed=seed)
+                frame["time"] = frame.step_time.cumsum()  # training time only: no start-up, no measurement
+                frame["rank_time"] = frame.rank_step_time.cumsum()
+                frame["oversubscribed"] = bool(result.summary.get("oversubscribed"))  # which clock figures show
+                steps.append(frame)
+                late = frame[frame.step >= settings["steps"] // 2].consensus_distance.dropna()
+                early = frame[frame.step < settings["steps"] // 2].consensus_distance.dropna()
+                final = result.summary["final_test_accuracy"]
+                rows.append({"parallelism": mode, "world_size": p, "seed": seed, "outcome": result.outcome,
+                             "reason": result.summary["reason"], "final_test_accuracy": final,
+                             "plateau_accuracy": plateau_accuracy(frame),
+                             # gossip: the replicas' consensus after ceil(log2 p) rounds; allreduce: its one model
+                             "consensus_accuracy": spread.get("test_acc") if mode == "gossip" else final,
+                             "accuracy_reading": reading,
+                             "train_s": float(frame.step_time.sum()),
+                             "rank_train_s": float(frame.rank_step_time.sum()),
+                             "messages": float(frame.messages.median()),
+                             "bytes_sent": float(frame.bytes_sent.median()),
+                             "consensus_early": float(early.mean()) if len(early) else None,
+                             "consensus_late": float(late.mean()) if len(late) else None,
+                             "diffusion_rounds": spread.get("rounds"), "spread_before": spread.get("before"),
+                             "spread_after": spread.get("after"), "reporting": settings["reporting"]})
+    return pd.DataFrame(rows), pd.concat(steps, ignore_index=True)
+
+
+def plateau_accuracy(steps: Any, last: int = PLATEAU_EVALUATIONS) -> float | None:
+    """The mean test accuracy of a run's last ``last`` evaluations: at a constant learning rate one evaluation
+    swings by several points from the next, their mean much less (the registered metric)."""
+    accuracies = steps.test_acc.dropna()
+    return float(accuracies.tail(last).mean()) if len(accuracies) else None
+
+
+def verdict(frame: Any, scale: str) -> Verdict:
+    v = Verdict(KEY, TITLE, PAPER, scale)
+    done = frame[frame.outcome == "completed"]
+    v.statistics = {"runs": len(frame), "completed": len(done), "seeds": sorted(frame.seed.unique().tolist()),
+                    "p": sorted(frame.world_size.unique().tolist())}
+    if len(done) < len(frame):
+        bad = frame[frame.outcome != "completed"]
+        v.check("every run completes", False, "; ".join(f"{r.parallelism} p={r.world_size} seed {r.seed}: {r.reason}"
+                                                         for r in bad.itertuples()))
+    if frame.world_size.nunique() < 2:
+        v.comparable, v.reason = False, "the communication claim needs at least two values of p"
+        return v
+    per_p = done.groupby(["parallelism", "world_size"])[["messages", "bytes_sent"]].median()
+    gossip, allreduce = per_p.loc["gossip"], per_p.loc["data"]
+    v.check("gossip: messages per rank per step constant in p", gossip.messages.nunique() == 1,
+            "messages " + ", ".join(f"p={p}: {m:.0f}" for p, m in gossip.messages.items()))
+    v.check("allreduce: messages per rank per step grow with p", allreduce.messages.is_monotonic_increasing
+            and allreduce.messages.iloc[-1] > allreduce.messages.iloc[0],
+            "messages " + ", ".join(f"p={p}: {m:.0f}" for p, m in allreduce.messages.items()))
+    reading = frame.accuracy_reading.iloc[0] if "accuracy_reading" in frame else "plateau_accuracy"
+    v.statistics["accuracy_reading"] = reading
+    for p in sorted(done.world_size.unique()):  # registered: non-inferiority, the lower bound carries the claim
+        at = done[done.world_size == p].pivot_table(index="seed", columns="parallelism", values=reading)
+        v.decide("gossipgrad.accuracy_non_inferior", (100 * (at["gossip"] - at["data"])).dropna(), f"p={p}")
+    gossip_runs = done[done.parallelism == "gossip"]
+    cons = gossip_runs[gossip_runs.consensus_late.notna()]
+    grows = (cons.consensus_late > 2 * cons.consensus_early).sum()
+    v.check("gossip replicas stay close (consensus distance does not grow)", len(cons) == len(gossip_runs) > 0
+            and grows == 0, f"{grows} of {len(cons)} runs doubled their consensus distance from the first to the "
+            f"second half; late mean {cons.consensus_late.mean():.3g}" if len(cons) == len(gossip_runs) > 0 else
+            f"consensus distance measured in {len(cons)} of {len(gossip_runs)} gossip runs: missing data fails")
+    _diffusion(v, gossip_runs)
+    return v
+
+
+def _diffusion(v: Verdict, gossip_runs: Any) -> None:
+    """The registered exact finding: after ceil(log2 p) rounds without updates every gossip run's replicas agree
+    within the margin (relative spread); a run without the measurement fails it."""
+    from workbench.campaigns.reproduce import registry
+
+    margin = registry.load().finding("gossipgrad.diffusion_in_log_p").margin
+    measured = gossip_runs[gossip_runs.spread_after.notna()] if "spread_after" in gossip_runs else gossip_runs[:0]
+    apart = measured[measured.spread_after > margin]
+    detail = ", ".join(f"p={p}: {r:.0f} rounds, spread {b:.3g} -> {a:.2g}" for p, r, b, a in measured.groupby(
+        "world_size")[["diffusion_rounds", "spread_before", "spread_after"]].max().itertuples())
+    v.check(f"gossipgrad.diffusion_in_log_p: replicas agree within {margin:g} after ceil(log2 p) rounds",
+            len(measured) == len(gossip_runs) > 0 and apart.empty,
+            f"measured in {len(measured)} of {len(gossip_runs)} gossip runs (missing data fails); {len(apart)} "
+            f"apart; largest per p: {detail or 'none'}")
+
+
+def figure(steps: Any) -> Any:
+    """Accuracy vs step and vs training time and the consensus distance at the largest p (seeds averaged), as
+    in the paper's convergence figures; and :func:`workbench.results.plots.traffic` for messages and bytes vs p."""
+    from workbench.results import plots
+
+    largest = steps.world_size.max()
+    at = steps[steps.world_size == largest]
+    mean = (at.groupby(["parallelism", "step"], as_index=False)
+            [["time", "rank_time", "test_acc", "consensus_distance"]].mean())
+    mean["oversubscribed"] = bool(at.oversubscribed.any()) if "oversubscribed" in at else False
+    return plots.gossip_vs_allreduce(mean).update_layout(
+        title=f"gossip vs allreduce at p = {largest} (mean over {steps.seed.nunique()} seeds)")
+
+
+def traffic_figure(steps: Any) -> Any:
+    from workbench.results import plots
+
+    return plots.traffic(steps)

@@ -1,0 +1,201 @@
+"""Every registered reporting run, kept: the archive ``archive/<paper>/<NN>-<date>-<what>.json`` beside this module,
+one record per run (its verdicts at its attempt's alpha, checks, drawn seeds, per-run table, the registry commit it
+ran under; ``files: "gone"`` with ``published_in`` where only the docs' figures remain).
+
+A paper-scale reporting run claims its attempt when its seeds are drawn (:func:`claim`), is decided at that
+attempt's alpha (:func:`spend`) and writes its record when its verdict is saved (:func:`archive`); :func:`records`,
+:func:`decided` and :func:`history_line` are what the report shows. Details: docs/reproduce.md, "The archive".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from workbench.campaigns.reproduce import registry
+from workbench.campaigns.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE
+
+ARCHIVE_DIR = Path(__file__).resolve().with_name("archive")
+PAPERS = ("ccgrid22", "jpdc24", "europmpi17", "gossipgrad", "apoptosis")  # the report's order
+
+
+# -- reading ------------------------------------------------------------------------------------------------------
+def records(paper: str | None = None, root: str | os.PathLike = ARCHIVE_DIR) -> list[dict[str, Any]]:
+    """The archived records (of ``paper``, or all), each with its ``path``, ordered by paper and attempt."""
+    root = Path(root)
+    found = []
+    for path in sorted(root.glob(f"{paper or '*'}/*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise registry.RegistryError(f"{path}: not an archive record ({exc})") from None
+        found.append({**record, "path": str(path)})
+    order = {key: i for i, key in enumerate(PAPERS)}
+    return sorted(found, key=lambda r: (order.get(r["paper"], len(order)), r["paper"], int(r["attempt"])))
+
+
+def decided(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's registered findings decided at the alpha its attempt is given (``record["alpha"]``): those
+    decided at another alpha when they ran (the runs before the attempt budget) are decided again from their
+    recorded figures (:func:`workbench.campaigns.reproduce.registry.redecide`), ``status_run`` keeping the status as
+    run."""
+    out = []
+    for f in record.get("findings", []):
+        alpha = record.get("alpha")
+        if alpha is None or f.get("test") == "exact" or f.get("alpha") == alpha:
+            out.append({**f, "status_run": f["status"]})
+            continue
+        paper, ident = f["key"].split(".", 1)
+        finding = registry.Finding(paper, ident, "", "", "", "none", "", f["test"], float(f["margin"]),
+                                   float(f["alpha"]))
+        again = registry.redecide(finding, f, alpha)
+        out.append({**f, "status_run": f["status"], "status": again.status, "mean": again.mean, "low": again.low,
+                    "high": again.high, "alpha": again.alpha, "detail": again.detail})
+    return out
+
+
+def status(record: dict[str, Any]) -> str:
+    """A record's verdict at its attempt's alpha: does not hold when a check failed or a finding does not hold,
+    inconclusive when one straddles its margin, holds otherwise."""
+    findings = decided(record)
+    if not all(c["ok"] for c in record.get("checks", [])) or any(f["status"] == FAILS for f in findings):
+        return FAILS
+    return INCONCLUSIVE if any(f["status"] == INCONCLUSIVE for f in findings) else HOLDS
+
+
+def history_line(paper_records: list[dict[str, Any]]) -> str:
+    """``inconclusive (design 1) → does not hold (design 2) → holds (design 3)``: a paper's runs in order."""
+    steps = [f"{status(r)} (design {r['design']}{', exploratory' if r.get('exploratory') else ''})"
+             for r in sorted(paper_records, key=lambda r: int(r["attempt"]))]
+    return " → ".join(steps) if steps else "no registered reporting run archived"
+
+
+def uncommitted(root: str | os.PathLike = ARCHIVE_DIR) -> list[str] | None:
+    """The archive's records git does not hold as committed (new or changed); None outside a git checkout."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    try:
+        done = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--", "."],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [line[3:].strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+# -- writing ------------------------------------------------------------------------------------------------------
+def reporting_run(verdict: Any, table: Any = None) -> dict[str, Any] | None:
+    """The reporting-seed record of a paper-scale verdict that ran on drawn reporting seeds, else None (the small
+    scale, a tuning run at the paper scale)."""
+    seeds = verdict.statistics.get("reporting_seeds")
+    if verdict.scale != "paper" or not isinstance(seeds, dict) or seeds.get("paper") != verdict.key:
+        return None
+    if table is not None and "reporting" in getattr(table, "columns", ()) and not bool(table["reporting"].all()):
+        return None
+    if table is not None and getattr(table, "attrs", {}).get("reporting") is False:  # JPDC'24 says it in attrs
+        return None
+    return seeds
+
+
+def claim(out: str | os.PathLike, seeds: dict[str, Any], root: str | os.PathLike = ARCHIVE_DIR) -> dict[str, Any]:
+    """Fix a reporting run's attempt and its alpha when its seeds are drawn, before its first run: written into
+    ``out/reporting_seeds.json`` beside them (a resumed campaign keeps them)."""
+    if "attempt" in seeds:
+        return seeds
+    attempt = next_attempt(seeds["paper"], seeds, root)
+    alpha = registry.load().attempt_alpha(attempt)
+    seeds = {**seeds, "attempt": attempt, "alpha": alpha, "exploratory": alpha is None}
+    path = Path(out) / registry.SEEDS_FILE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(seeds, indent=1))
+    os.replace(tmp, path)
+    return seeds
+
+
+def next_attempt(paper: str, seeds: dict[str, Any], root: str | os.PathLike = ARCHIVE_DIR) -> int:
+    """The attempt of the run with ``seeds``: its record's when archived already, else one past the last."""
+    kept = records(paper, root)
+    for r in kept:
+        if (r.get("seeds") or {}).get("drawn") == seeds.get("drawn") and r["seeds"].get("seeds") == seeds["seeds"]:
+            return int(r["attempt"])
+    return max((int(r["attempt"]) for r in kept), default=0) + 1
+
+
+def spend(verdict: Any, seeds: dict[str, Any], root: str | os.PathLike = ARCHIVE_DIR) -> None:
+    """Decide ``verdict`` at the alpha its attempt is given; beyond the budget at the last attempt's, exploratory."""
+    reg = registry.load()
+    attempt = int(seeds.get("attempt") or next_attempt(verdict.key, seeds, root))
+    alpha = reg.attempt_alpha(attempt)
+    verdict.spend(alpha if alpha is not None else reg.attempts["spending"][-1], attempt, alpha is None)
+
+
+def archive(verdict: Any, seeds: dict[str, Any], table: Any = None, root: str | os.PathLike = ARCHIVE_DIR) -> Path:
+    """Write ``verdict``'s record into ``root/<paper>/`` (replacing the record of the same run: a campaign saved
+    again, resumed, keeps one record); returns its path."""
+    root = Path(root)
+    record = record_of(verdict, seeds, table, root)
+    folder = root / verdict.key
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob(f"{record['attempt']:02d}-*.json"):
+        if json.loads(old.read_text()).get("seeds", {}).get("drawn") == seeds.get("drawn"):
+            old.unlink()
+    name = f"{record['attempt']:02d}-{record['date']}-design{record['design']}-{len(seeds['seeds'])}-seeds.json"
+    path = folder / name
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def record_of(verdict: Any, seeds: dict[str, Any], table: Any, root: Path) -> dict[str, Any]:
+    """The archive record of a saved reporting verdict (see the module docstring)."""
+    from dataclasses import asdict
+
+    commit = seeds.get("registry_commit")
+    section = registry.section_at(verdict.key, commit) if commit else None
+    workload = ((section or {}).get("paper") or {}).get("workload") or registry.load().workload(verdict.key)
+    statistics = {k: v for k, v in verdict.statistics.items() if k != "reporting_seeds"}
+    return {
+        "paper": verdict.key, "title": verdict.title, "attempt": verdict.attempt,
+        "design": design_of(verdict.key, commit, verdict.attempt, root),
+        "date": str(seeds.get("drawn", ""))[:10] or "undated", "scale": verdict.scale,
+        "condition": condition(workload), "workload": workload, "registry_commit": commit,
+        "results_commit": verdict.commit, "alpha": verdict.alpha, "exploratory": verdict.exploratory,
+        "status": verdict.status, "findings": [{**d, **_test_of(d["key"])} for d in verdict.decisions],
+        "checks": [asdict(c) for c in verdict.checks], "statistics": json.loads(json.dumps(statistics, default=str)),
+        "seeds": seeds, "table": json.loads(table.to_json(orient="split", index=False)) if table is not None else None,
+        "files": "kept", "published_in": None,
+    }
+
+
+def _test_of(key: str) -> dict[str, Any]:
+    finding = registry.load().finding(key)
+    return {"test": finding.test, "margin": finding.margin}
+
+
+def design_of(paper: str, registry_commit: str | None, attempt: int | None,
+              root: str | os.PathLike = ARCHIVE_DIR) -> int:
+    """The design a run ran under: its predecessor's when the paper's registered section reads alike at both runs'
+    registry commits, else the next."""
+    before = [r for r in records(paper, root) if attempt is None or int(r["attempt"]) < attempt]
+    if not before:
+        return 1
+    last = before[-1]
+    same = last.get("registry_commit") == registry_commit
+    if not same and registry_commit and last.get("registry_commit"):
+        then = registry.section_at(paper, last["registry_commit"])
+        same = then is not None and then == registry.section_at(paper, registry_commit)
+    return int(last["design"]) + (0 if same else 1)
+
+
+def condition(workload: dict[str, Any]) -> str:
+    """A workload in words, the condition a record's claims are made under."""
+    def words(value: Any) -> str:
+        return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+    return "; ".join(f"{key.replace('_', ' ')} {words(value)}" for key, value in workload.items())

@@ -1,0 +1,384 @@
+"""The pre-registration of the reproductions (``registry.yaml`` beside this module): each finding's test, margin
+and alpha, fixed before any reporting run, and the rule that turns a measured effect into a verdict.
+
+:func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field); :func:`decide`
+gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
+interval over seeds, :func:`share_decision` a share's over trials, :func:`redecide` either at an attempt's alpha
+(:meth:`Registry.attempt_alpha`); :func:`provenance` says which commit registered it and which deviations followed.
+Details: docs/reproduce.md, "Pre-registration".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from workbench.campaigns.reproduce.stats import mean_interval
+from workbench.config.errors import WorkbenchError
+
+REGISTRY_FILE = Path(__file__).resolve().with_name("registry.yaml")
+HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+# test -> what it claims of the effect (oriented so that positive favours the claim), given the margin m
+TESTS = {
+    "superiority": "effect > {m}",
+    "non_inferiority": "effect > -{m}",
+    "equivalence": "-{m} < effect < {m}",
+    "difference": "|effect| > {m}",
+    "exact": "counted, not sampled: the campaign's check decides",
+}
+FINDING_FIELDS = ("id", "paper", "ours", "metric", "clock", "effect", "test", "margin")
+CLOCKS = ("wall", "rank", "none")
+
+
+class RegistryError(WorkbenchError):
+    """The registry is malformed: one line naming where and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One registered finding: the paper's words, ours, and how it is decided."""
+
+    paper_key: str
+    id: str
+    paper: str
+    ours: str
+    metric: str
+    clock: str
+    effect: str
+    test: str
+    margin: float
+    alpha: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.paper_key}.{self.id}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A finding decided: its status and the effect's mean and interval (two-sided, 1 - 2 alpha), the alpha, and
+    what it was computed from (``method`` t or wilson; ``inputs``: the paired values, or successes of trials), so
+    that it can be decided again at another alpha (:func:`redecide`)."""
+
+    status: str
+    mean: float
+    low: float
+    high: float
+    n: int
+    detail: str = ""
+    alpha: float = math.nan
+    method: str = "t"
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Registry:
+    alpha: float
+    findings: dict[str, Finding]
+    papers: dict[str, dict[str, Any]]
+    tuning_seeds: tuple[int, int]
+    reporting_seeds: dict[str, Any]
+    deviations: list[dict[str, Any]] = field(default_factory=list)
+    attempts: dict[str, Any] = field(default_factory=lambda: {"budget": 1, "spending": [0.025]})
+
+    def attempt_alpha(self, attempt: int) -> float | None:
+        """The one-sided alpha registered for a paper's ``attempt``-th reporting run (1-based: its record number in
+        the archive, :mod:`workbench.campaigns.reproduce.history`); None beyond the attempt budget (an exploratory
+        run)."""
+        spending = self.attempts["spending"]
+        return float(spending[attempt - 1]) if 1 <= attempt <= len(spending) else None
+
+    def workload(self, paper: str) -> dict[str, Any]:
+        """The paper scale of ``paper``'s campaign as registered: its settings (model, dataset, worlds, steps, ...),
+        a copy; RegistryError when the paper is not registered."""
+        if paper not in self.papers:
+            raise RegistryError(f"no paper {paper!r} is registered; registered: {', '.join(self.papers)}")
+        return dict(self.papers[paper]["workload"])
+
+    def seed_count(self, paper: str) -> int:
+        """How many reporting seeds ``paper``'s campaign draws (its own count, else the registry's)."""
+        return int(self.papers.get(paper, {}).get("reporting_seeds") or self.reporting_seeds["count"])
+
+    def finding(self, key: str) -> Finding:
+        """``paper.id``; RegistryError naming the registered keys when it is not one."""
+        if key not in self.findings:
+            raise RegistryError(f"no finding {key!r} is registered; registered: {', '.join(self.findings)}")
+        return self.findings[key]
+
+
+def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
+    """Read and check the registry (see the module docstring)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise RegistryError(f"{path}: cannot be read as YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("papers"), dict):
+        raise RegistryError(f"{path}: needs a mapping with 'papers'")
+    alpha = _alpha(data.get("alpha"), "alpha")
+    findings: dict[str, Finding] = {}
+    for paper_key, paper in data["papers"].items():
+        rows = paper.get("findings") if isinstance(paper, dict) else None
+        if not isinstance(rows, list) or not rows:
+            raise RegistryError(f"{path}: paper {paper_key!r} needs a non-empty list of findings")
+        for row in rows:
+            finding = _finding(paper_key, row, alpha)
+            if finding.key in findings:
+                raise RegistryError(f"{path}: finding {finding.key!r} is registered twice")
+            findings[finding.key] = finding
+        _check_paper(path, paper_key, paper)
+    low, high = _seed_range(data.get("tuning_seeds"))
+    reporting = data.get("reporting_seeds")
+    if not isinstance(reporting, dict) or not isinstance(reporting.get("count"), int) or reporting["count"] < 2:
+        raise RegistryError(f"{path}: reporting_seeds needs a count of at least 2 (and how they are drawn)")
+    deviations = data.get("deviations") or []
+    if not isinstance(deviations, list) or not all(isinstance(d, dict) and {"date", "finding", "change", "why"}
+                                                   <= set(d) for d in deviations):
+        raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
+    return Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
+                    _attempts(path, data.get("attempts"), alpha))
+
+
+def _attempts(path: Path, value: Any, alpha: float) -> dict[str, Any]:
+    """The attempt budget and the alpha each attempt is given: ``spending``, one alpha per attempt, summing to at
+    most the registry's alpha (the one-sided error a paper's reporting runs share)."""
+    budget = value.get("budget") if isinstance(value, dict) else None
+    spending = value.get("spending") if isinstance(value, dict) else None
+    if not (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1 and isinstance(spending, list)
+            and len(spending) == budget):
+        raise RegistryError(f"{path}: attempts needs a budget (an integer >= 1) and spending, one alpha per attempt")
+    levels = [_alpha(level, "attempts: spending") for level in spending]
+    if sum(levels) > alpha + 1e-12:
+        raise RegistryError(f"{path}: attempts: spending {levels} sums to {sum(levels):g}, more than alpha {alpha:g}")
+    return {**value, "spending": levels}
+
+
+def _check_paper(path: Path, key: str, paper: dict[str, Any]) -> None:
+    if not isinstance(paper.get("workload"), dict):
+        raise RegistryError(f"{path}: paper {key!r} needs a workload mapping (its campaign's paper scale)")
+    count = paper.get("reporting_seeds")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 2):
+        raise RegistryError(f"{path}: paper {key!r}: reporting_seeds {count!r} must be an integer >= 2")
+
+
+def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
+    where = f"finding {paper_key}.{row.get('id', '?') if isinstance(row, dict) else '?'}"
+    if not isinstance(row, dict):
+        raise RegistryError(f"{where}: needs a mapping with {', '.join(FINDING_FIELDS)}")
+    missing = [name for name in FINDING_FIELDS if name not in row]
+    if missing:
+        raise RegistryError(f"{where}: missing {', '.join(missing)}")
+    if row["test"] not in TESTS:
+        raise RegistryError(f"{where}: test {row['test']!r} is not one of {', '.join(TESTS)}")
+    if row["clock"] not in CLOCKS:
+        raise RegistryError(f"{where}: clock {row['clock']!r} is not one of {', '.join(CLOCKS)}")
+    margin = row["margin"]
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
+        raise RegistryError(f"{where}: margin {margin!r} must be a number >= 0")
+    own = _alpha(row.get("alpha", alpha), f"{where}: alpha")
+    return Finding(paper_key, str(row["id"]), str(row["paper"]), str(row["ours"]), str(row["metric"]),
+                   row["clock"], str(row["effect"]), row["test"], float(margin), own)
+
+
+def _alpha(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 0.5:
+        raise RegistryError(f"{where} {value!r} must be a one-sided level between 0 and 0.5 (e.g. 0.025)")
+    return float(value)
+
+
+def _seed_range(value: Any) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
+            and value[0] <= value[1]):
+        raise RegistryError(f"tuning_seeds {value!r} must be [first, last], the range every named seed lies in")
+    return value[0], value[1]
+
+
+# -- deciding ------------------------------------------------------------------------------------------------------
+def decide(finding: Finding, mean: float, low: float, high: float, n: int) -> Decision:
+    """The verdict of ``finding`` from its effect's interval [low, high] (two-sided at 1 - 2 alpha; the effect
+    oriented so that positive favours the claim): *holds* when the whole interval lies on the claim's side of the
+    margin, *does not hold* when it lies wholly on the other side, *inconclusive* when it straddles a bound (or
+    fewer than 2 values measured it)."""
+    m = finding.margin
+    if finding.test == "exact":
+        raise RegistryError(f"finding {finding.key} is exact: its campaign's check decides it, not an interval")
+    if n < 2 or any(math.isnan(v) for v in (mean, low, high)):
+        return Decision(INCONCLUSIVE, float(mean), float(low), float(high), n, f"{n} value(s): no interval")
+    if finding.test == "superiority":
+        status = HOLDS if low > m else FAILS if high <= m else INCONCLUSIVE
+    elif finding.test == "non_inferiority":
+        status = HOLDS if low > -m else FAILS if high <= -m else INCONCLUSIVE
+    elif finding.test == "equivalence":
+        status = HOLDS if -m < low and high < m else FAILS if low >= m or high <= -m else INCONCLUSIVE
+    else:  # difference: either side beyond the margin; shown equivalent within it
+        status = HOLDS if low > m or high < -m else FAILS if -m <= low and high <= m else INCONCLUSIVE
+    detail = (f"{finding.test.replace('_', '-')} ({TESTS[finding.test].format(m=f'{m:g}')}): "
+              f"{mean:.3g} [{low:.3g}, {high:.3g}], n = {n}, {100 * (1 - 2 * finding.alpha):g} % interval")
+    return Decision(status, float(mean), float(low), float(high), n, detail, finding.alpha)
+
+
+def paired_decision(finding: Finding, effects: Iterable[float]) -> Decision:
+    """:func:`decide` on the mean of paired ``effects`` (one per seed, or per model) and its Student-t interval."""
+    values = [float(v) for v in effects if v is not None and not math.isnan(float(v))]
+    mean, low, high = mean_interval(values, 1 - 2 * finding.alpha)
+    return replace(decide(finding, mean, low, high, len(values)), inputs={"values": values})
+
+
+def share_decision(finding: Finding, successes: int, trials: int, sign: int = 1) -> Decision:
+    """:func:`decide` on a share, ``successes`` of ``trials``, and its Wilson interval (two-sided, 1 - 2 alpha):
+    for trials pooled where a t interval over seeds would collapse (a share near 0 in every seed). ``sign=-1``
+    decides on minus the share, for a claim that the share is small."""
+    from scipy.stats import norm
+
+    from workbench.faults.outcomes import wilson
+
+    counts = {"successes": int(successes), "trials": int(trials), "sign": int(sign)}
+    if trials < 1:
+        return replace(decide(finding, math.nan, math.nan, math.nan, 0), method="wilson", inputs=counts)
+    share, low, high = wilson(int(successes), int(trials), float(norm.ppf(1 - finding.alpha)))
+    if sign < 0:
+        share, low, high = -share, -high, -low
+    return replace(decide(finding, share, low, high, int(trials)), method="wilson", inputs=counts)
+
+
+def redecide(finding: Finding, decision: dict[str, Any], alpha: float) -> Decision:
+    """``decision`` (a :class:`Decision` as a dict) decided again at ``alpha``: from its inputs where it kept them
+    (the paired values; a share's counts), else (a record of published figures) its t interval widened or narrowed
+    to the new level from its mean, bounds and n, which determine it."""
+    from scipy.stats import t
+
+    at = replace(finding, alpha=float(alpha))
+    inputs = decision.get("inputs") or {}
+    if decision.get("method") == "wilson":
+        return share_decision(at, inputs["successes"], inputs["trials"], inputs.get("sign", 1))
+    if "values" in inputs:
+        return paired_decision(at, inputs["values"])
+    mean, low, high, n = (float(decision[k]) for k in ("mean", "low", "high", "n"))
+    was = decision.get("alpha")
+    was = finding.alpha if was is None or math.isnan(float(was)) else float(was)
+    if n < 2:
+        return decide(at, mean, low, high, int(n))
+    factor = float(t.ppf(1 - at.alpha, n - 1) / t.ppf(1 - was, n - 1))
+    return decide(at, mean, mean - (mean - low) * factor, mean + (high - mean) * factor, int(n))
+
+
+# -- provenance ---------------------------------------------------------------------------------------------------
+def provenance(path: str | os.PathLike = REGISTRY_FILE) -> dict[str, Any]:
+    """The commit that last changed the registry (and its date), whether the file differs from it now, and the
+    deviations it lists: what the report shows beside the results' commit. ``commit`` is None outside a git
+    checkout."""
+    path = Path(path)
+    registry = load(path)
+    out: dict[str, Any] = {"commit": None, "date": None, "modified": None, "deviations": registry.deviations}
+    try:
+        log = subprocess.run(["git", "-C", str(path.parent), "log", "-1", "--format=%H %cI", "--", path.name],
+                             capture_output=True, text=True, timeout=5)
+        diff = subprocess.run(["git", "-C", str(path.parent), "diff", "--quiet", "HEAD", "--", path.name],
+                              capture_output=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return out
+    if log.returncode == 0 and log.stdout.strip():
+        out["commit"], out["date"] = log.stdout.split()
+        out["modified"] = diff.returncode != 0
+    return out
+
+
+def registered_at(paper: str, commit: str | None, path: str | os.PathLike = REGISTRY_FILE) -> bool | None:
+    """Whether ``paper``'s registration (its section and the shared rules: alpha, the seeds and the attempts) reads
+    at ``commit`` (the results') as it reads now: the results ran under the registration in force, committed before
+    them. None outside a checkout or for a commit git does not know."""
+    if not commit:
+        return None
+    then, now = section_at(paper, commit, path, shared=True), section_at(paper, None, path, shared=True)
+    return None if then is None or now is None else then == now
+
+
+def section_at(paper: str, commit: str | None, path: str | os.PathLike = REGISTRY_FILE,
+               shared: bool = False) -> dict[str, Any] | None:
+    """``paper``'s section of the registry as it read at ``commit`` (None: the file now), with the shared rules
+    when ``shared``; None outside a checkout, for a commit git does not know or a file that is not YAML."""
+    import yaml
+
+    path = Path(path)
+    try:
+        if commit is None:
+            text = path.read_text()
+        else:
+            shown = subprocess.run(["git", "-C", str(path.parent), "show", f"{commit.split('+')[0]}:./{path.name}"],
+                                   capture_output=True, text=True, timeout=10)
+            if shown.returncode != 0:
+                return None
+            text = shown.stdout
+        data = yaml.safe_load(text) or {}
+    except (OSError, subprocess.TimeoutExpired, yaml.YAMLError):
+        return None
+    part = {"paper": (data.get("papers") or {}).get(paper)}
+    if shared:
+        part.update({key: data.get(key) for key in ("alpha", "tuning_seeds", "reporting_seeds", "attempts")})
+    return part
+
+
+def precedes(registered: str | None, results: str | None, where: str | os.PathLike = REGISTRY_FILE) -> bool | None:
+    """Whether commit ``registered`` is an ancestor of (or is) commit ``results``: the registration came first.
+    None when either is unknown or git cannot tell (outside a checkout, a commit not in it)."""
+    if not registered or not results:
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(Path(where).parent), "merge-base", "--is-ancestor", registered,
+                               results.split("+")[0]], capture_output=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: True, 1: False}.get(done.returncode)
+
+
+def reporting_seeds(registry: Registry, count: int | None = None) -> list[int]:
+    """Fresh reporting seeds, as the registry says: drawn from the operating system's entropy, outside the tuning
+    range and the range to avoid, distinct. The caller records them with its results (they are named nowhere
+    before the run)."""
+    avoid = registry.reporting_seeds.get("avoid", list(registry.tuning_seeds))
+    low, high = min(avoid[0], registry.tuning_seeds[0]), max(avoid[1], registry.tuning_seeds[1])
+    seeds: list[int] = []
+    while len(seeds) < (count or registry.reporting_seeds["count"]):
+        seed = int.from_bytes(os.urandom(4), "big") >> 1  # 31 bits: a valid seed for every generator used
+        if not low <= seed <= high and seed not in seeds:
+            seeds.append(seed)
+    return seeds
+
+
+SEEDS_FILE = "reporting_seeds.json"
+
+
+def seeds_of(out: str | os.PathLike, paper: str) -> dict[str, Any]:
+    """The reporting seeds of the campaign writing to ``out``: drawn once, when its first paper-scale run starts,
+    and kept in ``out/reporting_seeds.json`` with the time and the registry's commit, so that an interrupted
+    campaign resumes on the same seeds. A file that is not such a record is refused (RegistryError)."""
+    import json
+    from datetime import datetime, timezone
+
+    path = Path(out) / SEEDS_FILE
+    if path.exists():
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise RegistryError(f"{path}: not a record of reporting seeds ({exc}); remove it to draw afresh") from None
+        seeds = record.get("seeds") if isinstance(record, dict) else None
+        if record.get("paper") != paper or not (isinstance(seeds, list) and seeds
+                                                and all(isinstance(s, int) for s in seeds)):
+            raise RegistryError(f"{path}: not {paper}'s reporting seeds; remove it or choose another out")
+        return record
+    registry = load()
+    record = {"paper": paper, "seeds": reporting_seeds(registry, registry.seed_count(paper)),
+              "drawn": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "registry_commit": provenance()["commit"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return record

@@ -1,0 +1,71 @@
+"""Run settings that come from files: a YAML file of settings (:func:`read_settings`; a key given twice is an
+error, not the last value taken silently) and the one line for a ``resume`` path that is no checkpoint file
+(:func:`missing_checkpoint`: a directory is named as one, with the newest checkpoint it holds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench.config.errors import ConfigError
+
+
+def read_settings(path: str | Path) -> dict[str, Any]:
+    """The mapping of run settings in the YAML file ``path``; a ConfigError in one line for a missing or unreadable
+    file, invalid YAML, a key given twice in one mapping, or a document that is no mapping."""
+    import yaml
+
+    path = Path(path)
+    try:
+        values = yaml.load(path.read_text(), Loader=_loader(str(path)))  # a SafeLoader
+    except FileNotFoundError:
+        raise ConfigError("config", f"file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
+        raise ConfigError("config", f"cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{str(path)!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError("config", f"{str(path)!r} must hold a mapping of run settings")
+    return values
+
+
+def _loader(name: str) -> type:
+    """A SafeLoader whose mappings refuse a key they already hold (PyYAML keeps the last one silently)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                first = lines.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                continue  # an unhashable key: SafeLoader's own error names it
+            if first != key_node.start_mark.line + 1:
+                raise ConfigError("config", f"{name!r} names {key!r} twice (lines {first} and "
+                                  f"{key_node.start_mark.line + 1}): give each setting once")
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
+
+
+def missing_checkpoint(resume: str) -> str:
+    """Why ``resume`` is no checkpoint file, in a phrase: empty, a directory (and the newest checkpoint in it), a
+    dangling link, or nothing there."""
+    path = Path(resume)
+    if not str(resume).strip():
+        return "an empty path is not allowed: give a checkpoint file"
+    if path.is_dir():
+        found = [p for folder in (path / "checkpoints", path) for p in
+                 (*sorted(folder.glob("step_*.h5")), folder / "final.h5") if p.is_file()][-1:]
+        return (f"{resume!r} is a directory, not a checkpoint file: give one of the HDF5 checkpoints a run wrote, "
+                + (f"e.g. {found[0]} (its newest)" if found else "e.g. OUT/checkpoints/step_000050.h5"))
+    if path.is_symlink():
+        return f"checkpoint {resume!r} is a dangling symbolic link"
+    return f"checkpoint {resume!r} does not exist"

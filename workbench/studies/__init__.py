@@ -1,3 +1,0 @@
-"""Studies built on runs, beside the reproductions (:mod:`workbench.reproduce`): injection campaigns against a
-golden run (:mod:`.campaign`) and the per-bit sensitivity of a checkpoint (:mod:`.sensitivity`).
-"""
