@@ -272,7 +272,7 @@ def test_the_script_runs_on_its_own(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("check_structure OK: 3 modules, 1 import edges, no cycles, no forbidden reach, "
-                                  "no private imports, every class whole; largest module")
+                                  "no private imports, every class whole, a short top floor; largest module")
     bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a package" in bad.stderr
 

@@ -5,13 +5,9 @@ here: an undeclared kind, a declared field missing or an undeclared one given ra
 programming error). Readers (the figures, the lab, the command line, the campaigns) select rows by these
 objects (:func:`of`) and read the structured fields, never the ``detail`` prose, which is for people.
 
-Why here, beside the recorder rather than beside the protocol's message kinds (:mod:`workbench.rank.protocol`): the
-protocol is what ranks and the supervisor say to each other; events are what a run leaves behind, written by
-the supervisor's recorder alone (a requeued sweep point's mark, :mod:`workbench.sweeps.requeue`, is built with
-:func:`row` from the same table). The fault kinds' events (a planned ``kill`` fired, ...) are declared by their
-:mod:`workbench.faults.kinds` objects and read from there.
-
-``docs/reference/workbench.supervisor.events.md`` is :func:`markdown`'s table; a test checks it.
+Declared beside the recorder, their one writer, not beside the protocol (what ranks and the supervisor say);
+the fault kinds' events are declared by their :mod:`workbench.faults.kinds` objects. The docs' table
+(``docs/reference/workbench.supervisor.events.md``) is :func:`markdown`'s; a test checks it.
 """
 
 from __future__ import annotations
