@@ -6,7 +6,7 @@ field and what is allowed before any rank process starts.
 
 The fault plan's entries (:class:`~workbench.faults.spec.FaultSpec`, :class:`~workbench.faults.spec.RandomFailures`)
 live in :mod:`workbench.faults.spec`, user models and datasets named by import path in
-:mod:`workbench.config.callables`; both are re-exported here (``from workbench.config.run import FaultSpec, resolve_callable`` keeps working).
+:mod:`workbench.config.callables`; both are re-exported here.
 """
 
 from __future__ import annotations

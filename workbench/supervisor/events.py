@@ -4,7 +4,6 @@ recorder (:meth:`workbench.supervisor.recorder.Recorder.event`) writes them and 
 here: an undeclared kind, a declared field missing or an undeclared one given raises :class:`EventError` (a
 programming error). Readers (the figures, the lab, the command line, the campaigns) select rows by these
 objects (:func:`of`) and read the structured fields, never the ``detail`` prose, which is for people.
-
 Declared beside the recorder, their one writer, not beside the protocol (what ranks and the supervisor say);
 the fault kinds' events are declared by their :mod:`workbench.faults.kinds` objects. The docs' table
 (``docs/reference/workbench.supervisor.events.md``) is :func:`markdown`'s; a test checks it.
