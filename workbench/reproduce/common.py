@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.faults.outcomes import wilson
-from workbench.reproduce.stats import mean_interval, one_sided
+from workbench.reproduce.stats import mean_interval, one_sided, wilson
 
 __all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "on_reporting_seeds",
            "one_sided", "paired", "preflight", "scale_settings", "wilson"]
@@ -84,21 +83,21 @@ class Verdict:
         return self._record(key, label, lambda finding: registry.share_decision(finding, successes, trials, sign))
 
     def _record(self, key: str, label: str, deciding: Any) -> str:
-        from workbench.reproduce import registry
+        from workbench.reproduce import power, registry
 
         finding = registry.load().finding(key)
-        decided = deciding(finding)
+        decided = power.powered(finding, deciding(finding))
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
         return decided.status
 
     def spend(self, alpha: float, attempt: int | None = None, exploratory: bool = False) -> None:
         """Decide every registered finding again at ``alpha``, the one its ``attempt`` is given (registry.yaml,
         ``attempts``), from the values each decision kept (:func:`workbench.reproduce.registry.redecide`)."""
-        from workbench.reproduce import registry
+        from workbench.reproduce import power, registry
 
         reg = registry.load()
         for i, d in enumerate(self.decisions):
-            decided = registry.redecide(reg.finding(d["key"]), d, alpha)
+            decided = power.powered(reg.finding(d["key"]), registry.redecide(reg.finding(d["key"]), d, alpha))
             self.decisions[i] = {**d, **asdict(decided)}
         self.alpha, self.attempt, self.exploratory = float(alpha), attempt, bool(exploratory)
 
