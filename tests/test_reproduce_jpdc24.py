@@ -12,6 +12,15 @@ from workbench.reproduce import jpdc24
 from workbench.reproduce.common import campaign_settings
 from workbench.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, load
 
+@pytest.fixture(autouse=True)
+def _the_registered_rule_alone(monkeypatch):
+    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
+    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    from workbench.reproduce import power
+
+    monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
+
+
 
 def frames(models=5, mantissa="masked", gap=True, landed=None):
     """Alterations: 10 resumes per (model, platform, flips); data loses fewer than pipeline (``gap``), 100 flips

@@ -86,7 +86,8 @@ class Verdict:
         from workbench.reproduce import power, registry
 
         finding = registry.load().finding(key)
-        decided = power.powered(finding, deciding(finding))
+        decided = deciding(finding)
+        decided = power.powered(finding, decided) if self.scale == "paper" else decided
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
         return decided.status
 
@@ -97,7 +98,8 @@ class Verdict:
 
         reg = registry.load()
         for i, d in enumerate(self.decisions):
-            decided = power.powered(reg.finding(d["key"]), registry.redecide(reg.finding(d["key"]), d, alpha))
+            decided = registry.redecide(reg.finding(d["key"]), d, alpha)
+            decided = power.powered(reg.finding(d["key"]), decided) if self.scale == "paper" else decided
             self.decisions[i] = {**d, **asdict(decided)}
         self.alpha, self.attempt, self.exploratory = float(alpha), attempt, bool(exploratory)
 
