@@ -4,12 +4,11 @@ attempt is given, and the report lists every archived run of every paper as a hi
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import subprocess
 from dataclasses import replace
 
+import pytest
 from test_reproduce import gossip_frame
 
 from workbench.reproduce import gossipgrad, history, registry

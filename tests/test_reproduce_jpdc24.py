@@ -12,6 +12,7 @@ from workbench.reproduce import jpdc24
 from workbench.reproduce.common import campaign_settings
 from workbench.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, load
 
+
 @pytest.fixture(autouse=True)
 def _the_registered_rule_alone(monkeypatch):
     """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive

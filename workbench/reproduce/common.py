@@ -34,6 +34,8 @@ class Check:
     name: str
     ok: bool
     detail: str
+    # a mechanism check: what the code does by construction, shown as such, not as one of the paper's findings
+    mechanism: bool = False
 
 
 @dataclass
@@ -103,8 +105,8 @@ class Verdict:
             self.decisions[i] = {**d, **asdict(decided)}
         self.alpha, self.attempt, self.exploratory = float(alpha), attempt, bool(exploratory)
 
-    def check(self, name: str, ok: bool, detail: str) -> bool:
-        self.checks.append(Check(name, bool(ok), detail))
+    def check(self, name: str, ok: bool, detail: str, mechanism: bool = False) -> bool:
+        self.checks.append(Check(name, bool(ok), detail, bool(mechanism)))
         return bool(ok)
 
     def failed(self) -> list[str]:
@@ -116,7 +118,8 @@ class Verdict:
         lines = [f"{self.title} [{self.scale}]: {self.status.upper()}"]
         if not self.comparable:
             lines.append(f"  not comparable: {self.reason}")
-        lines += [f"  {'ok ' if c.ok else 'NO '} {c.name}: {c.detail}" for c in self.checks]
+        lines += [f"  {'ok ' if c.ok else 'NO '} {'mechanism check: ' if c.mechanism else ''}{c.name}: {c.detail}"
+                  for c in self.checks]
         lines += [f"  {d['status']}: {d['key']}{' (' + d['label'] + ')' if d['label'] else ''}: {d['detail']}"
                   for d in self.decisions]
         return "\n".join(lines)

@@ -194,8 +194,9 @@ def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
     kind, power = row.get("kind", "finding"), row.get("power")
     if kind not in ("finding", "mechanism"):
         raise RegistryError(f"{where}: kind {kind!r} is not finding or mechanism")
+    needed = {"sesoi", "sd", "n_required", "n_registered"}
     if power is not None and not (isinstance(power, dict) and (
-            power.get("descriptive") and power.get("reason") or {"sesoi", "sd", "n_required", "n_registered"} <= set(power))):
+            power.get("descriptive") and power.get("reason") or needed <= set(power))):
         raise RegistryError(f"{where}: power needs sesoi, sd, sd_source, n_required and n_registered, or descriptive "
                             "with a reason")
     return Finding(paper_key, str(row["id"]), str(row["paper"]), str(row["ours"]), str(row["metric"]),
