@@ -20,6 +20,16 @@ from workbench.campaigns.reproduce.report import write_report
 from workbench.results.run_result import RunResult
 
 
+@pytest.fixture(autouse=True)
+def _the_registered_rule_alone(monkeypatch):
+    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
+    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    from workbench.campaigns.reproduce import power
+
+    monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
+
+
+
 def test_intervals():
     mean, low, high = mean_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and low == pytest.approx(2 - 4.302653 / math.sqrt(3)) and high == pytest.approx(4 - low)
@@ -185,7 +195,7 @@ def test_ccgrid_pairs_each_strategy_with_the_same_failures_over_the_mtbf_axis():
     frame.loc[(frame.mtbf == 150) & (frame.strategy == "checkpoint_restart/30"), "rank_overhead_pct"] -= 20
     v = ccgrid22.verdict(frame, "paper")
     restart = next(d for d in v.decisions if d["key"] == "ccgrid22.restart_costs_more")
-    assert restart["n"] == 8 and restart["mean"] == pytest.approx(30.0)  # 4 seeds x 2 MTBFs, pooled
+    assert restart["n"] == 4 and restart["mean"] == pytest.approx(30.0)  # 4 seeds, each one's MTBF rows averaged
     stats = ccgrid22.statistics(frame)
     assert sorted(stats.mtbf.unique()) == [60, 150] and len(stats) == 6
     assert len(ccgrid22.curve(frame).data) == 6  # per strategy: overhead and accuracy against 1000 / MTBF
@@ -352,3 +362,24 @@ def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
     with pytest.raises(ConfigError, match=r"cannot shrink this model \(--model resnet20\)"):
         apoptosis.campaign("small", out=tmp_path, model="resnet20")  # before the runs without apoptosis
     assert not any(tmp_path.iterdir())
+
+
+def test_ccgrid_counts_the_samples_lost_from_what_each_committed_update_summed():
+    class Run:
+        def __init__(self, samples):
+            self.frame = pd.DataFrame({"step": [s for s, _ in samples], "samples": [n for _, n in samples]})
+
+        def to_dataframe(self):
+            return self.frame
+
+    base = Run([(0, 64), (1, 64), (2, 64), (3, 64)])
+    redone = Run([(0, 64), (1, 64), (2, 48), (2, 64), (3, 64)])  # step 2 reported short, then redone whole
+    assert ccgrid22.samples_missing(redone, base) == 0
+    assert ccgrid22.samples_missing(Run([(0, 64), (1, 48), (2, 64), (3, 64)]), base) == 16  # a share dropped
+    assert ccgrid22.samples_missing(Run([(0, 64), (1, 64), (3, 64)]), base) == 64  # a step never committed
+    frame = ccgrid_frame().assign(samples_missing=0)
+    assert ccgrid22.verdict(frame, "small").status == "holds"
+    frame.loc[frame.strategy == "rollback", "samples_missing"] = 16  # the strategy's flag says 0: the data do not
+    broken = ccgrid22.verdict(frame, "small")
+    assert [c.name for c in broken.checks if not c.ok] == ["rollback loses no samples (world 4)"]
+    assert broken.checks[0].mechanism and "entered no committed update" in broken.checks[0].detail

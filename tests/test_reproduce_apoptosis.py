@@ -16,6 +16,15 @@ from workbench.campaigns.reproduce.common import campaign_settings
 CHANGES = [0.3, -0.2, 0.1, 0.0, 0.4, -0.1, 0.2, 0.1]  # accuracy change with apoptosis per seed, points
 RATIOS = [0.62, 0.70, 0.66, 0.75, 0.68, 0.64, 0.71, 0.69]  # training time with / without, rank-time clock
 
+@pytest.fixture(autouse=True)
+def _the_registered_rule_alone(monkeypatch):
+    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
+    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    from workbench.campaigns.reproduce import power
+
+    monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
+
+
 
 def frame(seeds: int = 8, cost: float = 0.0, reduction: list[float] | None = None) -> pd.DataFrame:
     """A campaign's rows at world 4: off, on (reduction, accuracy change - cost, ratio) and threshold only."""

@@ -13,17 +13,28 @@ from workbench.config.errors import ConfigError
 SEEDS = (11, 12, 13, 14, 15, 16)
 NOISE = (0.02, -0.03, 0.01, 0.0, -0.01, 0.02)  # accuracy (points) each seed's arm differs by
 
+@pytest.fixture(autouse=True)
+def _the_registered_rule_alone(monkeypatch):
+    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
+    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    from workbench.campaigns.reproduce import power
+
+    monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
+
+
 
 def row(arm, k, seed, accuracy=90.0, **extra):
     pipeline = arm.startswith("pipeline")
     world = 2 if pipeline else 4
-    out = {"arm": arm, "strategy": {"pipeline_no_checkpoint": "none", "pipeline_checkpoint": "checkpoint_restart"}
-           .get(arm, arm), "parallelism": "pipeline" if pipeline else "data", "failures": k, "seed": seed,
-           "world_size": world, "steps": 100, "kill_step": 75 if k else None, "reporting": True,
+    out = {"arm": arm, "strategy": {"pipeline_no_checkpoint": "none", "pipeline_checkpoint": "checkpoint_restart",
+                                    "hybrid_replica": "shrink"}.get(arm, arm),
+           "parallelism": "pipeline" if pipeline else "hybrid" if arm == "hybrid_replica" else "data",
+           "failures": k, "seed": seed, "world_size": world, "steps": 100, "kill_step": 75 if k else None,
+           "reporting": True,
            "outcome": "completed", "reason": "all steps done", "final_test_accuracy": accuracy / 100,
            "train_s": 1.0, "wall_train_s": 1.0, "world_size_final": world, "steps_completed": 100,
            "steps_redone": 0, "checkpoints": 0, "planned": k}
-    if arm == "shrink" and k:
+    if arm in ("shrink", "hybrid_replica") and k:
         out["world_size_final"] = world - k
     if arm in ("reinit", "checkpoint_restart", "pipeline_checkpoint") and k:
         out.update(steps_redone=25, checkpoints=2)
@@ -33,14 +44,15 @@ def row(arm, k, seed, accuracy=90.0, **extra):
     return {**out, **extra}
 
 
-def frame(seeds=SEEDS, shrink_loss=0.0, ulfm=True, pipeline_no_checkpoint=None, pipeline_redone=25):
+def frame(seeds=SEEDS, shrink_loss=0.0, ulfm=True, pipeline_no_checkpoint=None, pipeline_redone=25, hybrid=None):
     rows = []
     for seed, noise in zip(seeds, NOISE):
         rows += [row("shrink", 0, seed), row("shrink", 2, seed, 90.0 + noise - shrink_loss),
                  row("reinit", 2, seed), row("checkpoint_restart", 2, seed),
                  row("pipeline_checkpoint", 0, seed, 80.0),
                  row("pipeline_no_checkpoint", 1, seed, 70.0, **(pipeline_no_checkpoint or {})),
-                 row("pipeline_checkpoint", 1, seed, 80.0, steps_redone=pipeline_redone)]
+                 row("pipeline_checkpoint", 1, seed, 80.0, steps_redone=pipeline_redone),
+                 row("hybrid_replica", 1, seed, 80.0, **(hybrid or {}))]
         rows.append(row("ulfm", 2, seed, 90.0 - noise, world_size_final=2) if ulfm else
                     {**row("ulfm", 2, seed), "outcome": "not run", "final_test_accuracy": None,
                      "reason": "strategy: 'ulfm' needs Open MPI 5 (Open MPI's mpirun is not installed)"})
@@ -86,7 +98,21 @@ def test_a_pipeline_restarted_from_step_0_or_missing_an_arm_does_not_hold():
     assert "75 steps redone" in e.verdict(frame(pipeline_redone=75), "paper").failed()[0]  # no checkpoint was read
     table = frame()
     table = table[~((table.arm == "pipeline_checkpoint") & (table.failures == 1) & (table.seed == SEEDS[0]))]
-    assert "a pipeline arm is missing" in e.verdict(table, "paper").failed()[0]
+    assert "a pipeline or hybrid arm is missing" in e.verdict(table, "paper").failed()[0]
+
+
+@pytest.mark.parametrize("broken,why", [
+    ({"outcome": "failed", "reason": "rank 3 died (SIGKILL) at step 75", "world_size_final": 3},
+     "the hybrid failed at world 3 of 4"),                    # a replica lane that did not carry the run on
+    ({"world_size_final": 4, "planned": 0}, "the hybrid completed at world 4 of 4"),  # the kill never fired
+    ({"checkpoints": 2}, "2 checkpoints"),                   # it survived on a checkpoint, not on its lane
+])
+def test_a_hybrid_that_does_not_survive_on_its_replica_lane_does_not_hold(broken, why):
+    v = e.verdict(frame(hybrid=broken), "paper")
+    (failed,) = [c for c in v.checks if not c.ok and c.name.startswith("europmpi17.model_parallel_needs_")]
+    assert why in failed.detail, failed  # (a failed hybrid also fails "every run completes as planned")
+    with pytest.raises(AssertionError, match="model_parallel_needs_checkpoints"):
+        v.require_mechanism()
 
 
 def test_too_few_seeds_are_inconclusive_and_pass_only_the_mechanism():
@@ -118,10 +144,16 @@ def test_runs_plan_every_arm_and_refuse_unknown_ones():
     settings = {**e.SCALES["small"], "failures": [1, 2]}
     plan = [(arm, k, run["strategy"], run.get("parallelism", "data")) for arm, k, run in e.runs(settings)]
     assert plan[0] == ("shrink", 0, "shrink", "data") and ("ulfm", 2, "ulfm", "data") in plan
-    assert plan[-3:] == [("pipeline_checkpoint", 0, "checkpoint_restart", "pipeline"),
+    assert plan[-4:] == [("pipeline_checkpoint", 0, "checkpoint_restart", "pipeline"),
                          ("pipeline_no_checkpoint", 1, "none", "pipeline"),
-                         ("pipeline_checkpoint", 1, "checkpoint_restart", "pipeline")]
-    assert len(plan) == 1 + 4 * 2 + 3
+                         ("pipeline_checkpoint", 1, "checkpoint_restart", "pipeline"),
+                         ("hybrid_replica", 1, "shrink", "hybrid")]
+    assert len(plan) == 1 + 4 * 2 + 4
+    runs = {arm: run for arm, k, run in e.runs(settings) if k == 1 and arm != "shrink"}
+    # the same stages, the same kill step, a rank of the same (last) stage; the hybrid on 2 lanes
+    lost, lane = runs["pipeline_no_checkpoint"], runs["hybrid_replica"]
+    assert (lane["world_size"], lane["pipeline_stages"]) == (4, 2) and lane["faults"] == ["kill:rank=3,step=42"]
+    assert lost["faults"] == ["kill:rank=1,step=42"] and "checkpoint_every" not in lane
     with pytest.raises(ConfigError, match="arms: mpi: not arms of this campaign"):
         e.runs({**settings, "arms": ["shrink", "mpi"]})
     with pytest.raises(ConfigError, match="unknown campaign setting"):

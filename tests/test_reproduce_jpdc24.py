@@ -5,6 +5,8 @@ paper scale's settings are the registry's; one tiny real campaign."""
 
 from __future__ import annotations
 
+import struct
+
 import pandas as pd
 import pytest
 
@@ -13,9 +15,26 @@ from workbench.campaigns.reproduce.common import campaign_settings
 from workbench.campaigns.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, load
 
 
+@pytest.fixture(autouse=True)
+def _the_registered_rule_alone(monkeypatch):
+    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
+    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    from workbench.campaigns.reproduce import power
+
+    monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
+
+
+
+def ieee_flip(value, bit):
+    """``value`` as float32 with ``bit`` (LSB-0) flipped."""
+    (raw,) = struct.unpack("<I", struct.pack("<f", value))
+    return struct.unpack("<f", struct.pack("<I", raw ^ (1 << bit)))[0]
+
+
 def frames(models=5, mantissa="masked", gap=True, landed=None):
     """Alterations: 10 resumes per (model, platform, flips); data loses fewer than pipeline (``gap``), 100 flips
-    more than 1. Single flips: bit 30 (from 0.01: finite) wrecks about half, mantissa bits 0-22 from 1.0."""
+    more than 1. Single flips of 0.01: bit 30 wrecks 2 or 3 of 3, bits 23-29 are masked; mantissa bits 0-22 of
+    1.0."""
     alterations, bits = [], []
     for seed in range(models):
         odd = seed % 2
@@ -26,8 +45,9 @@ def frames(models=5, mantissa="masked", gap=True, landed=None):
                                  "flipped": k, "landed": k if landed is None else landed, "trial": t,
                                  "clean_outcome": "completed",
                                  "outcome": "nonfinite" if t < wrecked[k] else "masked"} for t in range(10)]
-            bits += [{"platform": platform, "seed": seed, "bit": 30, "old": 0.01, "new": 0.01 * 2.0**128,
-                      "outcome": "degraded" if t < 5 + odd else "masked"} for t in range(12)]
+            bits += [{"platform": platform, "seed": seed, "bit": b, "old": 0.01, "new": ieee_flip(0.01, b),
+                      "outcome": "degraded" if b == 30 and t < 2 + odd else "masked"}
+                     for b in range(23, 31) for t in range(3)]
             bits += [{"platform": platform, "seed": seed, "bit": b, "old": 1.0, "new": 1.0 + 2.0**(b - 23),
                       "outcome": mantissa} for b in range(23) for t in range(2)]
     return pd.DataFrame(alterations), pd.DataFrame(bits)
@@ -44,7 +64,22 @@ def test_a_correct_campaign_holds_every_registered_finding_and_mechanism_check()
     assert decisions(v)[("data_vs_model_parallel", "data - pipeline")] == HOLDS
     assert v.statistics["models_per_platform"] == {"data": 5, "pipeline": 5}
     assert all(c.ok for c in v.checks) and len(v.checks) == 7
+    top = next(c for c in v.checks if c.name.startswith("flips of the top exponent bit (30) wreck training (data)"))
+    assert top.detail.endswith("per exponent bit: wreck 30; masked 29, 28, 27, 26, 25, 24, 23"), top.detail
+    assert v.statistics["exponent_bits"]["data"][30] == pytest.approx(12 / 15)  # 2 or 3 of 3 in 5 models
     v.require()
+
+
+def test_the_exponent_finding_covers_every_exponent_bit_not_bit_30_alone():
+    """The exponent's share pools its eight bits alike: bit 30 alone (7 bits masked) is 1/8 of it, and a campaign
+    that flipped bit 30 alone is not comparable."""
+    alterations, bits = frames()
+    v = jpdc24.verdict(alterations, bits, "paper")
+    (data,) = [d for d in v.decisions if d["key"] == "jpdc24.exponent_wrecks" and d["label"] == "data"]
+    assert data["mean"] == pytest.approx(12 / 15 / 8)
+    only_30 = bits[~bits.bit.isin(range(23, 30))]
+    v = jpdc24.verdict(alterations, only_30, "paper")
+    assert not v.comparable and "every exponent bit 23-30" in v.reason
 
 
 def test_mantissa_flips_not_masked_fail_the_finding_and_the_mechanism():
@@ -115,11 +150,11 @@ def test_altered_checkpoints_of_another_model_are_never_reused(tmp_path):
     """The same ``out`` for another model: the altered checkpoints are made again from that model's checkpoint
     (a stale one would fail to load, and its failure would count as a soft-error outcome)."""
     tiny = {"worlds": [2], "platforms": ["data"], "seeds": [0], "steps": 8, "resume_steps": 4, "flips": [1],
-            "groups": ["weights"], "trials": 1, "bit30_trials": 1, "mantissa_trials": 1, "bit_steps": 2}
+            "groups": ["weights"], "trials": 1, "exponent_trials": 1, "mantissa_trials": 1, "bit_steps": 2}
     for model in ("mlp", "cnn"):
         alterations, bits = jpdc24.campaign("small", out=tmp_path, model=model, **tiny)
         # a random bit of one weight, resumed 4 steps: landed once (a stale checkpoint would crash: fail to load)
         assert len(alterations) == 1 and alterations.landed.iloc[0] == 1, (model, alterations)
         assert alterations.outcome.iloc[0] != "crash" and alterations.clean_outcome.iloc[0] == "completed"
-        assert sorted(bits.bit.unique()) == [*range(23), 30] and len(bits) == 24
+        assert sorted(bits.bit.unique()) == list(range(31)) and len(bits) == 31
     assert len(list((tmp_path / "runs" / "s0-data-w2").glob("weights-k1-t0-*.h5"))) == 2

@@ -40,7 +40,7 @@ __all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS"
 
 MODELS = registry.model_names()  # the registered models as this module was imported (workbench.workloads.registry)
 OPTIMIZERS = ("sgd", "adam")
-STRATEGIES = strategies.NAMES  # workbench/strategies.py: one object per name
+STRATEGIES = strategies.NAMES  # workbench/strategies/registry.py: one object per name
 REGROW_STRATEGIES = strategies.regrowing()
 DETECTORS = ("fingerprint", "guard", "spike")
 PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")

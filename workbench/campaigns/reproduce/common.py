@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.campaigns.reproduce.stats import mean_interval, one_sided
-from workbench.faults.outcomes import wilson
+from workbench.campaigns.reproduce.stats import mean_interval, one_sided, wilson
 from workbench.supervisor import events as ev
 
 __all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "on_reporting_seeds",
@@ -36,6 +35,8 @@ class Check:
     name: str
     ok: bool
     detail: str
+    # a mechanism check: what the code does by construction, shown as such, not as one of the paper's findings
+    mechanism: bool = False
 
 
 @dataclass
@@ -87,26 +88,28 @@ class Verdict:
         return self._record(key, label, lambda finding: registry.share_decision(finding, successes, trials, sign))
 
     def _record(self, key: str, label: str, deciding: Any) -> str:
-        from workbench.campaigns.reproduce import registry
+        from workbench.campaigns.reproduce import power, registry
 
         finding = registry.load().finding(key)
         decided = deciding(finding)
+        decided = power.powered(finding, decided) if self.scale == "paper" else decided
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
         return decided.status
 
     def spend(self, alpha: float, attempt: int | None = None, exploratory: bool = False) -> None:
         """Decide every registered finding again at ``alpha``, the one its ``attempt`` is given (registry.yaml,
         ``attempts``), from the values each decision kept (:func:`workbench.campaigns.reproduce.registry.redecide`)."""
-        from workbench.campaigns.reproduce import registry
+        from workbench.campaigns.reproduce import power, registry
 
         reg = registry.load()
         for i, d in enumerate(self.decisions):
             decided = registry.redecide(reg.finding(d["key"]), d, alpha)
+            decided = power.powered(reg.finding(d["key"]), decided) if self.scale == "paper" else decided
             self.decisions[i] = {**d, **asdict(decided)}
         self.alpha, self.attempt, self.exploratory = float(alpha), attempt, bool(exploratory)
 
-    def check(self, name: str, ok: bool, detail: str) -> bool:
-        self.checks.append(Check(name, bool(ok), detail))
+    def check(self, name: str, ok: bool, detail: str, mechanism: bool = False) -> bool:
+        self.checks.append(Check(name, bool(ok), detail, bool(mechanism)))
         return bool(ok)
 
     def failed(self) -> list[str]:
@@ -118,7 +121,8 @@ class Verdict:
         lines = [f"{self.title} [{self.scale}]: {self.status.upper()}"]
         if not self.comparable:
             lines.append(f"  not comparable: {self.reason}")
-        lines += [f"  {'ok ' if c.ok else 'NO '} {c.name}: {c.detail}" for c in self.checks]
+        lines += [f"  {'ok ' if c.ok else 'NO '} {'mechanism check: ' if c.mechanism else ''}{c.name}: {c.detail}"
+                  for c in self.checks]
         lines += [f"  {d['status']}: {d['key']}{' (' + d['label'] + ')' if d['label'] else ''}: {d['detail']}"
                   for d in self.decisions]
         return "\n".join(lines)

@@ -3,9 +3,10 @@ failures of a data-parallel run, and what losing a stage costs a model-parallel 
 
 The finding, in our words: every data-parallel survivor holds the model, so the job shrinks and continues at the
 failure-free accuracy (our shrink, and real ULFM where Open MPI is installed); a pipeline stage lives on one rank,
-so a pipeline that loses one without a checkpoint is lost, and with one it restarts. The campaign, per seed: ``k``
-kills under shrink, ulfm, reinit and checkpoint_restart against the failure-free run; a pipeline that loses a stage
-without and with checkpoints. The registered tests (registry.yaml) decide. Details: docs/reproduce.md.
+so a pipeline that loses one without a checkpoint is lost, with one it restarts, and a hybrid whose stages have
+replica lanes carries on without one. The campaign, per seed: ``k`` kills under shrink, ulfm, reinit and
+checkpoint_restart against the failure-free run; a pipeline that loses a stage without and with checkpoints, and a
+hybrid that loses a rank of the same stage at the same step under shrink. registry.yaml decides; docs/reproduce.md.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ PAPER = ("Data-parallel training survives permanent failures by shrinking the co
 ARMS = ("shrink", "ulfm", "reinit", "checkpoint_restart", "pipeline")
 DATA_ARMS = ARMS[:4]  # data-parallel, each under the same k kills per seed
 NO_CHECKPOINT, WITH_CHECKPOINT = "pipeline_no_checkpoint", "pipeline_checkpoint"
+HYBRID = "hybrid_replica"  # the pipeline's stages, each on pipeline_lanes ranks: a lost rank leaves its stage a lane
 SCALES: dict[str, dict[str, Any]] = {
     # one tuning seed, one k: every arm runs once (the mechanism only; the registered intervals need n >= 2)
     "small": {"model": "mlp", "dataset": "digits", "world": 4, "steps": 60, "failures": [2], "snapshot_every": 25,
-              "pipeline_world": 2, "pipeline_steps": 60, "arms": list(ARMS), "seeds": [0]},
+              "pipeline_world": 2, "pipeline_lanes": 2, "pipeline_steps": 60, "arms": list(ARMS), "seeds": [0]},
     "paper": {"seeds": None},  # the registry's workload (registry.yaml), on reporting seeds drawn for ``out``
 }
 RESTORED_PT = 0.1  # reinit / checkpoint_restart redo the lost steps: they end where the failure-free run ends
@@ -68,7 +70,9 @@ def ulfm_missing() -> str | None:
 def runs(settings: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
     """(arm, k, run settings but the seed) of every run a seed makes: the failure-free data-parallel run (arm
     ``shrink``, k = 0), each data arm under each k, and the pipeline's failure-free run, its stage lost without a
-    checkpoint (strategy ``none``: a pipeline admits no shrink) and with checkpoints (``checkpoint_restart``)."""
+    checkpoint (strategy ``none``: a pipeline admits no shrink) and with checkpoints (``checkpoint_restart``), and
+    the same stages on ``pipeline_lanes`` replica lanes (parallelism ``hybrid``) losing a last-stage rank at the
+    same step under ``shrink`` without a checkpoint: what a replica lane buys (the 2026-11-28 deviation)."""
     unknown = sorted(set(settings["arms"]) - set(ARMS))
     if unknown or not settings["arms"]:
         raise ConfigError("arms", f"{', '.join(unknown) or 'none given'}: not arms of this campaign; choose from "
@@ -87,10 +91,14 @@ def runs(settings: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
         pw, ps = settings["pipeline_world"], settings["pipeline_steps"]
         pipe = {**data, "world_size": pw, "steps": ps, "parallelism": "pipeline", "eval_interval": max(ps // 10, 1)}
         lose = kills(pw, ps, 1, offset)  # the last stage's only rank
+        hw = pw * settings["pipeline_lanes"]
+        hybrid = {**pipe, "world_size": hw, "parallelism": "hybrid", "pipeline_stages": pw, "strategy": "shrink",
+                  "faults": kills(hw, ps, 1, offset)}  # a rank of the last stage, at the pipeline's kill step
         out += [(WITH_CHECKPOINT, 0, {**pipe, "strategy": "checkpoint_restart", "checkpoint_every": every}),
                 (NO_CHECKPOINT, 1, {**pipe, "strategy": "none", "faults": lose}),
                 (WITH_CHECKPOINT, 1, {**pipe, "strategy": "checkpoint_restart", "checkpoint_every": every,
-                                      "faults": lose})]
+                                      "faults": lose}),
+                (HYBRID, 1, hybrid)]
     return out
 
 
@@ -193,7 +201,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
         v.decide(f"{KEY}.shrink_keeps_accuracy", effects(frame, ("shrink", k), ("shrink", 0)),
                  f"k={k}, shrink - failure-free, pt")
         _ulfm(v, frame, k)
-    if (frame.arm == NO_CHECKPOINT).any() or (frame.arm == WITH_CHECKPOINT).any():
+    if frame.arm.isin([NO_CHECKPOINT, WITH_CHECKPOINT, HYBRID]).any():
         model_parallel(v, frame)
     return v
 
@@ -238,45 +246,56 @@ def not_run(v: Verdict, key: str, label: str, reason: str) -> None:
 
 
 def model_parallel(v: Verdict, frame: Any) -> bool:
-    """The exact finding, seed by seed: the pipeline that loses a stage without a checkpoint ends failed by the
-    planned kill; with checkpoints it completes on the whole world, restarted from a checkpoint (fewer steps redone
-    than the kill's step), and ends where its failure-free run ends. A seed missing either arm fails it."""
-    pipe = frame[frame.parallelism == "pipeline"].set_index(["arm", "failures", "seed"])
+    """The exact finding, seed by seed, under the same kill of a last-stage rank: the pipeline (one rank per stage)
+    without a checkpoint ends failed by the planned kill, while the hybrid (the same stages on replica lanes) shrinks
+    to its surviving lanes and completes, no checkpoint written; the pipeline with checkpoints completes on its whole
+    world, restarted from one (fewer steps redone than the kill's step), where its failure-free run ends. A seed
+    missing an arm fails it."""
+    staged = frame[frame.parallelism.isin(["pipeline", "hybrid"])].set_index(["arm", "failures", "seed"])
     seeds, wrong = sorted(frame.seed.unique().tolist()), []
     for seed in seeds:
         try:
-            lost, kept = pipe.loc[(NO_CHECKPOINT, 1, seed)], pipe.loc[(WITH_CHECKPOINT, 1, seed)]
-            base = pipe.loc[(WITH_CHECKPOINT, 0, seed)]
+            lost, lane, kept = (staged.loc[(arm, 1, seed)] for arm in (NO_CHECKPOINT, HYBRID, WITH_CHECKPOINT))
+            base = staged.loc[(WITH_CHECKPOINT, 0, seed)]
         except KeyError:
-            wrong.append(f"seed {seed}: a pipeline arm is missing")
+            wrong.append(f"seed {seed}: a pipeline or hybrid arm is missing")
             continue
         if not (lost.outcome == "failed" and lost.planned >= 1):
-            wrong.append(f"seed {seed}: without a checkpoint {lost.outcome} ({lost.reason})")
-        restarted = (kept.outcome == "completed" and kept.world_size_final == kept.world_size
-                     and 0 < kept.steps_redone < kept.kill_step and kept.planned >= 1)
-        if not restarted:
-            wrong.append(f"seed {seed}: with checkpoints {kept.outcome}, {kept.steps_redone} steps redone "
-                         f"({kept.reason})")
-        elif base.outcome != "completed" or abs(100 * (kept.final_test_accuracy - base.final_test_accuracy)) > \
-                RESTORED_PT:
-            wrong.append(f"seed {seed}: restarted accuracy {kept.final_test_accuracy:.4f} vs failure-free "
-                         f"{base.final_test_accuracy} ({base.outcome})")
-    return v.check(f"{KEY}.model_parallel_needs_checkpoints: a pipeline that loses a stage ends failed without a "
-                   "checkpoint, completes with one", not wrong,
-                   "; ".join(wrong) or f"{len(seeds)} of {len(seeds)} seeds: failed without, restarted from a "
-                   f"checkpoint with (failure-free accuracy within {RESTORED_PT} pt)")
+            wrong.append(f"seed {seed}: the pipeline without a checkpoint {lost.outcome} ({lost.reason})")
+        if not (lane.outcome == "completed" and lane.planned >= 1 and lane.checkpoints == 0
+                and lane.world_size_final == lane.world_size - 1):
+            wrong.append(f"seed {seed}: the hybrid {lane.outcome} at world {lane.world_size_final} of "
+                         f"{lane.world_size}, {lane.checkpoints} checkpoints ({lane.reason})")
+        wrong += _restarted(seed, kept, base)
+    return v.check(f"{KEY}.model_parallel_needs_checkpoints: losing a stage's only rank ends a pipeline without a "
+                   "checkpoint, a replica lane carries a hybrid on, a checkpoint restarts the pipeline", not wrong,
+                   "; ".join(wrong) or f"{len(seeds)} of {len(seeds)} seeds: the pipeline failed without a "
+                   "checkpoint, the hybrid completed on its surviving lanes without one, the pipeline restarted "
+                   f"from a checkpoint with one (failure-free accuracy within {RESTORED_PT} pt)")
+
+
+def _restarted(seed: int, kept: Any, base: Any) -> list[str]:
+    """What is wrong with the pipeline's restart from a checkpoint (nothing: [])."""
+    if not (kept.outcome == "completed" and kept.world_size_final == kept.world_size
+            and 0 < kept.steps_redone < kept.kill_step and kept.planned >= 1):
+        return [f"seed {seed}: with checkpoints {kept.outcome}, {kept.steps_redone} steps redone ({kept.reason})"]
+    if base.outcome != "completed" or abs(100 * (kept.final_test_accuracy - base.final_test_accuracy)) > RESTORED_PT:
+        return [f"seed {seed}: restarted accuracy {kept.final_test_accuracy:.4f} vs failure-free "
+                f"{base.final_test_accuracy} ({base.outcome})"]
+    return []
 
 
 def figure(frame: Any) -> Any:
     """Left: accuracy of the data-parallel arms against the number of failures (mean, 95 % interval; k = 0 is the
-    failure-free run). Right: steps the pipeline completed without and with checkpoints (mean over seeds)."""
+    failure-free run). Right: steps the pipeline completed without and with checkpoints, and the hybrid on its
+    replica lanes (mean over seeds)."""
     import pandas as pd
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     stats = statistics(frame)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("data parallel: test accuracy (%)",
-                                                        "pipeline loses a stage: steps completed"))
+                                                        "a stage's rank lost: steps completed"))
     base = stats[(stats.arm == "shrink") & (stats.failures == 0)]
     for i, arm in enumerate(a for a in DATA_ARMS if a in set(stats.arm)):
         part = stats[(stats.arm == arm) & (stats.failures > 0)]
@@ -286,7 +305,7 @@ def figure(frame: Any) -> Any:
                                  error_y={"type": "data", "symmetric": False,
                                           "array": part.accuracy_high - part.accuracy_pct,
                                           "arrayminus": part.accuracy_pct - part.accuracy_low}), row=1, col=1)
-    pipe = frame[frame.parallelism == "pipeline"].copy()
+    pipe = frame[frame.parallelism.isin(["pipeline", "hybrid"])].copy()
     if len(pipe):
         pipe["label"] = pipe.arm.str.replace("pipeline_", "") + pipe.failures.map({0: " (failure-free)", 1: ""})
         done = pipe.groupby("label", sort=False).agg(steps=("steps_completed", "mean"), outcome=("outcome", "first"))
@@ -294,7 +313,8 @@ def figure(frame: Any) -> Any:
                              marker={"color": "#7f7f7f"}), row=1, col=2)
     fig.update_xaxes(title_text="ranks failed", dtick=1, row=1, col=1)
     fig.update_layout(title=f"{int(frame.world_size.max())} ranks: shrink vs ulfm vs reinit vs checkpoint-restart; "
-                      "a pipeline without and with checkpoints", template="plotly_white", height=420)
+                      "a pipeline without and with checkpoints, a hybrid on replica lanes", template="plotly_white",
+                      height=420)
     return fig
 
 

@@ -53,10 +53,19 @@ class Finding:
     test: str
     margin: float
     alpha: float
+    kind: str = "finding"  # or "mechanism": a check that holds by construction, labelled so (issue #46)
+    power: dict[str, Any] | None = field(default=None, compare=False)  # its power block (docs/reproduce.md)
 
     @property
     def key(self) -> str:
         return f"{self.paper_key}.{self.id}"
+
+    @property
+    def underpowered(self) -> bool:
+        """Descriptive, or registered with fewer than the n its power block requires: never decided holds or
+        does not hold (:func:`powered`)."""
+        p = self.power or {}
+        return bool(p.get("descriptive")) or p.get("n_registered", 0) < p.get("n_required", 0)
 
 
 @dataclass(frozen=True)
@@ -183,8 +192,16 @@ def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
         raise RegistryError(f"{where}: margin {margin!r} must be a number >= 0")
     own = _alpha(row.get("alpha", alpha), f"{where}: alpha")
+    kind, power = row.get("kind", "finding"), row.get("power")
+    if kind not in ("finding", "mechanism"):
+        raise RegistryError(f"{where}: kind {kind!r} is not finding or mechanism")
+    needed = {"sesoi", "sd", "n_required", "n_registered"}
+    if power is not None and not (isinstance(power, dict) and (
+            power.get("descriptive") and power.get("reason") or needed <= set(power))):
+        raise RegistryError(f"{where}: power needs sesoi, sd, sd_source, n_required and n_registered, or descriptive "
+                            "with a reason")
     return Finding(paper_key, str(row["id"]), str(row["paper"]), str(row["ours"]), str(row["metric"]),
-                   row["clock"], str(row["effect"]), row["test"], float(margin), own)
+                   row["clock"], str(row["effect"]), row["test"], float(margin), own, kind, power)
 
 
 def _alpha(value: Any, where: str) -> float:
@@ -237,7 +254,7 @@ def share_decision(finding: Finding, successes: int, trials: int, sign: int = 1)
     decides on minus the share, for a claim that the share is small."""
     from scipy.stats import norm
 
-    from workbench.faults.outcomes import wilson
+    from workbench.campaigns.reproduce.stats import wilson
 
     counts = {"successes": int(successes), "trials": int(trials), "sign": int(sign)}
     if trials < 1:

@@ -64,7 +64,8 @@ def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
                 f"<p>No verdict under this key: run <code>notebooks/reproduce/{NOTEBOOKS[key]}</code>.</p></section>")
     v = Verdict.load(path)
     colour = _COLOURS.get(v.status, "#cf222e")
-    checks = "".join(f"<tr><td>{'✔' if c.ok else '✘'}</td><td>{html.escape(c.name)}</td>"
+    checks = "".join(f"<tr><td>{'✔' if c.ok else '✘'}</td><td>{'mechanism check: ' if c.mechanism else ''}"
+                     f"{html.escape(c.name)}</td>"
                      f"<td>{html.escape(c.detail)}</td></tr>" for c in v.checks)
     checks += "".join(f"<tr><td>{html.escape(d['status'])}</td><td>registered: {html.escape(d['key'])} "
                       f"{html.escape(d['label'])}<br><small>{html.escape(d['claim'])}</small></td>"

@@ -1,0 +1,96 @@
+"""A deliberately broken strategy, planted into the rank processes of a small real campaign, turns its verdict
+(issue #46): a rollback whose ranks redo the failed step on a split of its batch that still counts the dead rank
+(its share dropped from the redone update) fails CCGrid'22's "rollback loses no samples", which counts from the
+samples each committed update summed, not from what the strategy says it did; the same campaign unbroken passes it.
+(GossipGraD's broken schedule, a round skipped, is not planted yet.)
+
+The plant is a ``sitecustomize.py`` on PYTHONPATH (as tests/test_slow_paths.py plants its regressions): the
+campaign runs in a subprocess whose rank template starts with it, so every rank imports the broken trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PLANT = '''\
+"""Planted by tests/test_reproduce_planted.py: rollback's ranks redo a failed step on a split of its global batch
+over one rank more than the world, as if the dead rank were still a member: its share is left out of the update."""
+import importlib.abc, importlib.machinery, sys
+
+import numpy as np
+
+BEGUN = [-1]  # the highest step this rank process has begun: a step at or below it is being redone
+
+
+def plant(module):
+    train_step, shard = module.Trainer.train_step, module.shard
+
+    def broken_train_step(self):
+        redo = self.strategy.name == "rollback" and self.step <= BEGUN[0]
+        BEGUN[0] = max(BEGUN[0], self.step)
+        module.shard = (lambda indices, rank, size: np.array_split(indices, size + 1)[rank]) if redo else shard
+        return train_step(self)
+
+    module.Trainer.train_step = broken_train_step
+
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "workbench.rank.replicated":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            plant(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, Finder())
+'''
+
+CAMPAIGN = '''\
+import json, sys
+from workbench.campaigns.reproduce import ccgrid22
+
+frame = ccgrid22.campaign("small", out=sys.argv[1], seeds=[0, 1], steps=60, mtbf=[20], max_failures=1)
+v = ccgrid22.verdict(frame, "small")
+roll = frame[frame.strategy == "rollback"]
+print(json.dumps({"status": v.status, "checks": {c.name: [c.ok, c.detail] for c in v.checks},
+                  "failures": roll.failures.tolist(), "missing": roll.samples_missing.tolist()}))
+'''
+
+
+def campaign(out: Path, plant: bool) -> dict:
+    """The reduced CCGrid'22 campaign (2 tuning seeds, 60 steps, one failure each) in a fresh interpreter, with
+    the broken rollback planted or not; its verdict's status and checks."""
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_TEMPLATE"}  # its own template: planted or not
+    if plant:
+        (out / "plant").mkdir(parents=True)
+        (out / "plant" / "sitecustomize.py").write_text(PLANT)
+        env["PYTHONPATH"] = os.pathsep.join([str(out / "plant"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", CAMPAIGN, str(out / "campaign")], capture_output=True, text=True,
+                          timeout=400, env=env, cwd=ROOT)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_rollback_that_drops_a_share_on_a_redone_step_turns_the_ccgrid_verdict(tmp_path):
+    name = "rollback loses no samples (world 4)"
+    sound = campaign(tmp_path / "sound", plant=False)
+    assert sound["checks"][name][0], sound  # the unbroken rollback: every sample entered an update
+    assert min(sound["failures"]) >= 1 and sound["missing"] == [0, 0], sound
+    broken = campaign(tmp_path / "broken", plant=True)
+    ok, detail = broken["checks"][name]
+    assert not ok and broken["status"] == "does not hold", broken
+    assert min(broken["missing"]) > 0 and "entered no committed update" in detail, broken
+    # the rest of the mechanism stands: only the planted defect is caught
+    assert broken["checks"]["forward drops the dead ranks' share (world 4)"][0], broken

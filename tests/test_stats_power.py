@@ -1,0 +1,84 @@
+"""Power before registration (workbench.campaigns.reproduce.stats): the n each registered test needs, against known
+values (G*Power's one-sample t table, the normal closed form, Wilson's zero-count bound, Newcombe's worked example) and
+the registry's power blocks recomputed from their own numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workbench.campaigns.reproduce import power, registry, stats
+
+
+@pytest.mark.parametrize("d,n", [(0.5, 34), (0.8, 15), (1.0, 10)])
+def test_paired_t_n_matches_the_one_sample_t_table(d, n):
+    # G*Power, one-sample t, two-sided alpha 0.05 (= one-sided 0.025), power 0.80: 34, 15, 10
+    assert stats.n_paired(1.0, d, 0.0, "superiority", 0.025) == n
+    assert stats.t_power(n, 1.0, d, 0.0, "superiority", 0.025) >= 0.8 > stats.t_power(n - 1, 1.0, d, 0.0,
+                                                                                        "superiority", 0.025)
+
+
+def test_the_t_n_sits_just_above_the_normal_closed_form():
+    for test, sesoi, margin in [("superiority", 0.5, 0.0), ("non_inferiority", 0.0, 1.0), ("equivalence", 0.0, 1.0),
+                                ("difference", 3.0, 2.0)]:
+        z = stats.n_normal(2.0, sesoi, margin, test, 0.025)
+        n = stats.n_paired(2.0, sesoi, margin, test, 0.025)
+        assert math.ceil(z) <= n <= math.ceil(z) + 3, (test, z, n)
+    # the closed form itself: ((1.95996 + 0.84162) * 1 / 0.5)^2 = 31.40
+    assert stats.n_normal(1.0, 0.5, 0.0, "superiority", 0.025) == pytest.approx(31.396, abs=1e-3)
+    # equivalence (TOST) at a true 0 takes z_{1-beta/2}: ((1.64485 + 1.28155) / 0.5)^2 = 34.26
+    assert stats.n_normal(1.0, 0.0, 0.5, "equivalence", 0.05) == pytest.approx(34.255, abs=1e-3)
+
+
+def test_no_n_reaches_power_when_the_effect_of_interest_is_on_the_margins_wrong_side():
+    assert stats.n_paired(1.0, 0.0, 0.0, "superiority", 0.025) is None
+    assert stats.n_paired(1.0, 2.0, 2.0, "difference", 0.025) is None
+    assert stats.t_power(5, 1.0, -1.0, 0.0, "superiority", 0.025) == 0.0
+
+
+def test_wilson_and_newcombe_against_known_values():
+    assert stats.wilson(0, 10) == pytest.approx((0.0, 0.0, 0.27754), abs=1e-5)  # 1.96^2 / (10 + 1.96^2)
+    assert stats.wilson(3, 20)[1:] == pytest.approx((0.05237, 0.36042), abs=1e-5)
+    # Newcombe (1998), method 10, his example 56/70 - 48/80: 0.2000 [0.0524, 0.3339]
+    assert stats.newcombe(56, 70, 48, 80) == pytest.approx((0.2, 0.0524, 0.3339), abs=1e-4)
+
+
+def test_share_n_from_the_wilson_bound():
+    # a true share of 0: every trial masked; the upper bound z^2 / (n + z^2) < 0.05 first at n > z^2 * 0.95 / 0.05
+    z = 1.959964
+    assert stats.n_share(0.0, 0.05, 0.025) == math.floor(z * z * 0.95 / 0.05) + 1 == 73
+    assert stats.share_power(73, 0.0, 0.05, 0.025) == 1.0 and stats.share_power(72, 0.0, 0.05, 0.025) == 0.0
+    n = stats.n_share(0.01, 0.05, 0.025)
+    assert n is not None and stats.share_power(n, 0.01, 0.05, 0.025) >= 0.8
+    assert stats.n_share(0.06, 0.05, 0.025) is None
+
+
+def test_every_sampled_finding_has_a_power_block_that_its_numbers_give():
+    reg = registry.load()
+    for finding in reg.findings.values():
+        block = power.power_of(finding)
+        if finding.test == "exact":
+            assert block is None or block.get("descriptive") or finding.kind == "mechanism", finding.key
+            continue
+        assert block, f"{finding.key}: no power block"
+        if block.get("descriptive"):
+            assert block.get("reason"), finding.key
+            continue
+        assert {"sesoi", "sd_source", "sd", "n_required", "n_registered"} <= set(block), finding.key
+        assert block["n_required"] == power.required_n(finding), finding.key
+
+
+def test_an_underpowered_or_descriptive_finding_is_never_decided():
+    reg = registry.load()
+    finding = reg.finding("apoptosis.accuracy_kept")  # 16 registered, 20 needed at alpha 0.00625
+    assert finding.underpowered
+    decided = power.powered(finding, registry.paired_decision(finding, [1.0, 1.2, 0.9, 1.1, 1.0]))
+    assert decided.status == "inconclusive" and "underpowered: n = 16 registered, 20 needed" in decided.detail
+    assert "as run holds" in decided.detail
+    training = reg.finding("apoptosis.training_faster")  # 16 registered, 10 needed
+    assert not training.underpowered
+    assert power.powered(training, registry.paired_decision(training, [0.4, 0.5, 0.45])).status == "holds"
+    rows = {row["key"]: row["status"] for row in power.table()}
+    assert rows["gossipgrad.diffusion_in_log_p"] == "mechanism" and rows["ccgrid22.rollback_keeps_accuracy"] == \
+        "descriptive" and rows["apoptosis.training_faster"] == "powered"

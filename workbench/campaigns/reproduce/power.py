@@ -1,0 +1,57 @@
+"""Power before registration (issue #46): each sampled finding of registry.yaml carries a ``power`` block (the
+smallest effect of interest, the spread and where it comes from, the n for 80 % power at its paper's next attempt's
+alpha, the n registered) or is declared descriptive; :func:`required_n` recomputes the block's n from its numbers
+(:mod:`workbench.campaigns.reproduce.stats`), :func:`powered` keeps an underpowered finding from a verdict, and
+:func:`table` lists every block for the report and the docs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from workbench.campaigns.reproduce.registry import INCONCLUSIVE, Decision, Finding
+
+
+def power_of(finding: Finding) -> dict[str, Any] | None:
+    """The finding's power block as registered (None where it has none)."""
+    return finding.power
+
+
+def required_n(finding: Finding) -> int | None:
+    """The n its power block's numbers give for 80 % power at the block's alpha: pairs for a t decision
+    (:func:`workbench.campaigns.reproduce.stats.n_paired`), trials for a Wilson share (:func:`~.stats.n_share`)."""
+    from workbench.campaigns.reproduce import stats
+
+    p = finding.power or {}
+    level = float(p.get("alpha", finding.alpha))
+    if p.get("share"):
+        return stats.n_share(float(p["sesoi"]), finding.margin, level)
+    return stats.n_paired(float(p["sd"]), float(p["sesoi"]), finding.margin, finding.test, level)
+
+
+def powered(finding: Finding, decision: Decision) -> Decision:
+    """A live decision of an underpowered or descriptive finding: its interval kept, its status inconclusive, its
+    detail saying why (registered n below the n its power requires, or declared descriptive)."""
+    if not finding.underpowered or decision.status == INCONCLUSIVE:
+        return decision
+    p = finding.power or {}
+    why = (f"descriptive ({p.get('reason')})" if p.get("descriptive") else
+           f"underpowered: n = {p.get('n_registered')} registered, {p.get('n_required')} needed for 80 % power")
+    return replace(decision, status=INCONCLUSIVE, detail=f"{decision.detail}; {why}: as run {decision.status}")
+
+
+
+def table(findings: Any = None) -> list[dict[str, Any]]:
+    """One row per registered finding: key, kind, test, margin and its power block's figures (``status``:
+    powered, underpowered, descriptive or mechanism)."""
+    from workbench.campaigns.reproduce import registry
+
+    rows = []
+    for f in (findings or registry.load().findings).values():
+        p = f.power or {}
+        status = ("mechanism" if f.kind == "mechanism" else "descriptive" if p.get("descriptive") else
+                  "underpowered" if f.underpowered else "powered" if p else "no power block")
+        rows.append({"key": f.key, "kind": f.kind, "test": f.test, "margin": f.margin, "status": status,
+                     **{k: p.get(k) for k in ("sesoi", "sd", "alpha", "n_required", "n_registered")},
+                     "reason": p.get("reason") or p.get("sd_source", "")})
+    return rows
