@@ -238,6 +238,10 @@ def test_a_slow_rank_is_flagged_and_dropped_and_the_step_time_returns(tmp_path):
     assert failure["world_size_after"] == 3 and result.summary["stragglers"] == 1 and base.summary["stragglers"] == 0
     # the throttle on the rank's own CPU: its slowed steps against its own before (4 or more steps each side)
     steps = result.rank_steps
+    # exact, from the ranks' own reports: rank 2's every step from 10 ran at factor 3, no other step was slowed
+    slowed = {(s, r) for s, r, f in zip(steps["step"], steps["rank"], steps["slow"]) if f != 1.0}
+    assert {f for s, r, f in zip(steps["step"], steps["rank"], steps["slow"]) if f != 1.0} == {3.0}
+    assert slowed == {(s, 2) for s, r in zip(steps["step"], steps["rank"]) if r == 2 and s >= 10}
     own = {s: t for s, r, t in zip(steps["step"], steps["rank"], steps["cpu_s"]) if r == 2}
     factor = statistics.median(own[s] for s in range(10, flag["step"] + 1)) / statistics.median(
         own[s] for s in range(2, 10))
