@@ -1,6 +1,6 @@
 """One end-to-end test per part of the product, fast tier (a few seconds each, 2-4 ranks, the digits MLP): a
 checkpoint restart, an interrupted sweep, a flip into an HDF5 checkpoint, the lab panel's fault buttons and a
-failure during a recovery. ULFM's lives in tests/test_ulfm.py; torchft's does not fit the fast tier (docs/testing.md).
+failure during a recovery. ULFM's lives in tests/test_ulfm.py, torchft's in tests/test_peers.py (docs/testing.md).
 """
 
 from __future__ import annotations

@@ -212,8 +212,16 @@ def test_a_slow_rank_is_flagged_and_dropped_and_the_step_time_returns(tmp_path):
     """The acceptance line. Factor 3 on rank 2 of 4 from step 10, drop under shrink: flagged within 20 steps.
     The fair comparison after the drop is a failure-free run at the world size the drop leaves (3: each rank's
     share of the global batch is the same), over the same steps, on the rank-time clock (each step its slowest
-    rank's CPU); both runs train side by side, so the shared cores load them alike."""
-    kw = dict(steps=60, eval_interval=60, strategy="shrink", hidden=[512, 512], batch_size=128)
+    rank's CPU); both runs train side by side, so the shared cores load them alike.
+
+    The detector judges on the rank clock (each rank's own CPU per step), which time-sharing does not move; but a
+    neighbour that competes for memory bandwidth and caches does raise a healthy rank's CPU for the same work. A
+    memory-copy hog beside a failure-free 4-rank run of this model flagged a healthy rank once (rank 0: 8.1 ms
+    against 5.39 ms, 1.50x over 10 steps; CI once flagged a second rank here); over 20 steps the worst healthy
+    ratio in the same runs was 1.34x. So the runs take the detector's own remedy for a noisy host, a window of
+    20 steps (its median lets more short-lived slow steps pass); the planned 3x still crosses 1.5x once 11 of 20
+    steps are slow, at step ~20: within the same 20 steps as before, every bound unchanged."""
+    kw = dict(steps=60, eval_interval=60, strategy="shrink", hidden=[512, 512], batch_size=128, straggler_window=20)
     baseline = workbench.start(world_size=3, **kw)
     slow = workbench.start(world_size=4, out=tmp_path, straggler_response="drop",
                            faults=["slow:rank=2,step=10,factor=3"], **kw)
@@ -226,18 +234,23 @@ def test_a_slow_rank_is_flagged_and_dropped_and_the_step_time_returns(tmp_path):
     assert failure["world_size_after"] == 3 and result.summary["stragglers"] == 1 and base.summary["stragglers"] == 0
     # the throttle on the rank's own CPU: its slowed steps against its own before (4 or more steps each side)
     steps = result.rank_steps
+    # exact, from the ranks' own reports: rank 2's every step from 10 ran at factor 3, no other step was slowed
+    slowed = {(s, r) for s, r, f in zip(steps["step"], steps["rank"], steps["slow"]) if f != 1.0}
+    assert {f for s, r, f in zip(steps["step"], steps["rank"], steps["slow"]) if f != 1.0} == {3.0}
+    assert slowed == {(s, 2) for s, r in zip(steps["step"], steps["rank"]) if r == 2 and s >= 10}
     own = {s: t for s, r, t in zip(steps["step"], steps["rank"], steps["cpu_s"]) if r == 2}
     factor = statistics.median(own[s] for s in range(10, flag["step"] + 1)) / statistics.median(
         own[s] for s in range(2, 10))
     assert 2.4 <= factor <= 3.6, factor  # 3 within 20 %: a handful of steps on loaded shared cores
-    after = statistics.median(r["rank_step_time"] for r in result.metrics if r["step"] >= 25)
-    reference = statistics.median(r["rank_step_time"] for r in base.metrics if r["step"] >= 25)
+    settled = flag["step"] + 5  # the steps after the drop (the flag's event): the world of 3 settled
+    after = statistics.median(r["rank_step_time"] for r in result.metrics if r["step"] >= settled)
+    reference = statistics.median(r["rank_step_time"] for r in base.metrics if r["step"] >= settled)
     print(f"flagged at step {flag['step']}, throttle {factor:.2f}x, after the drop {after * 1e3:.2f} ms against "
           f"{reference * 1e3:.2f} ms failure-free ({100 * (after / reference - 1):+.1f} %)")  # pytest -s shows it
     # back to the failure-free step within a quarter (+17 % once beside the slow tier's other worker); a straggler
     # still in the world, or one not dropped, keeps the step 2-3x slower
     assert abs(after / reference - 1) <= 0.25, (after, reference)
-    assert all(r["world_size"] == 3 for r in result.metrics if r["step"] >= 25)
+    assert all(r["world_size"] == 3 for r in result.metrics if r["step"] >= settled)
     assert RunResult.load(tmp_path).rank_steps == steps  # kept in result.h5
 
 

@@ -37,6 +37,38 @@ def test_rank_0_killed_the_survivors_shrink_and_finish_every_step(tmp_path):
 
 
 @needs_mpi
+def test_fast_tier_rank_0_killed_the_survivor_shrinks_and_finishes(tmp_path):
+    """ULFM end to end in the fast tier: 2 MPI processes, 30 steps of a 16-unit MLP, rank 0 SIGKILLed at step 10.
+
+    Where the time goes (``tools``-free: the run's own events, 2-core VM): mpirun itself starts 2 processes and
+    passes a barrier in 0.2 s; each process then imports torch (1.6-2 s idle, 2 at once on 2 cores; ~10 s at load
+    6), which is the floor of any ULFM run (its ranks are mpirun's fresh interpreters, never forked from our
+    template). 30 steps take ~0.1 s, the revoke/shrink/agree a few ms. 2.3 s in all idle (3 ranks: 2.8 s).
+    """
+    result = workbench.run({"world_size": 2, "steps": 30, "eval_interval": 30, "hidden": [16], "seed": 3,
+                            "strategy": "ulfm", "faults": ["kill:rank=0,step=10"]}, out=tmp_path / "u")
+    summary = result.summary
+    assert summary["outcome"] == "completed", summary["reason"]
+    assert summary["world_size_final"] == 1 and summary["steps_completed"] == 30
+    (failure,) = summary["failures"]
+    assert failure["rank"] == 0 and failure["world_size_after"] == 1
+    assert failure["steps_redone"] == 0 and failure["samples_lost"] == 0  # the failed step retried, not redone
+    assert 0 < failure["detection_s"] <= failure["settle_s"] <= failure["resume_s"]
+    survivor = [e for e in result.events if e["kind"] == "ulfm_error"]
+    assert [e["rank"] for e in survivor] == [1]  # the survivor's own MPI error is the detection
+    (shrunk,) = [e for e in result.events if e["kind"] == "ulfm" and e["rank"] == 1]
+    assert "1 ranks go on" in shrunk["detail"]
+    # each step reported once, in order. Rank 0 dies after step 10's allreduce: the survivor's MPI error comes at
+    # step 11 (it had step 10's sum too; step 10's figures died with rank 0, its reporter) or, when rank 0's sum
+    # reached it no more, at step 10, which it then retries and reports itself
+    (error_step,) = [e["step"] for e in survivor]
+    assert error_step in (10, 11)
+    assert [row["step"] for row in result.metrics] == [s for s in range(30) if s != 10 or error_step == 10]
+    after = [row for row in result.metrics if row["step"] > 10]
+    assert {row["samples"] for row in after} == {64} and {row["world_size"] for row in after} == {1}
+
+
+@needs_mpi
 def test_two_kills_and_a_hang_leave_one_rank_that_finishes(tmp_path):
     result = workbench.run({**TINY, "world_size": 3, "heartbeat_timeout": 1.5,
                             "faults": ["kill:rank=2,step=30", "hang:rank=0,step=70"]}, out=tmp_path / "u")
