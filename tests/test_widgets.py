@@ -173,3 +173,9 @@ def test_a_long_run_sends_the_browser_a_thinned_curve_that_ends_at_its_last_step
     steps = [r["step"] for r in shown]
     assert steps == sorted(set(steps)) and max(b - a for a, b in zip(steps, steps[1:])) <= 7  # even stride
     assert thinned(rows[:50]) == rows[:50]  # a short run: every step
+
+
+def test_the_lab_is_a_public_name_of_the_package():
+    import workbench
+
+    assert workbench.Lab is Lab and "Lab" in workbench.__all__

@@ -15,6 +15,7 @@ _PUBLIC = {
     "RunResult": "workbench.results.run_result", "load_results": "workbench.results.run_result",
     "Run": "workbench.launch.session", "run": "workbench.launch.session", "start": "workbench.launch.session",
     "load_sweep": "workbench.sweeps.run", "sweep": "workbench.sweeps.run",
+    "Lab": "workbench.launch.lab",  # the lab panel (ipywidgets): loaded only when asked for
 }
 
 __all__ = sorted(_PUBLIC)
