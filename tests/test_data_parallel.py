@@ -10,7 +10,7 @@ from ranks_in_threads import run_ranks
 from torch import nn
 
 from workbench.config.run import MODELS, RunConfig
-from workbench.rank.data_parallel import DEFAULT_BUCKETS, DataParallel, bucket_layout
+from workbench.rank.gradient_exchange import DEFAULT_BUCKETS, GradientExchange, bucket_layout
 from workbench.rank.soft_errors import ALARM_SLOTS
 from workbench.workloads.models import build_model, mlp
 
@@ -19,7 +19,7 @@ MLP_SIZES = [10, 640, 64, 8192, 128, 8192]  # the digits MLP's parameters in bac
 
 def step_once(comm, x, y, batch, cap_mb, launches, initial, buckets=None):
     model = copy.deepcopy(initial)  # the global RNG is shared by the threads: build models before they start
-    dp = DataParallel(model, comm, "sgd", lr=0.1, momentum=0.0, bucket_cap_mb=cap_mb, buckets=buckets)
+    dp = GradientExchange(model, comm, "sgd", lr=0.1, momentum=0.0, bucket_cap_mb=cap_mb, buckets=buckets)
     dp.before_last_launch = lambda: launches.append(comm.rank)
     part = torch.tensor_split(torch.arange(batch), comm.size)[comm.rank]
     out = model(x[part])
@@ -62,7 +62,7 @@ def test_rollback_restores_exactly_and_retry_finishes_a_step():
 
     def body(comm):
         model = copy.deepcopy(initial)
-        dp = DataParallel(model, comm, "sgd", lr=0.1, momentum=0.9, bucket_cap_mb=0.01, keep_local=True,
+        dp = GradientExchange(model, comm, "sgd", lr=0.1, momentum=0.9, bucket_cap_mb=0.01, keep_local=True,
                           snapshot_buckets=True)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         loss = F.cross_entropy(model(x), y, reduction="sum")
@@ -127,7 +127,7 @@ def test_updates_overlap_the_backward_pass_and_equal_updates_after_it(build):
 
     def train(comm, overlap):
         model = copy.deepcopy(initial)
-        dp = DataParallel(model, comm, "sgd", lr=0.1, momentum=0.9, bucket_cap_mb=1.0, update_per_bucket=overlap,
+        dp = GradientExchange(model, comm, "sgd", lr=0.1, momentum=0.9, bucket_cap_mb=1.0, update_per_bucket=overlap,
                           buckets=4)
         if overlap:
             # make the overlap certain: launching bucket k waits (bounded) for bucket k-1's allreduce, so the poll
@@ -169,7 +169,7 @@ def test_an_alarm_seen_during_the_backward_pass_is_raised_once_every_bucket_is_l
 
     def body(comm):
         model = copy.deepcopy(initial)
-        dp = DataParallel(model, comm, "sgd", lr=0.1, momentum=0.0, bucket_cap_mb=1.0, buckets=4)
+        dp = GradientExchange(model, comm, "sgd", lr=0.1, momentum=0.0, bucket_cap_mb=1.0, buckets=4)
         if comm.rank == 0:  # certain to meet the alarm of bucket 1 during the pass (see the overlap test)
             dp.on_launch = lambda b: b.index and dp.buckets[b.index - 1].work.wait(timedelta(seconds=10))
         phase, seen = {"now": "", "alarm": True}, []

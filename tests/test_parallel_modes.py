@@ -11,8 +11,8 @@ from ranks_in_threads import run_ranks
 from workbench.config.errors import ConfigError
 from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults.targets import check_flip_targets
-from workbench.rank.data_parallel import ring_allreduce_traffic
 from workbench.rank.gossip import GossipSchedule, PairExchange
+from workbench.rank.gradient_exchange import ring_allreduce_traffic
 from workbench.rank.pipeline import Layout, StagePipeline
 from workbench.workloads.data import LocalPartition
 from workbench.workloads.models import boundary_shapes, cnn, mlp, split_stages, stage_module

@@ -3,7 +3,7 @@
 import pytest
 
 import workbench
-from workbench.rank.data_parallel import bucket_layout
+from workbench.rank.gradient_exchange import bucket_layout
 from workbench.results import checkpoint
 from workbench.workloads.models import mlp
 

@@ -26,7 +26,7 @@ from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError, GenerationChanged
-from workbench.rank.data_parallel import ring_allreduce_traffic
+from workbench.rank.gradient_exchange import ring_allreduce_traffic
 from workbench.results.fallbacks import taken
 from workbench.workloads.data import LocalPartition
 

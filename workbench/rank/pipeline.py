@@ -30,7 +30,7 @@ from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError
-from workbench.rank.data_parallel import ring_allreduce_traffic
+from workbench.rank.gradient_exchange import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
 from workbench.workloads.models import boundary_shapes, run_stages, stage_module
 

@@ -1,5 +1,5 @@
 """Data-parallel training (:class:`Trainer`): every rank a full replica, bucketed allreduce of the gradients
-(:mod:`.data_parallel`), the recovery strategies' settling of the step in flight (:mod:`.recovery`), soft-error
+(:mod:`.gradient_exchange`), the recovery strategies' settling of the step in flight (:mod:`.recovery`), soft-error
 detection and recovery, and the apoptosis rule on replicated parameters.
 """
 
@@ -19,7 +19,7 @@ from workbench.config.run import RunConfig
 from workbench.rank import protocol, staging, transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
-from workbench.rank.data_parallel import DataParallel, clone_state
+from workbench.rank.gradient_exchange import GradientExchange, clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors
 from workbench.results import checkpoint as ckpt
 from workbench.workloads.apoptosis import rule as apo
@@ -29,7 +29,7 @@ NO_ALARMS = [0.0] * ALARM_SLOTS
 
 
 class Trainer(BaseTrainer):
-    """Data parallel: every rank a full replica, bucketed allreduce of the gradients (:mod:`.data_parallel`)."""
+    """Data parallel: every rank a full replica, bucketed allreduce of the gradients (:mod:`.gradient_exchange`)."""
 
     def __init__(self, config: RunConfig, channel: Channel, store: dist.Store, checkpoint_dir: Path) -> None:
         super().__init__(config, channel, store, checkpoint_dir)
@@ -53,7 +53,7 @@ class Trainer(BaseTrainer):
         config, strategy = self.config, self.strategy
         if getattr(self, "dp", None) is not None:
             self.dp.close()  # the old exchange's hooks would still fire on parameters that were kept
-        self.dp = DataParallel(self.model, self.comm, config.optimizer, config.lr, config.momentum,
+        self.dp = GradientExchange(self.model, self.comm, config.optimizer, config.lr, config.momentum,
                                config.bucket_cap_mb, update_per_bucket=strategy.update_per_bucket,
                                keep_local=strategy.keep_local, snapshot_buckets=strategy.snapshot_buckets,
                                buckets=config.buckets)

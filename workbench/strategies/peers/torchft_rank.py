@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from workbench.rank import protocol
 from workbench.rank.channel import Channel
-from workbench.rank.data_parallel import make_optimizer
+from workbench.rank.gradient_exchange import make_optimizer
 from workbench.rank.main import serve, start_rank_process
 from workbench.rank.readings import fingerprint
 from workbench.strategies.peers.common import PeerRank

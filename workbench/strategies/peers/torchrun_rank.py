@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from workbench.rank import protocol
 from workbench.rank import state as st
-from workbench.rank.data_parallel import make_optimizer
+from workbench.rank.gradient_exchange import make_optimizer
 from workbench.rank.main import join_from_store, serve, start_rank_process
 from workbench.rank.readings import fingerprint
 from workbench.results import checkpoint as ckpt

@@ -231,7 +231,7 @@ def shrink(model: nn.Module, pairs: list[Pair], removals: Mapping[str, torch.Ten
            ) -> dict[str, dict[str, torch.Tensor]]:
     """Remove the units ``removals`` (per layer, indices) from ``model`` in place (modules are replaced: the
     parameters are new objects, so optimizers and gradient hooks must be rebuilt by the caller) and return
-    ``optimizer_state`` (per parameter name, as ``DataParallel.named_optimizer_state``) sliced alike.
+    ``optimizer_state`` (per parameter name, as ``GradientExchange.named_optimizer_state``) sliced alike.
 
     The kept units compute exactly what they computed before; the model's output changes only by the removed
     units' contribution (none when their outgoing weights are zero)."""

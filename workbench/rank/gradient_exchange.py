@@ -83,7 +83,7 @@ class Bucket:
     overlapped: bool = False  # this step's update was applied during the backward pass
 
 
-class DataParallel:
+class GradientExchange:
     def __init__(self, model: nn.Module, comm: Comm, optimizer: str, lr: float, momentum: float,
                  bucket_cap_mb: float, update_per_bucket: bool = True, keep_local: bool = False,
                  snapshot_buckets: bool = False, buckets: int | None = None) -> None:
