@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench.campaigns.reproduce.common import Verdict, cached_run, campaign_settings, preflight, run_extras
+from workbench.campaigns.reproduce.common import (
+    Verdict,
+    cached_run,
+    campaign_settings,
+    preflight,
+    progress,
+    run_extras,
+)
 
 KEY = "gossipgrad"
 TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"
@@ -48,6 +55,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
     preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size, **batch(p)}
                 for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
+    progress(KEY, len(settings["worlds"]) * len(settings["seeds"]) * len(MODES))
     for p in settings["worlds"]:
         for seed in settings["seeds"]:
             for mode in MODES:
