@@ -68,8 +68,9 @@ demo: setup
 # The seed papers' findings at the registered paper scale (workbench/campaigns/reproduce/registry.yaml: lenet5, vgg11 on
 # synthetic_image, reporting seeds drawn when a campaign starts; one sweep point each; estimated ~115 min on 2
 # idle cores, more than the 60-minute aim: docs/reproduce.md gives the times taken), then runs/reproduce/report.html
-# with a verdict per registered finding. Resumable: every run of a campaign is cached and keeps its seeds, and a
-# second invocation re-runs only unfinished notebooks. A finding that does not hold fails its notebook's last cell;
+# with a verdict per registered finding. Each finished run prints a progress line (runs done / total, elapsed,
+# estimated finish). Resumable: every run of a campaign is cached and keeps its seeds, and a
+# second invocation re-runs only unfinished notebooks and runs. A finding that does not hold fails its notebook's last cell;
 # the report is written anyway, then the target exits 1 when a finding does not hold or was not run.
 REPRO ?= runs/reproduce
 REPRODUCE_NOTEBOOKS = ccgrid22:ccgrid22_resilience jpdc24:jpdc24_soft_errors europmpi17:europmpi17_mpi_needs \

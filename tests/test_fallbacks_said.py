@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import warnings
+from collections import deque
 from types import SimpleNamespace
 
 import pytest
@@ -135,10 +136,30 @@ def test_a_diffusion_cut_short_by_a_lost_member_is_said(monkeypatch):
         raise CommError("a member is gone")
 
     monkeypatch.setattr(gossip, "diffusion", lost)
-    trainer = SimpleNamespace(_flat=lambda: torch.zeros(3), comm=None, schedule=None, step=10)
+    trainer = SimpleNamespace(_flat=lambda: torch.zeros(3), comm=None, schedule=None, step=10,
+                              trained_cycle=lambda: [1, 2])
     with pytest.warns(FallbackWarning, match="diffusion is None") as record:
         assert gossip.GossipTrainer._done_figures(trainer) == {}
     assert whats(record) == ["diffusion_unmeasured"]
+
+
+def test_a_diffusion_without_a_trained_partner_cycle_follows_the_schedule_and_says_so(monkeypatch):
+    replayed = []
+
+    def measured(comm, schedule, vector, after_step, partners=None):
+        replayed.append(partners)
+        return {"after": 0.0}, vector
+
+    monkeypatch.setattr(gossip, "diffusion", measured)
+    trainer = SimpleNamespace(_flat=lambda: torch.zeros(3), _unflat=lambda v: None, comm=None, step=1,
+                              schedule=gossip.GossipSchedule(4, 0), evaluate=lambda: {"test_acc": 0.5})
+    trainer.exchanged = deque([(0, 1)])  # one step of a two-step cycle trained since the last membership change
+    trainer.trained_cycle = lambda: gossip.GossipTrainer.trained_cycle(trainer)
+    with pytest.warns(FallbackWarning, match="follow the schedule") as record:
+        assert gossip.GossipTrainer._done_figures(trainer)["diffusion"]["test_acc"] == 0.5
+    assert whats(record) == ["diffusion_from_schedule"] and replayed == [None]
+    trainer.exchanged, trainer.step = deque([(2, 1), (3, 2), (4, 1)]), 5  # steps 2-3: the last complete cycle
+    assert gossip.GossipTrainer.trained_cycle(trainer) == [1, 2]
 
 
 def test_a_rank_that_takes_a_fallback_has_it_said_in_the_run():

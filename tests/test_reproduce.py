@@ -316,9 +316,20 @@ def test_gossip_whose_replicas_stay_apart_after_log2_p_rounds_does_not_hold(spre
     v = gossipgrad.verdict(frame, "small")
     failed = [c for c in v.checks if not c.ok]
     assert [c.name.split(":")[0] for c in failed] == ["gossipgrad.diffusion_in_log_p"] and v.status == "does not hold"
-    assert ("measured in 3 of 6" in failed[0].detail) == missing
+    assert ("measured over training's partners in 3 of 6" in failed[0].detail) == missing
     with pytest.raises(AssertionError, match="diffusion_in_log_p"):
         v.require_mechanism()
+
+
+def test_gossip_diffusion_measured_over_the_schedules_partners_not_trainings_fails_its_check():
+    """The rounds must replay the partners the ranks exchanged in training (a rank-side schedule that skips a round
+    is seen only so, tests/test_reproduce_planted.py): a run measured over the schedule function's counts as
+    unmeasured."""
+    frame = gossip_frame().assign(diffusion_partners="trained")
+    assert gossipgrad.verdict(frame, "small").checks[-1].ok
+    frame.loc[(frame.parallelism == "gossip") & (frame.world_size == 4), "diffusion_partners"] = "schedule"
+    check = gossipgrad.verdict(frame, "small").checks[-1]
+    assert not check.ok and "measured over training's partners in 3 of 6" in check.detail, check
 
 
 def test_the_report_shows_the_registration_and_fails_make_reproduce_when_a_finding_does_not_hold(tmp_path, capsys):

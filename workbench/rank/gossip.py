@@ -12,6 +12,7 @@ docs/parallel-modes.md.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -64,22 +65,26 @@ def gossip_average(current: torch.Tensor, sent: torch.Tensor, pair_sum: torch.Te
     return (current - sent) + 0.5 * pair_sum
 
 
-def diffusion(comm: Comm, schedule: GossipSchedule, vector: torch.Tensor,
-              after_step: int) -> tuple[dict[str, float], torch.Tensor]:
+def diffusion(comm: Comm, schedule: GossipSchedule, vector: torch.Tensor, after_step: int,
+              partners: list[int | None] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """How far ``vector`` (this replica's state) diffuses in ``ceil(log2 p)`` gossip rounds without updates: the
-    replicas' relative spread before and after the rounds of the next partner cycle after ``after_step`` (each
-    round ``v <- (v + v_partner) / 2`` over the same pair links as training), and the diffused copy (the consensus
-    state). With p a power of two the rounds reach the mean exactly; a skipped round leaves the replicas apart. A
-    measurement on a copy: the model stays."""
+    replicas' relative spread before and after the rounds (each ``v <- (v + v_partner) / 2`` over the same pair
+    links as training), and the diffused copy (the consensus state). The rounds' partners: ``partners``, this
+    rank's in each round as training exchanged them (:meth:`GossipTrainer.trained_cycle`), else the schedule's
+    next cycle after ``after_step``. With p a power of two the rounds reach the mean exactly; a skipped round leaves
+    the replicas apart. A measurement on a copy: the model stays."""
     before = relative_spread(comm, vector)
     vector = vector.clone()
-    start = -(-after_step // schedule.k) * schedule.k  # the first step of a cycle: k rounds of one labelling
-    for step in range(start, start + schedule.k):
-        partner = schedule.partner(step, comm.rank)
+    replayed = partners is not None
+    if partners is None:
+        start = -(-after_step // schedule.k) * schedule.k  # the first step of a cycle: k rounds of one labelling
+        partners = [schedule.partner(step, comm.rank) for step in range(start, start + schedule.k)]
+    for partner in partners:
         if partner is not None:
             comm.wait(comm.link(partner).group.allreduce([vector]))
             vector *= 0.5
-    return {"rounds": schedule.k, "before": before, "after": relative_spread(comm, vector)}, vector
+    return {"rounds": len(partners), "before": before, "after": relative_spread(comm, vector),
+            "partners": "trained" if replayed else "schedule"}, vector
 
 
 def relative_spread(comm: Comm, vector: torch.Tensor) -> float:
@@ -133,6 +138,7 @@ class GossipTrainer(BaseTrainer):
         st.init_history(self.optimizer)
         self.exchange = PairExchange(self.comm, self._flat, self._unflat)
         self.schedule: GossipSchedule | None = None
+        self.exchanged: deque[tuple[int, int | None]] = deque()  # (step, partner) this generation, recent steps
         self.partition: LocalPartition | None = None
 
     # -- state --------------------------------------------------------------------------------------------------
@@ -200,6 +206,7 @@ class GossipTrainer(BaseTrainer):
             # survivors keep their own replicas; a replacement takes the most advanced member's
             self.step = self._settle(None, self.step + 1 if self.trained else 0, newcomers_only=True)
         self.schedule = GossipSchedule(self.comm.size, self.config.seed)
+        self.exchanged = deque(maxlen=2 * self.schedule.k)  # a new membership: its partners only
         peers = {self.schedule.partner(t, self.comm.rank) for t in range(self.schedule.cycle_steps)}
         if self.config.shuffle == "ring":
             peers |= {(self.comm.rank + 1) % self.comm.size, (self.comm.rank - 1) % self.comm.size}
@@ -228,6 +235,7 @@ class GossipTrainer(BaseTrainer):
     def train_step(self) -> None:
         step, started = self._begin_step()
         partner = self.schedule.partner(step, self.comm.rank)
+        self.exchanged.append((step, partner))  # what this step exchanges: the diffusion measurement replays it
         batch = self.partition.next_batch()
         messages, sent_bytes = 0, 0
         pending: list[dist.Work] = []
@@ -279,13 +287,19 @@ class GossipTrainer(BaseTrainer):
         pass  # the exchange is posted; the partner finds it broken
 
     def _done_figures(self) -> dict[str, Any]:
-        """The diffusion measurement (:func:`diffusion`) of the final replicas and the test accuracy of their
-        consensus (the diffused state: what ``ceil(log2 p)`` rounds make of the replicas, their mean for p a power of
-        two), sent with ``done``; none when a member is lost meanwhile (a measurement after the last step must not
-        fail a finished run: said, ``diffusion_unmeasured``). The replica keeps its own state."""
+        """The diffusion measurement (:func:`diffusion`, over the partners of the last cycle trained) of the final
+        replicas and the test accuracy of their consensus (the diffused state: what ``ceil(log2 p)`` rounds make of
+        the replicas, their mean for p a power of two), sent with ``done``; none when a member is lost meanwhile (a
+        measurement after the last step must not fail a finished run: said, ``diffusion_unmeasured``). The replica
+        keeps its own state."""
         own = self._flat()  # a copy of the state; diffusion works on a copy of it in turn
+        partners = self.trained_cycle()
+        if partners is None:
+            taken("diffusion_from_schedule", f"fewer than a partner cycle ({self.schedule.k} steps) trained since "
+                  f"the last membership change: the diffusion rounds follow the schedule, not partners training "
+                  f"exchanged")
         try:
-            figures, consensus = diffusion(self.comm, self.schedule, own, self.step)
+            figures, consensus = diffusion(self.comm, self.schedule, own, self.step, partners)
         except (CommError, GenerationChanged) as exc:
             taken("diffusion_unmeasured", f"a member was lost while the replicas' diffusion was measured after the "
                   f"last step ({type(exc).__name__}): the summary's diffusion is None")
@@ -294,6 +308,16 @@ class GossipTrainer(BaseTrainer):
         figures["test_acc"] = self.evaluate()["test_acc"]
         self._unflat(own)
         return {"diffusion": figures}
+
+    def trained_cycle(self) -> list[int | None] | None:
+        """This rank's partners in the last complete partner cycle it trained (``k`` steps of one labelling), as
+        its steps exchanged them (None: skipped), or None when this generation trained no complete cycle."""
+        k = self.schedule.k
+        start = (self.step // k - 1) * k
+        done = dict(self.exchanged)
+        if start < 0 or any(step not in done for step in range(start, start + k)):
+            return None
+        return [done[step] for step in range(start, start + k)]
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         extra: dict[str, Any] = {}

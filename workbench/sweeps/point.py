@@ -1,10 +1,11 @@
 """A sweep worker: executes sweep points with papermill, one after another, in this process.
 
 Started by :func:`workbench.sweeps.run.sweep` as ``python -m workbench.sweeps.point --events FD --parent PID``, one
-worker per job slot, with one shared rank template (:func:`workbench.launch.template.share`) for its whole life. Stdin:
-one JSON line per point; FD: JSON line events (``start``, ``cell``, ``done``); per point, in its directory:
-``point.json``, the executed notebook and ``point.log``. After each point everything the kernel left is killed; on
-SIGTERM the worker kills its whole tree and exits, the point staying ``running``. Details: docs/internals.md.
+worker per job slot, with one shared rank template (:func:`workbench.launch.template.share`) for its whole life.
+Stdin: one JSON line per point; FD: JSON line events (``start``, ``cell``, ``progress``, ``done``); per point, in
+its directory: ``point.json``, the executed notebook and ``point.log``. After each point everything the kernel left
+is killed; on SIGTERM the worker kills its whole tree and exits, the point staying ``running``. Details:
+docs/internals.md.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from workbench.launch.template_server import code_fingerprint
 from workbench.results import provenance
 from workbench.results.h5files import write_text
 from workbench.results.run_result import RESULT_FILE
-from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, POINT_VAR, PREEMPTED_DIR
+from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, POINT_VAR, PREEMPTED_DIR, PROGRESS_FILE
 
 POINT_FILE = "point.json"
 LOG_FILE = "point.log"
@@ -93,6 +95,7 @@ def kill_all(processes: list[tuple[int, int]], wait: float = 5.0) -> list[tuple[
 class Worker:
     def __init__(self, events_fd: int) -> None:
         self.events = os.fdopen(events_fd, "w", buffering=1)
+        self.emitting = threading.Lock()
         self.current_tmp: Path | None = None
         self.current_dir: Path | None = None
         self.noticed = False  # the point running has notice of preemption (SIGUSR1)
@@ -123,7 +126,8 @@ class Worker:
         return self.template, self.template.children_cpu() if self.template is not None else None
 
     def emit(self, **event: Any) -> None:
-        self.events.write(json.dumps(event) + "\n")
+        with self.emitting:  # the progress relay's thread emits too
+            self.events.write(json.dumps(event) + "\n")
 
     def terminate(self, signum: int, frame: object) -> None:
         kill_all(descendants(os.getpid()))
@@ -161,7 +165,7 @@ class Worker:
         directory.mkdir(parents=True, exist_ok=True)
         executed = directory / Path(task["notebook"]).name
         tmp = directory / f".running-{executed.name}"
-        for stale in (directory / RESULT_FILE, executed, tmp, *directory.glob(".*.tmp")):
+        for stale in (directory / RESULT_FILE, directory / PROGRESS_FILE, executed, tmp, *directory.glob(".*.tmp")):
             stale.unlink(missing_ok=True)
         clear_run(directory)  # an earlier attempt's checkpoints and logs: its run into out=DIR is not refused
         (directory / NOTICE_FILE).unlink(missing_ok=True)  # a notice was for the attempt it reached
@@ -183,6 +187,7 @@ class Worker:
         t0 = time.monotonic()
         cpu0, (template0, reaped0) = _cpu(), self.template_cpu()
         error = None
+        relay = _ProgressRelay(self, task["id"], directory / PROGRESS_FILE)
         try:
             papermill.execute_notebook(task["notebook"], str(tmp), parameters=task["parameters"], engine_name=ENGINE,
                                        kernel_name=task.get("kernel_name"), progress_bar=False,
@@ -192,6 +197,7 @@ class Worker:
         except Exception as exc:  # kernel died, timeout, bad kernel name ...: this point fails, the next goes on
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         finally:
+            relay.stop()
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(saved[0], 1)
@@ -222,6 +228,36 @@ class Worker:
                       provenance=provenance.finish(status["provenance"]))
         write_json(directory / POINT_FILE, status)
         self.emit(id=task["id"], event="done", status=status["status"], error=error)
+
+
+class _ProgressRelay:
+    """Emits a ``progress`` event with each new line of the point's progress file (a campaign's runs done, its
+    estimated finish: :class:`workbench.campaigns.reproduce.common.Progress`), polled every ``every`` seconds."""
+
+    def __init__(self, worker: Worker, pid: str, path: Path, every: float = 1.0) -> None:
+        self.worker, self.pid, self.path, self.every = worker, pid, path, every
+        self.stopped = threading.Event()
+        self.last = ""
+        self.thread = threading.Thread(target=self._poll, name="progress-relay", daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.stopped.wait(self.every):
+            self._relay()
+
+    def _relay(self) -> None:
+        try:
+            line = self.path.read_text().strip()
+        except OSError:
+            return
+        if line and line != self.last:
+            self.last = line
+            self.worker.emit(id=self.pid, event="progress", line=line)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        self._relay()  # the last line, written after the last poll
 
 
 def _preempted(directory: Path, error: str | None) -> tuple[str, str | None]:

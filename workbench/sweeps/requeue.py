@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from workbench.config.run import RunConfig
 
 POINT_VAR = "WORKBENCH_POINT_DIR"  # set by the sweep's worker for its kernel: the point's directory
+PROGRESS_FILE = "progress.txt"  # a campaign's latest progress line in its point (the worker relays it to the sweep)
 NOTICE_FILE = ".notice"  # written by the worker when the point has notice of preemption
 PREEMPTED_DIR = ".preempted"  # one folder per run kept at its boundary checkpoint
 CHECKPOINT_FILE = "checkpoint.h5"

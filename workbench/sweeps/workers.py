@@ -130,6 +130,8 @@ class Scheduler:
                         self.notice()
                 elif kind == "cell":
                     self.cells[event["id"]] = f"{event['index'] + 1}/{event['total']}"
+                elif kind == "progress":  # a campaign's runs done and estimated finish, on the terminal
+                    bar.write(f"{event['id'][:40]}: {event['line']}")
                 elif kind in ("done", "exit") and worker.task is not None:
                     task, worker.task, worker.running = worker.task, None, False
                     self.cells.pop(task["id"], None)

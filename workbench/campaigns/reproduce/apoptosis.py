@@ -21,6 +21,7 @@ from workbench.campaigns.reproduce.common import (
     fmt,
     mean_interval,
     preflight,
+    progress,
     run_extras,
 )
 
@@ -82,6 +83,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
     preflight(*[{"world_size": world, "apoptosis": setting[arm], **data} for world in settings["worlds"]
                 for arm in arms])
     results = {}
+    progress(KEY, len(runs))
     for world, seed, arm in runs:
         results[world, seed, arm] = cached_run(
             Path(out) / "runs" / f"w{world}-s{seed}-{arm.split(' ')[0]}", world_size=world, seed=seed,

@@ -22,6 +22,7 @@ from workbench.campaigns.reproduce.common import (
     on_reporting_seeds,
     one_sided,
     paired,
+    progress,
 )
 
 KEY = "ccgrid22"
@@ -63,6 +64,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", 
     settings = campaign_settings(KEY, SCALES, scale, out, overrides)
     size = {"synthetic_size": settings["synthetic_size"]}
     rows = []
+    progress(KEY, len(settings["worlds"]) * len(settings["seeds"])
+             * (1 + len(settings["mtbf"]) * len(strategies(settings))))
     for world in settings["worlds"]:
         for seed in settings["seeds"]:
             common = {"world_size": world, "steps": settings["steps"], "seed": seed, "model": settings["model"],

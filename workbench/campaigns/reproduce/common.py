@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,8 +22,8 @@ from typing import Any
 from workbench.campaigns.reproduce.stats import mean_interval, one_sided, wilson
 from workbench.supervisor import events as ev
 
-__all__ = ["Check", "Verdict", "cached_run", "campaign_settings", "fmt", "mean_interval", "on_reporting_seeds",
-           "one_sided", "paired", "preflight", "scale_settings", "wilson"]
+__all__ = ["Check", "Progress", "Verdict", "cached_run", "campaign_settings", "fewer_runs", "fmt", "mean_interval",
+           "on_reporting_seeds", "one_sided", "paired", "preflight", "progress", "scale_settings", "wilson"]
 
 VERDICT_FILE = "verdict.json"
 FIGURES_DIR = "figures"
@@ -265,6 +267,80 @@ def preflight(*runs: dict[str, Any]) -> None:
         prepare(**settings)
 
 
+class Progress:
+    """A campaign's runs done of its ``total``, one line per finished run (printed: the notebook's output; and into
+    a sweep point's ``progress.txt``, which ``workbench sweep`` prints on its terminal): runs done / total,
+    how many reused (cached, :func:`cached_run`), elapsed, and the finish estimated from the mean time of the runs
+    run so far in this invocation (reused ones take no time and do not count)."""
+
+    def __init__(self, name: str, total: int, stream: Any = None) -> None:
+        self.name, self.total, self.stream = name, int(total), stream
+        self.done = self.reused = 0
+        self.run_s = 0.0
+        self.started = time.monotonic()
+
+    def finished(self, label: str, seconds: float, reused: bool) -> str:
+        """Count one finished run (``reused``: loaded, not run); print and return its progress line."""
+        self.done += 1
+        self.reused += bool(reused)
+        self.run_s += 0.0 if reused else seconds
+        ran, left = self.done - self.reused, max(self.total - self.done, 0)
+        elapsed = time.monotonic() - self.started
+        if not left:
+            estimate = "finished"
+        elif ran:
+            per_run = self.run_s / ran
+            at = time.strftime("%H:%M:%S", time.localtime(time.time() + left * per_run))
+            estimate = f"~{per_run:.1f} s per run, estimated finish {at} (in {_clock(left * per_run)})"
+        else:
+            estimate = "estimated finish: after the first run not reused"
+        took = "reused" if reused else f"{seconds:.1f} s"
+        line = (f"{self.name}: {self.done}/{self.total} runs done ({label}, {took}; {self.reused} reused) · "
+                f"elapsed {_clock(elapsed)} · {estimate}")
+        print(line, file=self.stream or sys.stdout, flush=True)
+        _tell_sweep(line)
+        return line
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _tell_sweep(line: str) -> None:
+    """Write ``line`` into the sweep point's progress file when this runs in one (its worker relays it)."""
+    from workbench.sweeps.requeue import POINT_VAR, PROGRESS_FILE
+
+    point = os.environ.get(POINT_VAR)
+    if point and Path(point).is_dir():
+        _write(Path(point) / PROGRESS_FILE, line + "\n")
+
+
+_PROGRESS: list[Progress] = []  # the campaign in progress in this process: cached_run counts its runs into it
+
+
+def progress(name: str, total: int, stream: Any = None) -> Progress:
+    """Start counting a campaign's ``total`` runs: every :func:`cached_run` from now on prints a progress line,
+    until ``total`` are done or the next campaign starts."""
+    _PROGRESS[:] = [Progress(name, total, stream)]
+    return _PROGRESS[0]
+
+
+def fewer_runs(count: int) -> None:
+    """The campaign in progress runs ``count`` runs fewer than its total counted on (e.g. a group with nothing to
+    alter): its estimate counts on the rest."""
+    if _PROGRESS:
+        _PROGRESS[0].total -= int(count)
+
+
+def _count(directory: Path, seconds: float, reused: bool) -> None:
+    if _PROGRESS:
+        tracker = _PROGRESS[0]
+        tracker.finished(directory.name, seconds, reused)
+        if tracker.done >= tracker.total:
+            _PROGRESS.clear()
+
+
 def cached_run(directory: str | os.PathLike, **settings: Any) -> Any:
     """``workbench.run(**settings)`` saved to ``directory/result.h5``; when that file exists, was made by the same
     settings *and the same workbench source* (:func:`workbench.results.provenance.source_digest`) and can be trusted
@@ -280,12 +356,15 @@ def cached_run(directory: str | os.PathLike, **settings: Any) -> Any:
     if (directory / RESULT_FILE).is_file() and stamp.is_file() and stamp.read_text() == wanted:
         cached = RunResult.load(directory / RESULT_FILE)
         if reusable(cached):
+            _count(directory, 0.0, reused=True)
             return cached
     directory.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)  # a run cut off below leaves no stamp: the next invocation runs it again
+    started = time.monotonic()
     result = workbench.run(**settings, overwrite=True)  # an ``out`` in the settings: the run this one replaces
     result.save(directory)
     _write(stamp, wanted)
+    _count(directory, time.monotonic() - started, reused=False)
     return result
 
 

@@ -23,6 +23,7 @@ from workbench.campaigns.reproduce.common import (
     mean_interval,
     on_reporting_seeds,
     preflight,
+    progress,
 )
 from workbench.config.errors import ConfigError
 
@@ -113,6 +114,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17"
     preflight(*[{k: v for k, v in run.items() if k != "faults"} for arm, _, run in plan
                 if not (arm == "ulfm" and missing)])
     rows = []
+    progress(KEY, len(settings["seeds"]) * sum(not (arm == "ulfm" and missing) for arm, _, _ in plan))
     for seed in settings["seeds"]:
         for arm, k, run in plan:
             row = {"arm": arm, "strategy": run["strategy"], "parallelism": run.get("parallelism", "data"),

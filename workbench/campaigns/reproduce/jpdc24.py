@@ -19,7 +19,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from workbench.campaigns.reproduce.common import Verdict, cached_run, campaign_settings, preflight, wilson
+from workbench.campaigns.reproduce.common import (
+    Verdict,
+    cached_run,
+    campaign_settings,
+    fewer_runs,
+    preflight,
+    progress,
+    wilson,
+)
 
 KEY = "jpdc24"
 TITLE = "Soft errors in data- and model-parallel DL (JPDC'24)"
@@ -56,6 +64,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
                  "dataset": settings["dataset"]}
                 for world in settings["worlds"] for platform in settings["platforms"]])  # e.g. a model without stages
     rows, bit_frames = [], []
+    per_model = 2 + len(settings["groups"]) * len(settings["flips"]) * settings["trials"]  # at most: a group
+    progress(KEY, len(settings["seeds"]) * len(settings["platforms"]) * len(settings["worlds"]) * per_model)
     for seed in settings["seeds"]:
         for platform in settings["platforms"]:
             originals = {}
@@ -92,6 +102,7 @@ def _alterations(where: Path, settings: dict[str, Any], seed: int, platform: str
     for group in settings["groups"]:
         targets = [n for n in sizes if GROUPS[group](n)]
         if not targets:
+            fewer_runs(len(settings["flips"]) * settings["trials"])  # its runs are not run
             continue  # e.g. buffers of a model without batch norm
         for k in settings["flips"]:
             flipped = min(k, sum(sizes[n] for n in targets))  # lenet5's buffers: 44 values in all
