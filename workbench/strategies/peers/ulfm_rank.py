@@ -94,7 +94,7 @@ class UlfmRank(PeerRank):
 
     def _report(self, comm: Any, step: int, gen: int, totals: np.ndarray, started: float) -> None:
         if comm.Get_rank() != 0:
-            self.channel.send(protocol.message("step", step=step, gen=gen))
+            self.channel.send(protocol.message("step", step=step, gen=gen, t=time.time()))
             return
         loss_sum, correct, samples = (float(v) for v in totals)
         figures = {"loss": loss_sum / samples, "train_acc": correct / samples, "samples": int(samples),
