@@ -268,3 +268,31 @@ def test_a_notice_to_a_warm_spare_is_no_preemption(tmp_path):
         run.stop()
         result = run.wait(60)
     assert result.failures == [] and result.summary["world_size_final"] == 2
+
+
+def test_run_finish_ends_at_a_step_boundary_equal_to_a_run_of_that_many_steps(tmp_path):
+    """``run.finish()`` on a run of a million steps, once step 20 is reported (an event, not a wait): both ranks end
+    after the boundary's step and say done with their fingerprints, the run completes (replicas compared), and
+    its weights and step rows equal those of a run configured with that many steps."""
+    import threading
+
+    reached = threading.Event()
+    run = workbench.start({"world_size": 2, "steps": 1_000_000, "eval_interval": 1_000_000, "hidden": [16]},
+                          out=tmp_path / "f", on_event=lambda kind, p: kind == "step" and p["step"] >= 20
+                          and reached.set())
+    try:
+        assert reached.wait(120), "no step 20"
+    finally:
+        run.finish()
+    result = run.wait(60)
+    summary = result.summary
+    assert summary["outcome"] == "completed" and summary["reason"].startswith("finished at a step boundary"), summary
+    assert summary["replicas_identical"] is True and summary["world_size_final"] == 2
+    (finish,) = [e for e in result.events if e["kind"] == "finish"]
+    n = finish["steps"]
+    assert 20 < n == summary["steps_completed"] and [row["step"] for row in result.metrics] == list(range(n))
+    with pytest.raises(workbench.ConfigError, match="the run has ended"):
+        run.finish()
+    reference = completed(tmp_path, "ref", world_size=2, steps=n, eval_interval=1_000_000, hidden=[16])
+    assert max_diff(final_weights(result), final_weights(reference)) == 0.0
+    assert [row["loss"] for row in result.metrics] == [row["loss"] for row in reference.metrics]

@@ -13,11 +13,8 @@ from workbench.config.errors import ConfigError
 from workbench.config.run import RunConfig
 
 TINY = {"world_size": 2, "steps": 100, "eval_interval": 50, "hidden": [32], "seed": 1}
-# torchft, completed: long enough after the kill that the replacement (a fresh interpreter: 3 s to start idle, 7-9
-# s on loaded cores) finds its peer still training; 1500 steps (3-4 s alone idle) lost that race under load. The
-# heal itself is waited for as an event (Heal, the fast-tier test below); only this comparison of the final
-# weights needs the run to complete, and a torchft run has no way to end at a step boundary after the heal
-LONG = {**TINY, "steps": 5000, "eval_interval": 2500}
+# a torchft run that goes on until the test ends it: at the heal (run.stop, or run.finish to compare the weights)
+ENDLESS = {"steps": 1_000_000, "eval_interval": 1_000_000}
 
 
 class Heal:
@@ -36,15 +33,18 @@ class Heal:
         elif kind == "step" and self.event is not None and payload["step"] > self.event["step"]:
             self.after.set()
 
-    def run_until_healed(self, config: dict[str, Any], out: Any) -> Any:
-        """Start the run, wait for the heal and a step after it, stop the run (its live API); its result."""
+    def run_until_healed(self, config: dict[str, Any], out: Any, finish: bool = False) -> Any:
+        """Start the run, wait for the heal and a step after it, then stop the run, or (``finish``) have it end at
+        the next step boundary, every replica done (its live API); its result."""
         run = workbench.start(config, out=out, on_event=self)
         try:
             assert self.healed.wait(180), f"no heal within 180 s: {[e['detail'] for e in run.events][-5:]}"
             assert self.after.wait(60), "no step committed after the heal"
-        finally:
-            run.stop("the heal is seen")
-        return run.wait(60)
+        except BaseException:
+            run.stop("no heal")
+            raise
+        run.finish() if finish else run.stop("the heal is seen")
+        return run.wait(120)
 
 
 def test_torchft_fast_tier_a_killed_replica_is_replaced_and_heals_from_its_peer(tmp_path):
@@ -62,8 +62,7 @@ def test_torchft_fast_tier_a_killed_replica_is_replaced_and_heals_from_its_peer(
     """
     pytest.importorskip("torchft", reason="the peers extra is not installed (pip install -e .[peers])")
     heal = Heal()
-    result = heal.run_until_healed({"world_size": 2, "steps": 1_000_000, "eval_interval": 1_000_000,
-                                    "hidden": [16], "seed": 1, "strategy": "torchft",
+    result = heal.run_until_healed({"world_size": 2, **ENDLESS, "hidden": [16], "seed": 1, "strategy": "torchft",
                                     "faults": ["kill:rank=0,step=30"]}, tmp_path / "ft")
     summary = result.summary
     assert (summary["outcome"], summary["reason"]) == ("stopped", "the heal is seen")
@@ -88,17 +87,27 @@ def test_torchft_fast_tier_a_killed_replica_is_replaced_and_heals_from_its_peer(
 
 
 def test_torchft_detects_by_heartbeat_restarts_the_replica_and_heals_it(tmp_path):
+    """Replica 1 SIGKILLed at step 40; the test waits for its replacement's heal and a step after it, then asks
+    the run to finish at the next step boundary (``run.finish``): both replicas end after the same step and send
+    their fingerprints, so the run completes and its replicas' final weights are compared, with no step count
+    chosen for the survivor not to outrun the replacement's start."""
     pytest.importorskip("torchft", reason="the peers extra is not installed (pip install -e .[peers])")
     # 2 s, not 1: a fresh replacement building torchft's Manager on loaded cores missed 1 s of heartbeats in 2 of
     # 17 runs (a second failure, "froze") where the lighthouse needs the same timeout to drop the dead replica
-    result = workbench.run({**LONG, "strategy": "torchft", "heartbeat_timeout": 2.0,
-                            "faults": ["kill:rank=1,step=40"]}, out=tmp_path / "ft")
+    heal = Heal()
+    result = heal.run_until_healed({**TINY, **ENDLESS, "strategy": "torchft", "heartbeat_timeout": 2.0,
+                                    "faults": ["kill:rank=1,step=40"]}, tmp_path / "ft", finish=True)
     summary = result.summary
     assert summary["outcome"] == "completed", summary["reason"]  # no escape: the heal is what is tested
+    assert summary["reason"].startswith("finished at a step boundary as asked")
+    # both replicas ended after the same step: the boundary asked for, or (a replica already past it when the
+    # message came) the step they had reached together
+    (finish,) = [e for e in result.events if e["kind"] == "finish"]
+    assert heal.event["step"] < finish["steps"] <= summary["steps_completed"] == result.metrics[-1]["step"] + 1
     (failure,) = summary["failures"]
     # the lighthouse drops the dead replica only when its heartbeats have been missing for the timeout
     assert failure["detection_s"] >= 1.9 and failure["resume_s"] >= failure["detection_s"]
-    assert failure["regrow_s"] is not None and failure["regrow_s"] > failure["resume_s"]
+    assert failure["regrow_s"] is not None and failure["regrow_s"] > failure["resume_s"], failure
     assert failure["world_size_after"] == 1
     assert summary["replicas_identical"] is True  # the replacement healed from its peer, bit for bit
     kinds = [e["kind"] for e in result.events]

@@ -3,6 +3,7 @@ the survivors revoking, shrinking and agreeing; and the pieces that need no MPI 
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,9 @@ def test_fast_tier_rank_0_killed_the_survivor_shrinks_and_finishes(tmp_path):
     assert summary["world_size_final"] == 1 and summary["steps_completed"] == 30
     (failure,) = summary["failures"]
     assert failure["rank"] == 0 and failure["world_size_after"] == 1
-    assert failure["steps_redone"] == 0 and failure["samples_lost"] == 0  # the failed step retried, not redone
+    # the failed step retried, not redone; planted: a survivor resuming one step early (``_recover`` returning
+    # max(steps) - 1) redoes the step it committed before the shrink, and this reads steps_redone 1
+    assert failure["steps_redone"] == 0 and failure["samples_lost"] == 0
     assert 0 < failure["detection_s"] <= failure["settle_s"] <= failure["resume_s"]
     survivor = [e for e in result.events if e["kind"] == "ulfm_error"]
     assert [e["rank"] for e in survivor] == [1]  # the survivor's own MPI error is the detection
@@ -136,3 +139,45 @@ def test_the_survivors_detection_may_arrive_before_the_supervisor_sees_the_death
     recorder.step({"step": 6, "gen": 0, "t": 100.4, "loss": 1.0, "train_acc": 0.5, "samples": 64, "step_time": 0.01})
     figures = failure.figures("ulfm")
     assert (figures["detection_s"], figures["settle_s"], figures["resume_s"]) == (0.2, 0.3, 0.4)
+
+
+def _ulfm_failure(recorder: Recorder) -> Any:
+    """Rank 0 (the reporter) of 2 killed at step 10 (t 100.0); the survivor's MPI error at 100.2, shrunk at 100.3."""
+    lost = Lost(label=0, id=0, cause="died", position=0, size=2, world_size_after=1, replacement=None)
+    failure = recorder.lost(lost, step=10, fault_time=100.0, peer=True)
+    recorder.peer_mark("detect", 100.2)
+    return failure
+
+
+def _steps(recorder: Recorder, steps: list[tuple[int, float]], figures: bool) -> None:
+    for step, t in steps:  # each member step message goes to the adapter (peer_step), figures to the recorder
+        m = {"step": step, "gen": 0, "t": t}
+        recorder.peer_step(m)
+        if figures:
+            recorder.step({**m, "loss": 1.0, "train_acc": 0.5, "samples": 64, "step_time": 0.01})
+
+
+@pytest.mark.parametrize("resumed, redone", [(11, 0), (10, 1), (8, 3)])
+def test_a_step_the_survivor_committed_and_reports_again_after_the_shrink_is_redone(resumed, redone):
+    """The survivor (no figures before: rank 0 reported) committed step 10 after rank 0's death, its error came
+    at step 11: resuming at 11 redoes nothing, at 10 (one step early: a planted redo) or 8, the steps between."""
+    recorder = Recorder(RunConfig(strategy="ulfm", world_size=2))
+    _steps(recorder, [(s, 99.0 + s / 100) for s in range(10)], figures=True)  # rank 0's reports to step 9
+    failure = _ulfm_failure(recorder)
+    _steps(recorder, [(s, 99.0 + s / 100) for s in range(11)], figures=False)  # the survivor's own, to step 10
+    recorder.peer_mark("settle", 100.3)
+    _steps(recorder, [(s, 100.4 + s / 100) for s in range(resumed, 15)], figures=True)  # now it reports
+    assert (failure.resume_step, failure.committed, failure.steps_redone) == (resumed, 11, redone)
+    assert failure.figures("ulfm")["resume_s"] == pytest.approx(0.4 + resumed / 100)
+    assert recorder.result("completed", "", 1, True, False).summary["steps_redone_total"] == redone
+
+
+def test_a_failed_step_the_survivor_retries_is_not_redone():
+    """The survivor's error came at step 10 itself (rank 0's sum never reached it): it never committed 10, and
+    retrying it after the shrink redoes nothing, whichever order the settle and its first step arrive in."""
+    recorder = Recorder(RunConfig(strategy="ulfm", world_size=2))
+    _steps(recorder, [(s, 99.0 + s / 100) for s in range(10)], figures=True)
+    failure = _ulfm_failure(recorder)
+    _steps(recorder, [(10, 100.4)], figures=True)  # its retried step 10 reported before the shrink is read
+    recorder.peer_mark("settle", 100.3)
+    assert (failure.resume_step, failure.committed, failure.steps_redone) == (10, 10, 0)

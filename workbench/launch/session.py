@@ -169,6 +169,17 @@ class Run:
     def stop(self, reason: str = "stopped by the user") -> None:
         self._supervisor.command("stop", reason)
 
+    def finish(self) -> None:
+        """End the run cleanly at the next step boundary, a few steps past the furthest one committed: every rank
+        completes that step and reports done, and the run completes with fewer steps (its replicas compared:
+        ``replicas_identical``), where :meth:`stop` ends it at once. Every strategy; docs/permanent-faults.md.
+        ConfigError once the run has ended."""
+        from workbench.config.errors import ConfigError
+
+        if self.done:
+            raise ConfigError("finish", "the run has ended")
+        self._supervisor.command("finish")
+
     def notice(self, grace: float | None = None) -> None:
         """Give the whole job notice of preemption: every rank stops at one step boundary, whose checkpoint the
         run's reason names (``resume=PATH`` goes on from it); ``grace`` seconds (default ``preempt_grace``). What

@@ -288,7 +288,7 @@ class BaseTrainer:
                                            sync_s=time.monotonic() - started, **fields))
 
     def _evaluation_due(self) -> bool:
-        return self.step % self.config.eval_interval == 0 or self.step == self.config.steps
+        return self.step % self.config.eval_interval == 0 or self.step == self.channel.end(self.config.steps)
 
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.model, self.data)
@@ -392,7 +392,7 @@ class BaseTrainer:
                 if self.comm.gen != assignment["gen"]:
                     self.adopt_rule(assignment)
                     self.join(assignment)
-                while self.step < self.config.steps:
+                while self.step < self.channel.end(self.config.steps):  # fewer once run.finish asked
                     self.comm.check()
                     self._pause_if_due()
                     try:

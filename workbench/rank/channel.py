@@ -139,6 +139,7 @@ class Channel:
         self.live_faults: list[str] = []  # faults sent while the run goes on (run.flip); the trainer drains it
         self.throttle: tuple[float, float | None] | None = None  # a live slow-down (factor, seconds) not yet taken
         self.pause: dict[str, Any] | None = None  # the step boundary to stop at (a resize, a preemption)
+        self.finish: int | None = None  # the step count the run ends at (run.finish), if asked to end early
         self.send(message("hello", id=worker_id, pid=os.getpid(), rank_hint=rank_hint))
         threading.Thread(target=self._read, name="wb-control", daemon=True).start()
         threading.Thread(target=self._beat, name="wb-heartbeat", daemon=True).start()
@@ -189,6 +190,9 @@ class Channel:
                 elif kind == "pause":
                     self.pause = got
                     continue
+                elif kind == "finish":
+                    self.finish = int(got["steps"])
+                    continue
                 elif kind == "faults_add":
                     self.live_faults.extend(got["faults"])
                     continue
@@ -202,6 +206,10 @@ class Channel:
                     os.kill(os.getpid(), getattr(signal, got["name"]))
                     continue
                 self.inbox.put(got)
+
+    def end(self, steps: int) -> int:
+        """The step count this rank trains to: the run's ``steps``, or fewer once the run was asked to finish."""
+        return steps if self.finish is None else min(steps, self.finish)
 
     def notice(self, signum: int, grace: float) -> None:
         """An outside preemption notice (a signal handler calls this): said from a thread of its own, since the

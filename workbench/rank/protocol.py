@@ -92,6 +92,8 @@ CONTROL_KINDS: dict[str, Kind] = {
     "pause": Kind(SUPERVISOR, ("gen", "step", "checkpoint"), "stop before ``step`` (or at once if past it) and say "
                   "``paused``; ``checkpoint``: write one there first (a preemption's boundary: a "
                   "restart or the whole job's end resumes from it)"),
+    "finish": Kind(SUPERVISOR, ("steps",), "end the run after ``steps`` steps (``run.finish``): stop at that step "
+                   "boundary, or at once if past it, and say ``done`` with the fingerprint"),
     "faults_add": Kind(SUPERVISOR, ("faults",), "live faults (``run.flip``), due at the rank's next step"),
     "throttle": Kind(SUPERVISOR, ("factor",), "slow down by ``factor`` from the next step (1: no more) for "
                      "``seconds`` (None: until the next ``throttle``): ``run.slow``, a slow fault at a time",

@@ -284,7 +284,7 @@ class Trainer(BaseTrainer):
         the next step's alarm slots, which carry the guard's weight check and the replicas' fingerprints, come
         back clean (no extra collective)."""
         if "fingerprint" in self.detectors.on and self.comm.size > 1:
-            if self.step >= self.config.steps:
+            if self.step >= self.channel.end(self.config.steps):
                 self._resolve_divergence()  # no next step to carry it: compare now
             else:
                 self.detectors.check_fingerprint_next()

@@ -74,6 +74,7 @@ class Supervisor:
                                      enabled=config.straggler_response != "off")
         self.commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.boundary: Boundary | None = None  # the step boundary under way (a preemption notice, a resize)
+        self.finish_steps: int | None = None  # run.finish: the step count every rank ends at (None: config.steps)
         self.keep_stopped: Callable[[str], None] | None = None  # given the checkpoint a whole job stopped at
         self.lanes: int | None = None  # a resized hybrid run's lanes per stage (None: the configuration's replicas)
         self.scale: resize_rule.Scale | None = None  # resize_rule linear: the resizes so far (every generation says)
@@ -169,8 +170,11 @@ class Supervisor:
                                        else time.time() - self.recorder.train_start):
                 self._inject(fault.kind, fault.rank, source=f"planned ({fault})", fault=fault)
             if self._all_done():
-                return "completed", (f"all {self.config.steps} steps done with world size "
-                                     f"{sum(w.done for w in self.member_workers)}")
+                world = sum(w.done for w in self.member_workers)
+                if self.finish_steps is not None:
+                    return "completed", (f"finished at a step boundary as asked: {self.recorder.committed} of "
+                                         f"{self.config.steps} steps done with world size {world}")
+                return "completed", f"all {self.config.steps} steps done with world size {world}"
 
     def _watch(self) -> None:
         """Exit statuses, heartbeats and start-up deadlines of every process of the run."""
@@ -279,6 +283,9 @@ class Supervisor:
         resize = [f for f in self.plan.resizes() if pause and f.step == pause["step"]]
         if resize and self.boundary is None:
             self._resize(resize[0].world, planned=resize[0])
+        if self.finish_steps is not None:  # a member new since run.finish: it ends where the others do
+            for w in [self.launcher.workers[id] for id in d.holders]:
+                self.control.send(w, protocol.message("finish", steps=self.finish_steps))
         if d.gen == 0:
             self.status.update(state="running")
         self.recorder.generation(d)
@@ -387,7 +394,7 @@ class Supervisor:
 
     # -- live commands -----------------------------------------------------------------------------------------------
     def command(self, name: str, arg: Any = None) -> None:
-        """Queue a command (stop, kill, hang, stall, flip, preempt, resize) from any thread."""
+        """Queue a command (stop, finish, kill, hang, stall, flip, preempt, resize) from any thread."""
         self.commands.put((name, arg))
         if self.control is not None:
             self.control.wake()
@@ -402,6 +409,8 @@ class Supervisor:
                 self._stop(str(arg or "stopped by the user"))
             elif name == "notice":  # the whole job has notice (a signal to the run's process, a sweep point's)
                 self._job_notice(float(arg))
+            elif name == "finish":
+                self._finish()
             else:  # a fault kind's live command: its object says where it fires (workbench/faults/kinds.py)
                 self._live(kinds.get(name), arg)
 
@@ -435,6 +444,21 @@ class Supervisor:
     def _stop(self, reason: str) -> None:
         self._apply(self.membership.stop(reason))
         self._outcome = self._outcome or ("stopped", reason)
+
+    def _finish(self) -> None:
+        """End the run at a step boundary (``run.finish``): ``MARGIN_STEPS`` past the furthest step a member has
+        committed; each member stops there (one already past it, at once) and says ``done`` with its
+        fingerprint, so the run completes with fewer steps and its replicas are compared. Asked again: the
+        first boundary holds."""
+        if self.finish_steps is not None:
+            return
+        furthest = max([self.recorder.committed, *(w.steps_done for w in self.member_workers if w is not None)])
+        self.finish_steps = min(self.config.steps, furthest + MARGIN_STEPS)
+        self.recorder.event("finish", furthest, f"asked to finish: every rank ends after step "
+                            f"{self.finish_steps - 1} ({self.finish_steps} of {self.config.steps} steps)",
+                            steps=self.finish_steps)
+        for w in self.member_workers:
+            self.control.send(w, protocol.message("finish", steps=self.finish_steps))
 
     def _job_notice(self, grace: float) -> None:
         """Every member has ``grace`` seconds: the run stops at one boundary, which writes a checkpoint (a run that

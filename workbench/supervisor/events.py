@@ -89,6 +89,8 @@ ULFM = EventKind("ulfm", "ULFM: mpirun started, the survivors revoked and shrank
 ULFM_ERROR = EventKind("ulfm_error", "ULFM: a survivor's MPI call failed")
 QUORUM = EventKind("quorum", "torchft: a replica saw a new quorum")
 DISCARDED = EventKind("discarded", "torchft: a replica's step was not committed")
+FINISH = EventKind("finish", "the run was asked to end at a step boundary (run.finish): every rank stops "
+                    "after ``steps`` steps and reports done", ("steps",))
 END = EventKind("end", "the run ended: its outcome and reason", quiet=True)
 REQUEUED = EventKind("requeued", "a sweep point ran again, resumed from the checkpoint kept when its job was "
                      "preempted (workbench.sweeps.requeue)")
@@ -96,7 +98,7 @@ REQUEUED = EventKind("requeued", "a sweep point ran again, resumed from the chec
 OWN = _kinds(STORE, TEMPLATE, WAITING, HOST, JOIN_REFUSED, GENERATION, JOINED, GOSSIP, FAILURE, RECOVERED, RESTART,
              RESPAWN, SPARE, SPARE_LOST, REGROW, CHECKPOINT, CHECKPOINT_SKIPPED, FAULT_SKIPPED, BOUNDARY_SKIPPED,
              PREEMPT_FALLBACK, SLOW_END, STRAGGLER, DETECTED, APOPTOSIS, FALLBACK, ERROR, PEER_ERROR, TORCHRUN, ULFM,
-             ULFM_ERROR, QUORUM, DISCARDED, END, REQUEUED)
+             ULFM_ERROR, QUORUM, DISCARDED, FINISH, END, REQUEUED)
 # a fault that fired (planned or live; a slow rank's start, a preemption's notice, a resize's note): its kind's name
 FAULTS = _kinds(*(EventKind(k.name, f"fault fired: {k.summary}") for k in fault_kinds.REGISTRY.values()))
 assert not set(FAULTS) & set(OWN), "a fault kind's event is declared by its fault kind"

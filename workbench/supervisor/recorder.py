@@ -24,6 +24,7 @@ from workbench.supervisor import events
 from workbench.supervisor.membership import Generation, Lost
 
 EventCallback = Callable[[str, dict[str, Any]], None]
+PEER_STEPS = 4096  # ulfm: the members' latest step reports kept to tell the failed world's steps from the resumed
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Recorder:
         self.events: list[dict[str, Any]] = []
         self.failures: list[Failure] = []
         self.peer_marks: list[tuple[str, float]] = []  # ulfm: when survivors saw a failure, when they had shrunk
+        self.peer_steps: deque[tuple[float, int]] = deque(maxlen=PEER_STEPS)  # ulfm: (t, step) of every member's step
         self.train_start: float | None = None
         self.committed = 0  # steps committed by the run (rank 0 of the current generation)
         self.gen = -1
@@ -158,6 +160,31 @@ class Recorder:
             if failure.peer_seen and failure.settle_time is None:
                 settled = [t for k, t in self.peer_marks if k == "settle" and t >= failure.detect_time]
                 failure.settle_time = min(settled) if settled else None
+            self._peer_resumed(failure)
+
+    def peer_step(self, m: dict[str, Any]) -> None:
+        """A member of a peer that recovers without a generation (ulfm) committed step ``m["step"]`` at ``m["t"]``:
+        every member's reports, the reporter's and the others', say what the failed world had committed (a
+        survivor may have committed a step whose figures died with the reporter) and where the survivors
+        resumed."""
+        self.peer_steps.append((m["t"], m["step"]))
+        for failure in self.failures:
+            self._peer_resumed(failure)
+
+    def _peer_resumed(self, failure: Failure) -> None:
+        """Once the survivors have shrunk (``settle``): the steps members reported before that are the failed
+        world's, the first reported after it is where they resumed; a step committed before and reported again
+        after is redone (a survivor that resumed early)."""
+        if failure.resume_step is not None or failure.recovery_gen is not None or failure.settle_time is None:
+            return
+        after = [(t, step) for t, step in self.peer_steps if t >= failure.settle_time]
+        if not after:
+            return
+        before = [step + 1 for t, step in self.peer_steps if t < failure.settle_time]
+        failure.committed = max([failure.committed, *before])
+        t, step = min(after)
+        failure.resume_time = failure.resume_time or t
+        failure.resumed_at(step)
 
     def generation(self, decision: Generation) -> None:
         self.gen, self.world_size = decision.gen, len(decision.members)
@@ -224,7 +251,8 @@ class Recorder:
         if self.train_start is None:
             self.train_start = time.time() - m["step_time"]
         for failure in self.failures:
-            if failure.resume_time is None and (failure.recovery_gen is None or m["gen"] < failure.recovery_gen):
+            if failure.resume_time is None and (failure.recovery_gen is None or m["gen"] < failure.recovery_gen) \
+                    and not self.peer_steps:  # ulfm's members' steps say it (peer_step): this may be a retried one
                 # a step of the failed generation reported after the death was seen (a gossip survivor finishing
                 # the step it shared with the dead rank, a report still in flight): the run had committed it
                 failure.committed = max(failure.committed, m["step"] + 1)

@@ -79,6 +79,9 @@ class Ulfm(PeerAdapter):
     def start_agent(self, launcher: Any, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
         return sv.start_mpirun(launcher, config, store_address, recorder)
 
+    def step(self, recorder: Any, spawn_id: int, label: int | None, reporter: bool, m: dict[str, Any]) -> None:
+        recorder.peer_step(m)  # every survivor's steps: what was committed before the shrink, what is redone after
+
     def agent_ended(self, code: int, started: bool, log_hint: Callable[[str], str]) -> tuple[str, str]:
         return sv.mpirun_ended(code, started, log_hint)
 

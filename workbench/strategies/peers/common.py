@@ -64,7 +64,7 @@ class PeerRank:
                **extra: Any) -> None:
         figures = {"loss": loss.item(), "train_acc": (out.argmax(1) == y).float().mean().item(), "samples": len(y),
                    "step_time": time.perf_counter() - started, "t": time.time(), **extra}
-        if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.config.steps:
+        if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.channel.end(self.config.steps):
             figures.update(evaluate(self.model, self.data))
         self.channel.send(protocol.message("step", step=step, gen=gen, **figures))
 

@@ -55,7 +55,7 @@ class TorchftReplica(PeerRank):
         ddp = torchft.DistributedDataParallel(manager, self.model)
         wrapped = torchft.Optimizer(manager, optimizer)
         quorum_id = None
-        while manager.current_step() < self.config.steps:
+        while manager.current_step() < self.channel.end(self.config.steps):  # fewer once run.finish asked
             step, started = manager.current_step(), time.perf_counter()
             x, y = self.batch(step, label)
             wrapped.zero_grad()
@@ -63,6 +63,8 @@ class TorchftReplica(PeerRank):
             loss = F.cross_entropy(out, y)
             loss.backward()
             participants = manager.num_participants()  # waits for this step's quorum
+            if manager.current_step() >= self.channel.end(self.config.steps):
+                break  # a quorum without the peers that finished (or a heal past the end): end where they did
             if manager._quorum_id != quorum_id:  # read only: a new quorum means torchft saw membership change
                 quorum_id = manager._quorum_id
                 self.channel.send(protocol.message("quorum", step=step, participants=participants,
@@ -78,7 +80,7 @@ class TorchftReplica(PeerRank):
                 self.channel.send(protocol.message(
                     "discarded", step=step, t=time.time(),
                     error=None if error is None else str(error.original_exception)[:200]))
-        self.channel.send(protocol.message("done", step=self.config.steps, fingerprint=fingerprint(self.model),
+        self.channel.send(protocol.message("done", step=manager.current_step(), fingerprint=fingerprint(self.model),
                                            group=0))
         manager.shutdown(wait=False)
 

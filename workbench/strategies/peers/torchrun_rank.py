@@ -63,7 +63,7 @@ class TorchrunWorker(PeerRank):
         self.channel.send(protocol.message("joined", gen=assignment["gen"], step=step,
                                            sync_s=time.perf_counter() - began, **recovered))
         gen = assignment["gen"]
-        while step < config.steps:
+        while step < self.channel.end(config.steps):  # fewer once run.finish asked
             started = time.perf_counter()
             x, y = self.batch(step, rank)
             optimizer.zero_grad()

@@ -50,7 +50,7 @@ class UlfmRank(PeerRank):
         gen = self.wait_generation()["gen"]
         self.channel.send(protocol.message("joined", gen=gen, step=0, sync_s=0.0))
         step = 0
-        while step < config.steps:
+        while step < self.channel.end(config.steps):  # fewer once run.finish asked
             started = time.perf_counter()
             try:
                 totals = self._train_step(MPI, comm, step)
@@ -94,12 +94,12 @@ class UlfmRank(PeerRank):
 
     def _report(self, comm: Any, step: int, gen: int, totals: np.ndarray, started: float) -> None:
         if comm.Get_rank() != 0:
-            self.channel.send(protocol.message("step", step=step, gen=gen))
+            self.channel.send(protocol.message("step", step=step, gen=gen, t=time.time()))
             return
         loss_sum, correct, samples = (float(v) for v in totals)
         figures = {"loss": loss_sum / samples, "train_acc": correct / samples, "samples": int(samples),
                    "step_time": time.perf_counter() - started, "t": time.time(), "world_size": comm.Get_size()}
-        if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.config.steps:
+        if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.channel.end(self.config.steps):
             figures.update(evaluate(self.model, self.data))
         self.channel.send(protocol.message("step", step=step, gen=gen, **figures))
 
