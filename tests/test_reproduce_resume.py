@@ -84,3 +84,12 @@ def test_a_sweep_worker_relays_each_new_progress_line_as_an_event(tmp_path):
     lines = [e["line"] for e in events]
     assert lines[-1] == "gossipgrad: 2/8 runs done" and len(lines) == len(set(lines))
     assert all(e == {"id": "scale=paper", "event": "progress", "line": e["line"]} for e in events)
+
+
+def test_each_progress_line_is_written_into_the_campaigns_out_folder(tmp_path):
+    """Under ``workbench sweep`` the campaign's ``out`` is its point's directory: the worker relays the file."""
+    tracker = common.Progress("paper", 2, stream=io.StringIO(), into=tmp_path)
+    tracker.finished("a", 1.0, reused=False)
+    line = tracker.finished("b", 1.0, reused=False)
+    assert (tmp_path / "progress.txt").read_text() == line + "\n"
+    assert common.Progress("paper", 1, stream=io.StringIO(), into=tmp_path / "absent").finished("a", 1.0, False)

@@ -34,9 +34,8 @@ def weights(result):
 def test_a_point_run_stopped_by_notice_resumes_there_and_its_record_continues(tmp_path, monkeypatch):
     point = tmp_path / "point"
     point.mkdir()
-    monkeypatch.setenv(requeue.POINT_VAR, str(point))
     config = dict(world_size=3, steps=200, eval_interval=50, seed=4, strategy="shrink")
-    run = workbench.start(**config, out=tmp_path / "first")
+    run = workbench.start(**config, out=tmp_path / "first", point=point)  # as the sweep's notebook hands it on
     until(lambda: len(run.metrics) >= 40, 60, "40 steps")
     run.notice(grace=30)
     first = run.wait()
@@ -47,7 +46,7 @@ def test_a_point_run_stopped_by_notice_resumes_there_and_its_record_continues(tm
     assert {f["samples_lost"] for f in first.failures} == {0}  # three records: every rank was preempted
 
     monkeypatch.setattr(requeue, "_seen", type(requeue._seen)())  # a new attempt: a new kernel
-    second = workbench.run(**config, out=tmp_path / "second")
+    second = workbench.run(**config, out=tmp_path / "second", point=point)
     assert second.completed, second.summary["reason"]
     assert [r["step"] for r in second.metrics] == list(range(200))  # one record from step 0, each step once
     (mark,) = [e for e in second.events if e["kind"] == "requeued"]
@@ -58,8 +57,7 @@ def test_a_point_run_stopped_by_notice_resumes_there_and_its_record_continues(tm
     assert not kept.exists()  # taken: a third attempt would start afresh
     assert RunResult.load(tmp_path / "second").summary["requeues"] == 1
 
-    monkeypatch.delenv(requeue.POINT_VAR)
-    golden = workbench.run(**config, out=tmp_path / "golden")
+    golden = workbench.run(**config, out=tmp_path / "golden")  # a run of its own
     diff = max((weights(second)[k] - weights(golden)[k]).abs().max().item() for k in weights(golden))
     assert diff <= 1e-6 and second.metrics[-1]["loss"] == pytest.approx(golden.metrics[-1]["loss"], abs=1e-6)
 
@@ -67,16 +65,15 @@ def test_a_point_run_stopped_by_notice_resumes_there_and_its_record_continues(tm
 def test_a_notice_before_training_stops_the_run_which_starts_afresh_next_time(tmp_path, monkeypatch):
     point = tmp_path / "point"
     point.mkdir()
-    monkeypatch.setenv(requeue.POINT_VAR, str(point))
     (point / requeue.NOTICE_FILE).write_text("{}")  # the point had notice before this run began
-    result = workbench.run(world_size=2, steps=50)
+    result = workbench.run(world_size=2, steps=50, point=point)
     assert result.outcome == "stopped" and result.summary["reason"] == "the job was preempted before training started"
     (stopped,) = (point / requeue.PREEMPTED_DIR).iterdir()  # the point counts as preempted: it must run again
     assert list(stopped.iterdir()) == []  # with nothing to resume from
 
     (point / requeue.NOTICE_FILE).unlink()  # the next attempt (the worker removes the notice)
     monkeypatch.setattr(requeue, "_seen", type(requeue._seen)())
-    again = workbench.run(world_size=2, steps=50)
+    again = workbench.run(world_size=2, steps=50, point=point)
     assert again.completed and "requeues" not in again.summary and not stopped.exists()
 
 

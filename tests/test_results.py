@@ -54,3 +54,30 @@ def test_training_curve_marks_faults():
     assert names[:3] == ["training loss", "test accuracy", "world size (fraction)"] and "kill" in names
     kill = next(t for t in fig.data if t.name == "kill")
     assert list(kill.x) == [1] and "rank 2" in kill.hovertext[0]
+
+
+def test_the_summary_has_one_writer():
+    """Issue 45, item 4: only workbench/results/summary.py sets a key of a run's summary; every other module hands
+    it its figures (a planted write elsewhere is found)."""
+    import ast
+    from pathlib import Path
+
+    def writes(tree):
+        found = []
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Subscript) and "summary" in ast.unparse(part.value):
+                        found.append(node.lineno)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("update", "setdefault", "pop") and "summary" in ast.unparse(node.func.value):
+                found.append(node.lineno)
+        return found
+
+    root = Path(__file__).resolve().parent.parent / "workbench"
+    writers = {str(p.relative_to(root)): lines for p in sorted(root.rglob("*.py"))
+               if (lines := writes(ast.parse(p.read_text())))}
+    assert writers == {"results/summary.py": writers.get("results/summary.py")}, writers
+    assert writes(ast.parse('result.summary["clock"] = "wall"\nsummary.update(a=1)')) == [1, 2]  # planted

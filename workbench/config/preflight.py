@@ -246,22 +246,9 @@ def build(config: Any, info: DatasetInfo) -> Any:
         raise ConfigError("model", f"{config.model!r} raised {type(exc).__name__}: {text}") from None
 
 
-# settings whose default follows from others: re-derived when one of those is overridden
-_DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",), "spawn": ("strategy",),
-            "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
-            "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
-
-
-def _as_config(config: RunConfig | dict[str, Any] | None, overrides: dict[str, Any]) -> RunConfig:
-    if config is None or isinstance(config, dict):
-        return RunConfig.from_dict({**(config or {}), **overrides})
-    if not overrides:
-        return config
-    base = config.to_dict()
-    for derived, sources in _DERIVED.items():
-        if derived not in overrides and any(s in overrides for s in sources):
-            base.pop(derived)
-    return RunConfig.from_dict({**base, **overrides})
+# a prepared configuration's mark: its values when prepare() gave it back (the CLI prepares before it starts the
+# rank template, then start() prepares again: the second time costs a comparison)
+_PREPARED = "_prepared_as"
 
 
 def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) -> RunConfig:
@@ -269,12 +256,20 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
     :func:`start` checks first (a campaign checks all its runs this way before it runs the first). Pipeline and
     hybrid configurations come back with their ``stage_cuts``. What needs more than the values (the dataset's
     size, a resumed checkpoint, a user's model) is checked here too (:func:`check`). Light on purpose: the CLI
-    calls it before the session is imported, so the rank template can start importing torch that much sooner."""
+    calls it before the session is imported, so the rank template can start importing torch that much sooner.
+    A configuration it gave back, unchanged since and without overrides, comes back as it is, unchecked again (the
+    CLI's, when :func:`~workbench.launch.session.start` prepares it once more)."""
+    if isinstance(config, RunConfig) and not overrides and getattr(config, _PREPARED, None) == config.to_json():
+        return config  # prepared already, and not changed since: what it fell back on stays kept for its run
     from workbench.launch import devices
     from workbench.results import fallbacks
 
+    if config is None or isinstance(config, dict):
+        config = RunConfig.from_dict({**(config or {}), **overrides})
+    else:  # its derived defaults derived again where an override changes what they follow from
+        config = config.overridden(**overrides)
     with fallbacks.preparing():  # auto on a machine without a GPU: said, and recorded by the run started next
-        config = devices.resolve(_as_config(config, overrides))  # auto: cuda or cpu, decided on this machine
+        config = devices.resolve(config)  # auto: cuda or cpu, decided on this machine
     check(config)
     flips = [f for f in config.faults if kinds.of(f).fires is kinds.Fires.INJECTOR]
     if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
@@ -284,4 +279,5 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
 
         config = check_model(config)
         check_flip_targets(config, flips)
+    setattr(config, _PREPARED, config.to_json())  # as prepared: prepare() gives it back as it is
     return config

@@ -48,6 +48,11 @@ SHUFFLES = ("ring", "none")
 SPAWNS = ("template", "fresh")
 PARALLEL_STRATEGIES = {mode: strategies.for_mode(mode) for mode in PARALLELISMS}  # which apply to each mode
 MAX_WORLD_SIZE = 64  # workbench.config.resizing.MAX_WORLD_SIZE: the same bound
+# settings whose default follows from others (None: derived in __post_init__ or by preflight.prepare), and what
+# each follows from: RunConfig.overridden derives one again when an override changes what it follows from
+DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",), "spawn": ("strategy",),
+           "pipeline_stages": ("parallelism", "world_size"), "bind": ("hosts",),
+           "stage_cuts": ("parallelism", "world_size", "pipeline_stages", "model", "hidden", "width", "dataset")}
 
 
 @dataclass
@@ -339,6 +344,19 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    def overridden(self, **overrides: Any) -> RunConfig:
+        """This configuration with ``overrides`` applied and validated again, its derived defaults
+        (:data:`DERIVED`) derived again where an override changes what they follow from and does not set them
+        itself: ``RunConfig(strategy="shrink").overridden(strategy="checkpoint_restart")`` gets the latter's
+        ``checkpoint_every``, not the former's. No overrides: this configuration itself."""
+        if not overrides:
+            return self
+        values = self.to_dict()
+        for derived, sources in DERIVED.items():
+            if derived not in overrides and any(s in overrides for s in sources):
+                values.pop(derived)
+        return RunConfig.from_dict({**values, **overrides})
 
     @property
     def step_faults(self) -> list[FaultSpec]:

@@ -100,27 +100,27 @@ def _fallbacks(kind: str, payload: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``workbench run``: the one door, :func:`workbench.launch.session.start`, as ``workbench.run`` goes through
+    it. Its configuration is prepared first (every ConfigError, exit 2, before the rank template starts) and the
+    template is started before the session is imported, so that torch's import there overlaps the session's
+    here; ``start`` takes the prepared configuration as it is (:func:`~workbench.config.preflight.prepare`)."""
     config = _config_from_args(args)
     from workbench.results.tracking import for_command_line
 
     track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
     from workbench.config.preflight import prepare
-    from workbench.launch.outdir import claim, fresh
+    from workbench.launch.outdir import fresh
 
     config = prepare(config)  # every ConfigError (exit 2) before the first process, the rank template included
-    # the directory is this run's until it ends (a second run on it is refused, naming this one)
-    held = claim(args.out or fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"), make=True), args.overwrite)
-    try:
-        if config.spawn == "template":
-            from workbench.launch.template import prewarm
+    out = args.out or fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"), make=True)
+    if config.spawn == "template":
+        from workbench.launch.template import prewarm
 
-            prewarm()  # the template imports torch while this process imports the session: the two overlap
-        from workbench.launch.session import Run
+        prewarm()  # the template imports torch while this process imports the session: the two overlap
+    from workbench.launch.session import start
 
-        handle = Run(config, out=held, on_event=_fallbacks if args.json else _progress, track=track)  # checked: once
-    except BaseException:
-        held.release()
-        raise
+    handle = start(config, out=out, on_event=_fallbacks if args.json else _progress, track=track,
+                   overwrite=args.overwrite)
     result = handle.wait()
     return _say(_summary_lines(result.summary, args.json), result.summary, 0 if result.completed else 1)
 

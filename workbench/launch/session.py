@@ -18,15 +18,18 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.config.preflight import prepare
 from workbench.config.run import RunConfig
 from workbench.launch.outdir import Claim, claim, remove_temporaries
+from workbench.results import summary as summaries
 from workbench.results.h5files import OutputError
 from workbench.results.run_result import RunResult
 from workbench.supervisor.core import Supervisor
-from workbench.sweeps.requeue import PointRun
+
+if TYPE_CHECKING:  # the sweep layer is imported only for a run given its sweep point (start's ``point``)
+    from workbench.sweeps.requeue import PointRun
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -251,7 +254,7 @@ class Run:
                 try:
                     result.save(self.out)
                 except OutputError as exc:  # a full disk, a read-only place: the result is still returned
-                    _not_saved(result, exc)
+                    summaries.not_saved(result.summary, exc)
             if self.track is not None:  # after the ranks are gone; never raises (workbench.results.tracking)
                 from workbench.results.tracking import track_result
 
@@ -270,8 +273,9 @@ class Run:
 
 def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
           on_event: Listener | None = None, track: str | os.PathLike | None = None, overwrite: bool = False,
-          **overrides: Any) -> Run:
-    """Validate the configuration (errors before any process starts) and start the run in the background.
+          point: str | os.PathLike | None = None, **overrides: Any) -> Run:
+    """Validate the configuration (errors before any process starts) and start the run in the background: the one
+    door every run goes through (``workbench.run``, ``workbench run``, the Lab panel, a campaign).
     Pipeline and hybrid runs get their ``stage_cuts`` here (measured once, the same for every rank).
 
     ``out``: the run's directory (``result.h5``, ``checkpoints/``, ``logs/``), this run's alone until it ends: one
@@ -281,44 +285,46 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
 
     ``track``: an MLflow tracking URI (``sqlite:///mlflow.db``) or directory: the run is logged there once it ended
     (:mod:`workbench.results.tracking`; a logging failure is a warning, recorded in ``result.summary["tracking"]``).
-    Without MLflow installed it raises ``TrackingUnavailable`` here, before any process starts."""
+    Without MLflow installed it raises ``TrackingUnavailable`` here, before any process starts.
+
+    ``point``: the directory of the sweep point this run belongs to, as the sweep hands it to a notebook that
+    declares a ``point`` parameter (:mod:`workbench.sweeps.requeue`): the run then stops on the point's notice of
+    preemption, keeping its checkpoint, and the point's next attempt resumes from it. None (the default): a run
+    of its own, whatever process it runs in."""
     if track is not None:
         from workbench.results.tracking import require
 
         track = require(track)
-    config = prepare(config, **overrides)
-    point = PointRun.of(config)
-    kept = point.resume_from() if point is not None else None
+    config = prepare(config, **overrides)  # a configuration prepare() gave back as it is: not checked twice
+    place = None
+    if point is not None:
+        from workbench.sweeps.requeue import PointRun
+
+        place = PointRun.of(config, point)
+    kept = place.resume_from() if place is not None else None
     if kept:  # an earlier attempt of this sweep point was preempted here
         config = prepare(config, resume=kept)
     held = claim(out, overwrite) if out is not None else None  # this run's until it ends: another is refused
     try:
-        run = Run(config, out=held, on_event=on_event, track=track, point=point)
+        run = Run(config, out=held, on_event=on_event, track=track, point=place)
     except BaseException:
         if held is not None:
             held.release()
         raise
-    if point is not None and point.noticed():  # the point had notice before this run began: it does not train
+    if place is not None and place.noticed():  # the point had notice before this run began: it does not train
         run.notice()
     return run
 
 
 def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None = None,
         on_event: Listener | None = None, track: str | os.PathLike | None = None, overwrite: bool = False,
-        **overrides: Any) -> RunResult:
+        point: str | os.PathLike | None = None, **overrides: Any) -> RunResult:
     """Run to the end and return the result (saved to ``out/result.h5`` when ``out`` is given, which must not hold
-    an earlier run unless ``overwrite``; logged to MLflow when ``track`` is given; see :func:`start`). A result
-    that cannot be written is still returned, failed, with ``summary["result_error"]`` saying why."""
-    return start(config, out=out, on_event=on_event, track=track, overwrite=overwrite, **overrides).wait()
-
-
-def _not_saved(result: RunResult, error: OutputError) -> None:
-    """The run's result could not be written: it fails with that as its reason (what the run itself did kept)."""
-    summary = result.summary
-    summary["result_error"] = str(error)
-    summary["reason"] = f"result not written: {error} (the run {summary['outcome']}: {summary['reason']})"
-    summary["outcome"] = "failed"
-    summary["result_path"] = None
+    an earlier run unless ``overwrite``; logged to MLflow when ``track`` is given; a sweep point's run when
+    ``point`` is given; see :func:`start`). A result that cannot be written is still returned, failed, with
+    ``summary["result_error"]`` saying why."""
+    return start(config, out=out, on_event=on_event, track=track, overwrite=overwrite, point=point,
+                 **overrides).wait()
 
 
 @atexit.register

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.config.errors import ResultsError
+from workbench.results import summary as summaries
 from workbench.results.h5files import FORMATS, RESULT, SWEEP_TABLE, TABLE, reason, require
 from workbench.results.h5write import write_hdf5
 from workbench.results.provenance import columns as provenance_columns
@@ -59,14 +60,7 @@ class RunResult:
         ``rank_overhead_pct`` on the rank clock: :mod:`workbench.results.clock`); ``world_changed``: this run did not
         train at the baseline's world size throughout (a smaller world's steps cost less wall time on shared
         cores and more rank-time: say so beside its overhead)."""
-        for prefix in ("", "rank_"):
-            own, base = self.summary.get(f"{prefix}train_s"), baseline.summary.get(f"{prefix}train_s")
-            over = round(own - base, 3) if own is not None and base is not None else None
-            self.summary[f"{prefix}overhead_s"] = over
-            self.summary[f"{prefix}overhead_pct"] = round(100 * over / base, 2) if over is not None and base else None
-        self.summary["baseline_accuracy"] = baseline.summary["final_test_accuracy"]
-        sizes = {r["world_size"] for r in self.metrics}
-        self.summary["world_changed"] = bool(sizes - {baseline.summary.get("world_size_initial")})
+        summaries.with_baseline(self.summary, baseline.summary, {r["world_size"] for r in self.metrics})
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``directory/result.h5`` atomically and return its path. A full disk or a read-only place raises
@@ -77,7 +71,7 @@ class RunResult:
 
         path = Path(directory) / RESULT_FILE
         before = self.summary.get("result_path")
-        self.summary["result_path"] = str(path.resolve())
+        summaries.saved_at(self.summary, str(path.resolve()))
         text = h5py.string_dtype()
 
         def fill(f: Any) -> None:
@@ -98,7 +92,7 @@ class RunResult:
         try:
             write_hdf5(path, fill)
         except BaseException:
-            self.summary["result_path"] = before
+            summaries.saved_at(self.summary, before)
             raise
         self.path = path
         return path

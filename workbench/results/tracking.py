@@ -25,6 +25,7 @@ from typing import Any
 
 from workbench.config.errors import WorkbenchError
 from workbench.results import clock
+from workbench.results import summary as summaries
 from workbench.results.run_result import METRIC_COLUMNS, RunResult
 
 INSTALL = "pip install -e .[tracking]"
@@ -141,7 +142,7 @@ def track_result(uri: str, result: RunResult, out: str | os.PathLike | None = No
         record["error"] = failure_text(exc)
         abandon(mlflow_client, record["run_id"])
         warnings.warn(f"MLflow tracking to {uri} failed: {record['error']}", TrackingWarning, stacklevel=2)
-    result.summary["tracking"] = record
+    summaries.tracked(result.summary, record)
     if out is not None:
         result.save(out)
     if _COMMAND_LINE and not record["error"]:

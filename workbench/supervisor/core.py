@@ -121,14 +121,14 @@ class Supervisor:
         self.status.update(state=outcome)
         self.recorder.event("end", -1, f"{outcome}: {reason}")
         workers = [w for w in self.member_workers if w is not None and (w.done or outcome != "completed")]
+        members = {"detector_s": round(max((w.detector_s for w in workers), default=0.0), 4),
+                   "diffusion": next((w.diffusion for w in workers if w.diffusion), None),  # gossip: the same
+                   "stragglers": self.recorder.count("straggler")}
         result = self.recorder.result(outcome, reason, world_size_final=len(workers),  # completed: who finished
                                       replicas_identical=replicas_identical(workers),
-                                      keep_checkpoint=self.out_dir is not None)
-        result.summary["detector_s"] = round(max((w.detector_s for w in workers), default=0.0), 4)
-        result.summary["diffusion"] = next((w.diffusion for w in workers if w.diffusion), None)  # gossip: the same
-        result.rank_steps, result.summary["stragglers"] = self.stragglers.table(), self.recorder.count("straggler")
-        result.provenance = provenance.finish(self.provenance)
-        result.summary["clock"] = clock.default(result.summary, result.provenance)  # what its figures show
+                                      keep_checkpoint=self.out_dir is not None, members=members,
+                                      provenance=provenance.finish(self.provenance))
+        result.rank_steps = self.stragglers.table()
         return result
 
     def _start(self) -> None:

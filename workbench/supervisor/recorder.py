@@ -19,6 +19,7 @@ from workbench.config.run import RunConfig
 from workbench.faults import kinds
 from workbench.launch import machine
 from workbench.results import clock, fallbacks
+from workbench.results import summary as summaries
 from workbench.results.run_result import RunResult, model_size
 from workbench.supervisor import events
 from workbench.supervisor.membership import Generation, Lost
@@ -315,7 +316,9 @@ class Recorder:
 
     # -- the result -------------------------------------------------------------------------------------------
     def result(self, outcome: str, reason: str, world_size_final: int, replicas_identical: bool | None,
-               keep_checkpoint: bool) -> RunResult:
+               keep_checkpoint: bool, members: dict[str, Any], provenance: dict[str, Any]) -> RunResult:
+        """The run's result: its summary built (:func:`workbench.results.summary.build`) from the figures
+        recorded here and the supervisor's of its ``members`` (``detector_s``, ``diffusion``, ``stragglers``)."""
         metrics = self.metrics
         self.rank_time.finish()
         rank_train_s = self.rank_time.timeline(metrics)
@@ -326,7 +329,7 @@ class Recorder:
         fallbacks.forget(self)
         self._flush_fallbacks()  # the last: what the bookkeeping above fell back on too
         accuracies = [r["test_acc"] for r in metrics if not math.isnan(r["test_acc"])]
-        summary = {
+        recorded = {
             "outcome": outcome,
             "reason": reason,
             "final_test_accuracy": accuracies[-1] if accuracies else None,
@@ -358,6 +361,7 @@ class Recorder:
             "final_checkpoint": self.final_checkpoint if keep_checkpoint else None,
             "failures": failures,
             "result_path": None,
+            **model_size(metrics),
         }
-        summary.update(model_size(metrics))
-        return RunResult(self.config.to_dict(), metrics, self.events, failures, summary)
+        return RunResult(self.config.to_dict(), metrics, self.events, failures,
+                         summaries.build(recorded, members, provenance), provenance=provenance)

@@ -18,6 +18,7 @@ from workbench.config.errors import SweepError
 from workbench.results.fallbacks import taken
 from workbench.results.h5files import FileKindError, make_directory, read_json, remove_directories
 from workbench.sweeps.point import write_json
+from workbench.sweeps.requeue import POINT_PARAMETER
 
 SWEEP_FILE = "sweep.json"
 
@@ -181,8 +182,9 @@ def prepare(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]]
     if unknown:
         raise SweepError(f"{notebook.name} has no parameter {', '.join(map(repr, unknown))}; it declares: "
                          f"{', '.join(declared) or 'none (no cell tagged parameters)'}")
-    if any("out" in p for p in points):
-        raise SweepError("'out' is set by the sweep (DIR/<point id>); do not give it")
+    for name in ("out", POINT_PARAMETER):
+        if any(name in p for p in points):
+            raise SweepError(f"{name!r} is set by the sweep (DIR/<point id>); do not give it")
     if jobs is not None and jobs < 1:
         raise SweepError(f"jobs must be at least 1, not {jobs}")
     directory = Path(out).resolve()
@@ -205,8 +207,10 @@ def prepare(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]]
 def point_task(directory: Path, notebook: Path, declared: Mapping[str, Any], point: dict[str, Any],
                kernel_name: str | None, timeout: float | None) -> dict[str, Any]:
     """What a worker (:mod:`workbench.sweeps.point`) is sent to run one point: its id, directory, notebook and
-    parameters (with ``out`` when the notebook declares it)."""
+    parameters, with ``out`` and ``point`` (:data:`~workbench.sweeps.requeue.POINT_PARAMETER`: the point's directory,
+    which the notebook hands to its runs, ``workbench.run(..., point=point)``) when the notebook declares them."""
     pid = point_id(point)
-    params = {**point, "out": str(directory / pid)} if "out" in declared else dict(point)
+    given = {"out": str(directory / pid), POINT_PARAMETER: str((directory / pid).resolve())}
+    params = {**point, **{name: value for name, value in given.items() if name in declared}}
     return {"id": pid, "dir": str(directory / pid), "notebook": str(notebook.resolve()), "parameters": params,
             "kernel_name": kernel_name, "timeout": timeout}

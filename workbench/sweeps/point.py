@@ -26,7 +26,7 @@ from workbench.launch.template_server import code_fingerprint
 from workbench.results import provenance
 from workbench.results.h5files import write_text
 from workbench.results.run_result import RESULT_FILE
-from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, POINT_VAR, PREEMPTED_DIR, PROGRESS_FILE
+from workbench.sweeps.requeue import CHECKPOINT_FILE, NOTICE_FILE, PREEMPTED_DIR, PROGRESS_FILE
 
 POINT_FILE = "point.json"
 LOG_FILE = "point.log"
@@ -170,7 +170,6 @@ class Worker:
         clear_run(directory)  # an earlier attempt's checkpoints and logs: its run into out=DIR is not refused
         (directory / NOTICE_FILE).unlink(missing_ok=True)  # a notice was for the attempt it reached
         os.environ[provenance.NOTEBOOK_VAR] = task["notebook"]  # the kernel inherits it: its runs record it
-        os.environ[POINT_VAR] = str(directory.resolve())  # its runs keep or resume their state here
         self.current_dir, self.noticed = directory, False
         seed = task["parameters"].get("seed")
         status = {"id": task["id"], "parameters": task["parameters"], "notebook": str(executed),

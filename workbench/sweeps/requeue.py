@@ -1,11 +1,12 @@
 """A sweep point preempted with notice resumes where it stopped when it runs again (a Slurm requeue, a rerun).
 
-The sweep's worker names the point's directory to its kernel (:data:`POINT_VAR`) and, on a notice, writes
-``.notice`` there. A run of that kernel then has its whole job preempted: it stops at a step boundary, whose
-checkpoint it keeps with its record so far in ``.preempted/<key>/`` (key: the run's configuration and its order
-among the kernel's runs of that configuration), and the point ends ``preempted``. When the point runs again, the
-run of the same key resumes from that checkpoint and its record continues the kept one (:func:`continued`).
-Details: docs/sweeps-and-clusters.md, "Preemption and requeue".
+The sweep hands the point's directory to its notebook as the parameter :data:`POINT_PARAMETER` (when the
+notebook declares it, as it does ``out``), which passes it on to its runs: ``workbench.run(..., point=point)``.
+On a notice the sweep's worker writes ``.notice`` there. A run given the point then has its whole job
+preempted: it stops at a step boundary, whose checkpoint it keeps with its record so far in ``.preempted/<key>/``
+(key: the run's configuration and its order among the kernel's runs of that configuration), and the point ends
+``preempted``. When the point runs again, the run of the same key resumes from that checkpoint and its record
+continues the kept one (:func:`continued`); docs/sweeps-and-clusters.md, "Preemption and requeue".
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workbench.results import summary as summaries
 from workbench.results.h5files import atomic_output
 from workbench.results.run_result import RESULT_FILE, RunResult
 from workbench.supervisor import events as ev
@@ -25,8 +27,8 @@ from workbench.supervisor import events as ev
 if TYPE_CHECKING:
     from workbench.config.run import RunConfig
 
-POINT_VAR = "WORKBENCH_POINT_DIR"  # set by the sweep's worker for its kernel: the point's directory
-PROGRESS_FILE = "progress.txt"  # a campaign's latest progress line in its point (the worker relays it to the sweep)
+POINT_PARAMETER = "point"  # the notebook parameter the sweep sets to the point's directory (None outside a sweep)
+PROGRESS_FILE = "progress.txt"  # a campaign's latest progress line in its out folder (a sweep point's: relayed)
 NOTICE_FILE = ".notice"  # written by the worker when the point has notice of preemption
 PREEMPTED_DIR = ".preempted"  # one folder per run kept at its boundary checkpoint
 CHECKPOINT_FILE = "checkpoint.h5"
@@ -44,11 +46,10 @@ class PointRun:
         self.kept: str | None = None  # this run's boundary checkpoint, kept for the next attempt
 
     @classmethod
-    def of(cls, config: RunConfig) -> PointRun | None:
-        """The run's place in the sweep point this process runs, or None (not in a sweep point, or resuming a
-        checkpoint the user named)."""
-        point = os.environ.get(POINT_VAR)
-        if not point or config.resume is not None:
+    def of(cls, config: RunConfig, point: str | os.PathLike) -> PointRun | None:
+        """The run's place in the sweep point whose directory is ``point`` (given to the run by its notebook:
+        :func:`workbench.launch.session.start`), or None when the run resumes a checkpoint the user named."""
+        if config.resume is not None:
             return None
         return cls(Path(point), config)
 
@@ -82,8 +83,7 @@ class PointRun:
             return result
         result.save(self.dir)  # the record so far, then its checkpoint: resume_from needs both
         os.replace(self.kept, self.dir / CHECKPOINT_FILE)
-        result.summary["reason"] = result.summary["reason"].split("; resume from")[0] + (
-            "; kept for the point's next attempt, which resumes from it")
+        summaries.kept_for_next_attempt(result.summary)
         return result
 
     def earlier(self) -> RunResult | None:
@@ -109,15 +109,8 @@ def continued(earlier: RunResult, later: RunResult) -> RunResult:
     events = [e for e in earlier.events if not ev.kind_is(e, ev.END)] + [mark] + [
         {**e, "time": e["time"] + t_shift, **({"gen": e["gen"] + gens} if "gen" in e else {})} for e in later.events]
     failures = earlier.failures + later.failures
-    summary = dict(later.summary)
-    for name in ("wall_s", "train_s", "rank_train_s"):
-        summary[name] = round((earlier.summary.get(name) or 0.0) + (later.summary.get(name) or 0.0), 3)
-    for name in ("generations", "checkpoints", "flips", "detections", "stragglers", "steps_redone_total",
-                 "samples_lost_total"):
-        summary[name] = (earlier.summary.get(name) or 0) + (later.summary.get(name) or 0)
-    summary.update(world_size_initial=earlier.summary["world_size_initial"], failures=failures,
-                   steps_completed=max((r["step"] + 1 for r in metrics), default=0),
-                   requeues=earlier.summary.get("requeues", 0) + 1)
+    summary = summaries.continued(earlier.summary, later.summary, failures,
+                                  steps_completed=max((r["step"] + 1 for r in metrics), default=0))
     config = {**later.config, "resume": earlier.config.get("resume")}
     steps = {k: list(earlier.rank_steps.get(k, [])) + list(later.rank_steps.get(k, []))
              for k in {**earlier.rank_steps, **later.rank_steps}}

@@ -83,7 +83,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
     preflight(*[{"world_size": world, "apoptosis": setting[arm], **data} for world in settings["worlds"]
                 for arm in arms])
     results = {}
-    progress(KEY, len(runs))
+    progress(KEY, len(runs), into=out)
     for world, seed, arm in runs:
         results[world, seed, arm] = cached_run(
             Path(out) / "runs" / f"w{world}-s{seed}-{arm.split(' ')[0]}", world_size=world, seed=seed,

@@ -65,7 +65,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", 
     size = {"synthetic_size": settings["synthetic_size"]}
     rows = []
     progress(KEY, len(settings["worlds"]) * len(settings["seeds"])
-             * (1 + len(settings["mtbf"]) * len(strategies(settings))))
+             * (1 + len(settings["mtbf"]) * len(strategies(settings))), into=out)
     for world in settings["worlds"]:
         for seed in settings["seeds"]:
             common = {"world_size": world, "steps": settings["steps"], "seed": seed, "model": settings["model"],

@@ -273,8 +273,9 @@ class Progress:
     how many reused (cached, :func:`cached_run`), elapsed, and the finish estimated from the mean time of the runs
     run so far in this invocation (reused ones take no time and do not count)."""
 
-    def __init__(self, name: str, total: int, stream: Any = None) -> None:
+    def __init__(self, name: str, total: int, stream: Any = None, into: str | Path | None = None) -> None:
         self.name, self.total, self.stream = name, int(total), stream
+        self.into = Path(into) if into is not None else None
         self.done = self.reused = 0
         self.run_s = 0.0
         self.started = time.monotonic()
@@ -298,7 +299,7 @@ class Progress:
         line = (f"{self.name}: {self.done}/{self.total} runs done ({label}, {took}; {self.reused} reused) · "
                 f"elapsed {_clock(elapsed)} · {estimate}")
         print(line, file=self.stream or sys.stdout, flush=True)
-        _tell_sweep(line)
+        _tell_sweep(line, self.into)
         return line
 
 
@@ -307,22 +308,22 @@ def _clock(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
-def _tell_sweep(line: str) -> None:
-    """Write ``line`` into the sweep point's progress file when this runs in one (its worker relays it)."""
-    from workbench.sweeps.requeue import POINT_VAR, PROGRESS_FILE
+def _tell_sweep(line: str, into: Path | None) -> None:
+    """Write ``line`` into ``into/progress.txt``, the campaign's ``out`` folder: under ``workbench sweep`` that is
+    the point's directory, whose worker relays the line to the sweep's terminal."""
+    from workbench.sweeps.requeue import PROGRESS_FILE
 
-    point = os.environ.get(POINT_VAR)
-    if point and Path(point).is_dir():
-        _write(Path(point) / PROGRESS_FILE, line + "\n")
+    if into is not None and into.is_dir():
+        _write(into / PROGRESS_FILE, line + "\n")
 
 
 _PROGRESS: list[Progress] = []  # the campaign in progress in this process: cached_run counts its runs into it
 
 
-def progress(name: str, total: int, stream: Any = None) -> Progress:
+def progress(name: str, total: int, stream: Any = None, into: str | Path | None = None) -> Progress:
     """Start counting a campaign's ``total`` runs: every :func:`cached_run` from now on prints a progress line,
     until ``total`` are done or the next campaign starts."""
-    _PROGRESS[:] = [Progress(name, total, stream)]
+    _PROGRESS[:] = [Progress(name, total, stream, into)]
     return _PROGRESS[0]
 
 

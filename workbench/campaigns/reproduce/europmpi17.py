@@ -114,7 +114,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17"
     preflight(*[{k: v for k, v in run.items() if k != "faults"} for arm, _, run in plan
                 if not (arm == "ulfm" and missing)])
     rows = []
-    progress(KEY, len(settings["seeds"]) * sum(not (arm == "ulfm" and missing) for arm, _, _ in plan))
+    progress(KEY, len(settings["seeds"]) * sum(not (arm == "ulfm" and missing) for arm, _, _ in plan), into=out)
     for seed in settings["seeds"]:
         for arm, k, run in plan:
             row = {"arm": arm, "strategy": run["strategy"], "parallelism": run.get("parallelism", "data"),

@@ -55,7 +55,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
     preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size, **batch(p)}
                 for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
-    progress(KEY, len(settings["worlds"]) * len(settings["seeds"]) * len(MODES))
+    progress(KEY, len(settings["worlds"]) * len(settings["seeds"]) * len(MODES), into=out)
     for p in settings["worlds"]:
         for seed in settings["seeds"]:
             for mode in MODES:

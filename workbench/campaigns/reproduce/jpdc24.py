@@ -65,7 +65,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
                 for world in settings["worlds"] for platform in settings["platforms"]])  # e.g. a model without stages
     rows, bit_frames = [], []
     per_model = 2 + len(settings["groups"]) * len(settings["flips"]) * settings["trials"]  # at most: a group
-    progress(KEY, len(settings["seeds"]) * len(settings["platforms"]) * len(settings["worlds"]) * per_model)
+    progress(KEY, len(settings["seeds"]) * len(settings["platforms"]) * len(settings["worlds"]) * per_model, into=out)
     for seed in settings["seeds"]:
         for platform in settings["platforms"]:
             originals = {}
