@@ -305,23 +305,40 @@ def _decode(paths: list[Path]) -> np.ndarray:
 
 # -- synthetic_image -------------------------------------------------------------------------------------------
 DISTRACTOR = 1.2  # the second class's largest weight: above 1 (a sixth of the images) it outweighs the label's
+GAIN = (0.6, 1.4)  # the label's pattern's weight, uniform
+NOISE = 2.5  # the pixel noise's standard deviation, in units of a pattern's (1)
+SCALE = 12.0  # pixel value = 128 + SCALE x, rounded and clipped to 0..255
+# synthetic_noisy: no second class; the label's pattern at 0.6 of its weight under the same noise, so what makes
+# it hard is signal against noise, and the Bayes rule (workbench.workloads.ceiling) is computable
+NOISY_SIGNAL = 0.6
 
 
-def synthetic_image(size: int, num_classes: int = 10, side: int = 32) -> Dataset:
+def synthetic_image(size: int, num_classes: int = 10, side: int = 32, distractor: float = DISTRACTOR,
+                    signal: float = 1.0) -> Dataset:
     """CIFAR-shaped (3 x 32 x 32) images of ``num_classes`` classes: each class is a sum of three low-frequency
-    colour waves, shifted at random per sample, with random gain, colour cast and strong pixel noise, and a second
-    class's waves laid over it at a random weight up to ``DISTRACTOR`` times its own: no single pixel tells the
-    class, and where the other class outweighs its own no model can (lenet5 plateaus near 80 % test accuracy after
-    ~600 steps of 64). ``size`` training samples, size/4 (at least 16) test samples; the same data for the same
-    size, whatever the run's seed."""
-    patterns = _class_patterns(num_classes, side)
+    colour waves, shifted at random per sample, with random gain (``signal`` x ``GAIN``), colour cast and strong
+    pixel noise, and a second class's waves laid over it at a random weight up to ``distractor`` times its own: no
+    single pixel tells the class, and where the other class outweighs its own no model can (about 40 % of images
+    are ambiguous; the matched-filter oracle scores 79 %, the Bayes rule at most 81.25 %:
+    :mod:`workbench.workloads.ceiling`; lenet5 plateaus near 78 % after ~600 steps of 64). ``size`` training
+    samples, size/4 (at least 16) test samples; the same data for the same size, whatever the run's seed."""
+    patterns = class_patterns(num_classes, side)
     rng = np.random.default_rng(_SPLIT_SEED + size)
-    x_train, y_train = _draw_images(rng, patterns, size)
-    x_test, y_test = _draw_images(rng, patterns, max(size // 4, 16))
+    x_train, y_train = draw_images(rng, patterns, size, distractor, signal)
+    x_test, y_test = draw_images(rng, patterns, max(size // 4, 16), distractor, signal)
     return image_dataset(x_train, y_train, x_test, y_test)
 
 
-def _class_patterns(num_classes: int, side: int) -> np.ndarray:
+def synthetic_noisy(size: int) -> Dataset:
+    """``synthetic_image`` without the second class (``distractor=0``) and its waves at ``NOISY_SIGNAL`` of their
+    weight: every label is unambiguous and the difficulty is the noise's (the Bayes rule scores 100 %,
+    :func:`workbench.workloads.ceiling.synthetic_ceiling`; lenet5 ~70-80 % after 300 steps of 64, 96-98 % after
+    600)."""
+    return synthetic_image(size, distractor=0.0, signal=NOISY_SIGNAL)
+
+
+def class_patterns(num_classes: int = 10, side: int = 32) -> np.ndarray:
+    """The classes' waves (num_classes, 3, side, side), each of standard deviation 1 and mean 0 per channel."""
     rng = np.random.default_rng(_SPLIT_SEED)  # the classes do not depend on the size
     yy, xx = np.mgrid[0:side, 0:side].astype(np.float32)
     patterns = np.zeros((num_classes, 3, side, side), dtype=np.float32)
@@ -337,7 +354,10 @@ def _class_patterns(num_classes: int, side: int) -> np.ndarray:
     return patterns
 
 
-def _draw_images(rng: np.random.Generator, patterns: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def draw_images(rng: np.random.Generator, patterns: np.ndarray, n: int, distractor: float = DISTRACTOR,
+                signal: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` uint8 images of ``patterns``' classes and their labels, drawn from ``rng`` (see :func:`synthetic_image`;
+    the defaults draw synthetic_image's)."""
     classes, _, side, _ = patterns.shape
     y = rng.integers(0, classes, size=n)
     # every shifted copy of a periodic pattern is a window of the pattern tiled 2x2: one vectorised gather
@@ -346,11 +366,13 @@ def _draw_images(rng: np.random.Generator, patterns: np.ndarray, n: int) -> tupl
     for start in range(0, n, 4096):  # in chunks: a float copy of the whole set would be 4x its uint8 size
         m = min(4096, n - start)
         dy, dx = rng.integers(0, side, size=(2, m))  # the waves are periodic: any shift keeps the class
-        x = windows[y[start: start + m], :, dy, dx] * rng.uniform(0.6, 1.4, size=(m, 1, 1, 1)).astype(np.float32)
+        x = windows[y[start: start + m], :, dy, dx] * rng.uniform(*GAIN, size=(m, 1, 1, 1)).astype(np.float32)
+        if signal != 1.0:
+            x *= np.float32(signal)
         other = (y[start: start + m] + rng.integers(1, classes, size=m)) % classes  # a different class
         oy, ox = rng.integers(0, side, size=(2, m))
-        x += windows[other, :, oy, ox] * rng.uniform(0, DISTRACTOR, size=(m, 1, 1, 1)).astype(np.float32)
+        x += windows[other, :, oy, ox] * rng.uniform(0, distractor, size=(m, 1, 1, 1)).astype(np.float32)
         x += rng.normal(0.0, 0.3, size=(m, 3, 1, 1)).astype(np.float32)
-        x += 2.5 * rng.standard_normal(size=x.shape, dtype=np.float32)
-        out[start: start + m] = np.clip(np.round(128 + 12 * x), 0, 255)
+        x += NOISE * rng.standard_normal(size=x.shape, dtype=np.float32)
+        out[start: start + m] = np.clip(np.round(128 + SCALE * x), 0, 255)
     return out, y.astype(np.int64)

@@ -46,11 +46,17 @@ class Dataset:
     on_disk: bool = False  # named NAME:DIR; its files are checked by workbench.workloads.dataset_files
     bundled: str | None = None  # a file of the repository's data/ it is read from
     crops: bool = True  # augment=crop_flip applies (images big enough for a 4-pixel shift)
+    # "package.module:callable": ceiling(size) returns its accuracy ceiling (workbench.workloads.ceiling.Ceiling)
+    ceiling: str | None = None
 
     @property
     def choice(self) -> str:
         """How the lab's box and the settings name it: ``NAME`` or ``NAME:`` (a directory goes after the colon)."""
         return f"{self.name}:" if self.on_disk else self.name
+
+    def ceiling_of(self, size: int = 0) -> Any:
+        """Its accuracy ceiling (a :class:`workbench.workloads.ceiling.Ceiling`); None where none is known."""
+        return resolve_callable("ceiling", self.ceiling)(size) if self.ceiling else None
 
     def load(self, spec: str, size: int) -> Any:
         kwargs: dict[str, Any] = {"size": size} if self.sized else {}
@@ -112,6 +118,7 @@ def dataset_choices() -> tuple[str, ...]:
 
 _MODELS = "workbench.workloads.models"
 _ARCH = "workbench.workloads.architectures"
+_CEILING = "workbench.workloads.ceiling"
 for _entry in (
     Model("mlp", f"{_MODELS}:mlp", "fully connected; hidden widths from --hidden", knobs=("hidden",)),
     Model("cnn", f"{_MODELS}:cnn", "two convolutions and two linear layers, sized for 8x8 digits"),
@@ -121,11 +128,14 @@ for _entry in (
     Model("resnet20", f"{_ARCH}:resnet20", "ResNet-20 (CIFAR, option A shortcuts)"),
     Model("resnet18", f"{_ARCH}:resnet18", "ResNet-18 (option B shortcuts)"),
     Dataset("digits", "workbench.workloads.data:digits", "scikit-learn's 8x8 digits, 1438 training images",
-            (1, 8, 8), 10, train_size=1438, bundled="digits.npz", crops=False),
+            (1, 8, 8), 10, train_size=1438, bundled="digits.npz", crops=False, ceiling=f"{_CEILING}:digits_ceiling"),
     Dataset("synthetic", "workbench.workloads.data:synthetic", "Gaussian class clusters as 1x8x8 images",
-            (1, 8, 8), 10, sized=True, crops=False),
+            (1, 8, 8), 10, sized=True, crops=False, ceiling=f"{_CEILING}:gaussian_ceiling"),
     Dataset("synthetic_image", "workbench.workloads.datasets:synthetic_image", "CIFAR-shaped 3x32x32 images",
-            (3, 32, 32), 10, sized=True),
+            (3, 32, 32), 10, sized=True, ceiling=f"{_CEILING}:synthetic_image_ceiling"),
+    Dataset("synthetic_noisy", "workbench.workloads.datasets:synthetic_noisy", "synthetic_image without the "
+            "second class, faint under its noise: unambiguous labels", (3, 32, 32), 10, sized=True,
+            ceiling=f"{_CEILING}:synthetic_noisy_ceiling"),
     *(Dataset(name, "workbench.workloads.datasets:load_file_dataset", summary, on_disk=True) for name, summary in (
         ("cifar10", "CIFAR-10's binary version"), ("cifar100", "CIFAR-100's binary version"),
         ("mnist", "MNIST's IDX files"), ("fashion_mnist", "Fashion-MNIST's IDX files"),

@@ -75,12 +75,13 @@ class Verdict:
             return FAILS
         return INCONCLUSIVE if any(d["status"] == INCONCLUSIVE for d in self.decisions) else HOLDS
 
-    def decide(self, key: str, effects: Iterable[float], label: str = "") -> str:
+    def decide(self, key: str, effects: Iterable[float], label: str = "", reference: float | None = None) -> str:
         """Decide registered finding ``key`` (``paper.id`` of registry.yaml) from paired ``effects`` (oriented so
-        that positive favours the claim), as registered; recorded here, its status returned."""
+        that positive favours the claim), as registered; recorded here, its status returned. ``reference``: an
+        accuracy comparison's measured failure-free accuracy (0-1), said beside its data set's ceiling."""
         from workbench.campaigns.reproduce import registry
 
-        return self._record(key, label, lambda finding: registry.paired_decision(finding, effects))
+        return self._record(key, label, lambda finding: registry.paired_decision(finding, effects), reference)
 
     def decide_share(self, key: str, successes: int, trials: int, label: str = "", sign: int = 1) -> str:
         """As :meth:`decide`, from a share (``successes`` of ``trials``) and its Wilson interval; ``sign=-1`` when
@@ -89,13 +90,17 @@ class Verdict:
 
         return self._record(key, label, lambda finding: registry.share_decision(finding, successes, trials, sign))
 
-    def _record(self, key: str, label: str, deciding: Any) -> str:
+    def _record(self, key: str, label: str, deciding: Any, reference: float | None = None) -> str:
         from workbench.campaigns.reproduce import power, registry
 
-        finding = registry.load().finding(key)
+        reg = registry.load()
+        finding = reg.finding(key)
         decided = deciding(finding)
         decided = power.powered(finding, decided) if self.scale == "paper" else decided
-        self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided)})
+        gap = registry.ceiling_gap(reg, finding, reference)
+        decided = registry.below_ceiling(decided, gap) if self.scale == "paper" else decided
+        self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided),
+                               **({"ceiling": gap} if gap else {})})
         return decided.status
 
     def spend(self, alpha: float, attempt: int | None = None, exploratory: bool = False) -> None:
@@ -106,7 +111,8 @@ class Verdict:
         reg = registry.load()
         for i, d in enumerate(self.decisions):
             decided = registry.redecide(reg.finding(d["key"]), d, alpha)
-            decided = power.powered(reg.finding(d["key"]), decided) if self.scale == "paper" else decided
+            if self.scale == "paper":
+                decided = registry.below_ceiling(power.powered(reg.finding(d["key"]), decided), d.get("ceiling"))
             self.decisions[i] = {**d, **asdict(decided)}
         self.alpha, self.attempt, self.exploratory = float(alpha), attempt, bool(exploratory)
 

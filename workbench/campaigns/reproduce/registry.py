@@ -33,6 +33,7 @@ TESTS = {
 }
 FINDING_FIELDS = ("id", "paper", "ours", "metric", "clock", "effect", "test", "margin")
 CLOCKS = ("wall", "rank", "none")
+CEILING_GAP = 0.05  # an accuracy comparison is made at least 5 pt below its dataset's ceiling (issue #46)
 
 
 class RegistryError(WorkbenchError):
@@ -59,6 +60,11 @@ class Finding:
     @property
     def key(self) -> str:
         return f"{self.paper_key}.{self.id}"
+
+    @property
+    def compares_accuracy(self) -> bool:
+        """A sampled comparison of test accuracies: it is made below its data set's ceiling (:func:`ceiling_gap`)."""
+        return self.test != "exact" and "accuracy" in self.metric
 
     @property
     def underpowered(self) -> bool:
@@ -94,6 +100,13 @@ class Registry:
     reporting_seeds: dict[str, Any]
     deviations: list[dict[str, Any]] = field(default_factory=list)
     attempts: dict[str, Any] = field(default_factory=lambda: {"budget": 1, "spending": [0.025]})
+    ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)  # dataset -> its registered ceiling
+
+    def ceiling(self, paper: str) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+        """``paper``'s workload's dataset, its registered ceiling and the failure-free accuracy registered beside
+        it (measured on tuning seeds at the registered budget); None where either is not registered."""
+        dataset = str(self.workload(paper).get("dataset"))
+        return dataset, self.ceilings.get(dataset), self.papers[paper].get("failure_free")
 
     def attempt_alpha(self, attempt: int) -> float | None:
         """The one-sided alpha registered for a paper's ``attempt``-th reporting run (1-based: its record number in
@@ -151,8 +164,60 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
     if not isinstance(deviations, list) or not all(isinstance(d, dict) and {"date", "finding", "change", "why"}
                                                    <= set(d) for d in deviations):
         raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
-    return Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
-                    _attempts(path, data.get("attempts"), alpha))
+    reg = Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
+                   _attempts(path, data.get("attempts"), alpha), _ceilings(path, data.get("ceilings")))
+    for finding in findings.values():
+        if finding.compares_accuracy:
+            _check_ceiling(path, reg, finding)
+    return reg
+
+
+def _ceilings(path: Path, value: Any) -> dict[str, dict[str, Any]]:
+    """Each dataset's registered accuracy ceiling (workbench.workloads.ceiling): accuracy, method and what it is."""
+    value = value or {}
+    for name, ceiling in value.items() if isinstance(value, dict) else [("ceilings", None)]:
+        if not (isinstance(ceiling, dict) and isinstance(ceiling.get("accuracy"), float)
+                and 0 < ceiling["accuracy"] <= 1 and ceiling.get("method") and ceiling.get("source")):
+            raise RegistryError(f"{path}: ceilings: {name!r} needs an accuracy (0-1), its method and its source")
+    return dict(value)
+
+
+def _check_ceiling(path: Path, reg: Registry, finding: Finding) -> None:
+    """Refuse an accuracy comparison without a ceiling, without its failure-free accuracy, or whose failure-free
+    model is registered within :data:`CEILING_GAP` of the ceiling: there every converged model scores alike, which
+    favours "equal accuracy"."""
+    dataset, ceiling, free = reg.ceiling(finding.paper_key)
+    where = f"{path}: finding {finding.key} compares accuracy on {dataset}"
+    if ceiling is None:
+        raise RegistryError(f"{where}: register the data set's ceiling under ceilings (workbench/workloads/ceiling.py)")
+    if not (isinstance(free, dict) and isinstance(free.get("accuracy"), float) and free.get("source")):
+        raise RegistryError(f"{where}: its paper needs failure_free (the accuracy and its source, tuning seeds "
+                            "at the registered budget)")
+    gap = ceiling["accuracy"] - free["accuracy"]
+    if gap < CEILING_GAP:
+        raise RegistryError(f"{where}: the failure-free model ({100 * free['accuracy']:.1f} %) sits "
+                            f"{100 * gap:.1f} pt below the ceiling ({100 * ceiling['accuracy']:.1f} %), less than "
+                            f"{100 * CEILING_GAP:g}: refused (every converged model meets the ceiling there)")
+
+
+def ceiling_gap(reg: Registry, finding: Finding, reference: float | None = None) -> dict[str, Any] | None:
+    """An accuracy comparison beside its ceiling: the data set, the ceiling, the failure-free accuracy (the measured
+    ``reference``, a fraction, else the registered one), the gap and whether it is ``near`` the ceiling (less than
+    :data:`CEILING_GAP` below it); the words the report prints. None for a finding that compares no accuracy."""
+    if not finding.compares_accuracy:
+        return None
+    dataset, ceiling, free = reg.ceiling(finding.paper_key)
+    if ceiling is None:
+        return {"dataset": dataset, "near": True, "line": f"no ceiling registered for {dataset}"}
+    measured = reference is not None
+    accuracy = float(reference) if measured else float((free or {}).get("accuracy", math.nan))
+    gap = ceiling["accuracy"] - accuracy
+    near = not gap >= CEILING_GAP
+    line = (f"failure-free {100 * accuracy:.1f} % ({'measured' if measured else 'registered, tuning seeds'}) "
+            f"beside {dataset}'s ceiling {100 * ceiling['accuracy']:.1f} % ({ceiling['method']}): "
+            f"{100 * gap:.1f} pt below" + (f"; NEAR THE CEILING (less than {100 * CEILING_GAP:g} pt)" if near else ""))
+    return {"dataset": dataset, "ceiling": ceiling["accuracy"], "failure_free": accuracy, "gap": gap, "near": near,
+            "line": line}
 
 
 def _attempts(path: Path, value: Any, alpha: float) -> dict[str, Any]:
@@ -202,6 +267,15 @@ def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
                             "with a reason")
     return Finding(paper_key, str(row["id"]), str(row["paper"]), str(row["ours"]), str(row["metric"]),
                    row["clock"], str(row["effect"]), row["test"], float(margin), own, kind, power)
+
+
+def below_ceiling(decided: Decision, gap: dict[str, Any] | None) -> Decision:
+    """``decided`` with its ceiling said in its detail; a comparison made near the ceiling (:func:`ceiling_gap`)
+    cannot hold: there every converged model scores alike, so a *holds* is reported inconclusive."""
+    if not gap:
+        return decided
+    status = INCONCLUSIVE if gap["near"] and decided.status == HOLDS else decided.status
+    return replace(decided, status=status, detail=f"{decided.detail}; {gap['line']}")
 
 
 def _alpha(value: Any, where: str) -> float:

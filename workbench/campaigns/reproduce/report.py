@@ -170,6 +170,7 @@ def _attempt(record: dict) -> str:
     spent = f"alpha {alpha}" + (f" (run at {alpha_run})" if alpha_run not in (None, alpha) else "")
     spent += ", exploratory: beyond the attempt budget" if record.get("exploratory") else ""
     what = f": {esc(record['description'])}" if record.get("description") else ""
+    files += _ceiling_of(record)
     claim = f"<br><i>Claim:</i> {esc(record['claim'])}" if record.get("claim") else ""
     return (f"<p><b>attempt {record['attempt']}, design {record.get('design')}</b> ({esc(str(record.get('date')))}"
             f"{what}): "
@@ -177,6 +178,23 @@ def _attempt(record: dict) -> str:
             f"results {esc(str(record.get('results_commit')))}; {files}.<br><i>Under:</i> "
             f"{esc(record.get('condition', ''))}{claim}</p><ul>{''.join(map(finding, history.decided(record)))}"
             f"{checks}</ul>")
+
+
+def _ceiling_of(record: dict) -> str:
+    """The registered ceiling of the data set a record's accuracies were measured on, in words (issue #46)."""
+    from workbench.campaigns.reproduce import registry
+
+    try:
+        ceilings = registry.load().ceilings
+    except registry.RegistryError:
+        return ""
+    dataset = (record.get("workload") or {}).get("dataset") or next(
+        (name for name in sorted(ceilings, key=len, reverse=True) if name in record.get("condition", "")), None)
+    ceiling = ceilings.get(dataset)
+    if ceiling is None:
+        return ""
+    return (f"; its accuracies beside {html.escape(dataset)}'s ceiling, {100 * ceiling['accuracy']:.1f} % "
+            f"({html.escape(ceiling['method'])})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,98 @@
+"""Issue #46, accuracy away from the ceiling: each data set's ceiling (workbench/workloads/ceiling.py) against a
+hand-computed case and a Monte-Carlo estimate, and the registry refusing, and a verdict flagging, an accuracy
+comparison made less than 5 pt below its ceiling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+
+from workbench.campaigns.reproduce import registry
+from workbench.campaigns.reproduce.registry import HOLDS, INCONCLUSIVE, RegistryError
+from workbench.workloads import ceiling
+from workbench.workloads import registry as workloads
+from workbench.workloads.datasets import GAIN, NOISE, SCALE, class_patterns
+
+
+def test_the_genie_bound_is_the_hand_computed_share_and_a_monte_carlo_estimate():
+    # the label's weight uniform on [0.6, 1.4], the other's on [0, 1.2]: both in [0.6, 1.2] with 0.75 x 0.5
+    assert ceiling.genie_bound(1.2) == pytest.approx(1 - 0.375 / 2)
+    assert ceiling.genie_bound(0.0) == 1.0 and ceiling.genie_bound(0.5) == 1.0  # never outweighs: no ambiguity
+    rng = np.random.default_rng(0)
+    g, w = rng.uniform(*GAIN, 400_000), rng.uniform(0, 1.2, 400_000)
+    # the genie's rule: the label is the weight only the label's range allows, else a coin
+    both = (w >= GAIN[0]) & (w <= GAIN[1]) & (g <= 1.2)
+    right = np.where(both, rng.random(g.size) < 0.5, True)
+    assert right.mean() == pytest.approx(ceiling.genie_bound(1.2), abs=0.003)
+
+
+def test_the_bayes_rule_is_calibrated_its_accuracy_is_its_mean_confidence():
+    """A posterior that is the true one predicts its own accuracy: mean(max posterior) = P(right), within the
+    Monte-Carlo error; a wrong noise level or gain range would not (checked: the filter is over-confident)."""
+    x, y = ceiling.fresh_images(600, 0.0, 0.2, seed=5)
+    noise = math.sqrt(NOISE ** 2 + 1 / (12 * SCALE ** 2))
+    logl = ceiling.log_likelihoods(x, class_patterns(), (0.2 * GAIN[0], 0.2 * GAIN[1]), noise)
+    posterior = softmax(logl, axis=1)
+    accuracy = float((posterior.argmax(1) == y).mean())
+    assert 0.75 < accuracy < 0.95  # hard, far from chance: the case where calibration says something
+    assert posterior.max(1).mean() == pytest.approx(accuracy, abs=0.04)
+    wrong = softmax(ceiling.log_likelihoods(x, class_patterns(), (0.2 * GAIN[0], 0.2 * GAIN[1]), noise / 3), axis=1)
+    assert wrong.max(1).mean() > accuracy + 0.08
+
+
+def test_each_synthetic_data_sets_ceiling_and_the_registered_ones():
+    reg = registry.load()
+    old = ceiling.synthetic_ceiling(1.2, n=1024)
+    # the oracle meets the genie bound within its Monte-Carlo error: the Bayes rule lies in between
+    assert old.method == "oracle" and 0.76 < old.accuracy and old.low <= old.high == pytest.approx(0.8125)
+    assert reg.ceilings["synthetic_image"]["high"] == pytest.approx(old.high)
+    new = ceiling.synthetic_ceiling(0.0, 0.6, n=512)
+    assert new.method == "bayes" and new.accuracy > 0.99 and reg.ceilings["synthetic_noisy"]["accuracy"] >= 0.99
+    gaussian = ceiling.gaussian_ceiling(512, n=4000)
+    assert gaussian.method == "bayes" and gaussian.accuracy > 0.99  # 64 dimensions of centres: all but separable
+    for name in ("synthetic_image", "synthetic_noisy", "synthetic", "digits"):
+        assert workloads.DATASETS[name].ceiling  # each one named where the data set is registered
+
+
+def _registry_with(tmp_path, old: str, new: str):
+    text = registry.REGISTRY_FILE.read_text()
+    assert old in text
+    path = tmp_path / "registry.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+def test_an_accuracy_comparison_near_its_ceiling_is_refused_at_registration(tmp_path):
+    reg = registry.load()
+    for finding in reg.findings.values():  # every registered comparison is made >= 5 pt below its ceiling
+        gap = registry.ceiling_gap(reg, finding)
+        assert gap is None or (gap["gap"] >= 0.05 and not gap["near"]), finding.key
+    assert {f.key for f in reg.findings.values() if f.compares_accuracy} == {
+        "ccgrid22.rollback_keeps_accuracy", "ccgrid22.forward_loses_accuracy_bounded",
+        "europmpi17.shrink_keeps_accuracy", "europmpi17.ulfm_matches_shrink", "gossipgrad.accuracy_non_inferior",
+        "apoptosis.accuracy_kept"}
+    near = _registry_with(tmp_path, "dataset: synthetic_noisy, synthetic_size: 8192, worlds: [4], steps: 300",
+                          "dataset: synthetic_image, synthetic_size: 8192, worlds: [4], steps: 300")
+    with pytest.raises(RegistryError, match=r"ccgrid22.rollback_keeps_accuracy .*\(78.9 %\) sits 2.3 pt below the "
+                                            r"ceiling \(81.2 %\), less than 5: refused"):
+        registry.load(near)
+    bare = _registry_with(tmp_path, "  synthetic_noisy: {accuracy: 1.0,", "  other: {accuracy: 1.0,")
+    with pytest.raises(RegistryError, match="register the data set's ceiling"):
+        registry.load(bare)
+
+
+def test_a_verdict_made_near_the_ceiling_says_so_and_cannot_hold():
+    reg = registry.load()
+    finding = reg.finding("gossipgrad.accuracy_non_inferior")
+    decided = registry.paired_decision(finding, [0.1, 0.2, 0.15, 0.12, 0.18])
+    assert decided.status == HOLDS
+    far = registry.ceiling_gap(reg, finding, 0.80)
+    assert not far["near"] and registry.below_ceiling(decided, far).status == HOLDS
+    assert "beside synthetic_noisy's ceiling 100.0 % (bayes): 20.0 pt below" in far["line"]
+    near = registry.ceiling_gap(reg, finding, 0.97)
+    flagged = registry.below_ceiling(decided, near)
+    assert flagged.status == INCONCLUSIVE and "NEAR THE CEILING" in flagged.detail
+    assert registry.ceiling_gap(reg, reg.finding("ccgrid22.restart_costs_more")) is None  # a runtime finding
