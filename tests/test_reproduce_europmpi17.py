@@ -166,3 +166,14 @@ def test_ulfm_availability_is_the_strategys_own(monkeypatch):
     monkeypatch.setattr(strategies, "mpirun_path", lambda: None)
     assert "Open MPI's mpirun is not installed" in e.ulfm_missing()
 
+
+
+def test_an_accuracy_decision_reads_the_measured_failure_free_accuracy_beside_the_ceiling():
+    """The failure-free runs measured 90 % (the table's), not the registry's tuning figure: the line says so, and
+    a failure-free run measured within 5 pt of the ceiling makes the finding inconclusive at the paper scale."""
+    d = decisions(e.verdict(frame(), "paper"))["shrink_keeps_accuracy"]
+    assert d["ceiling"]["failure_free"] == pytest.approx(0.90) and "(measured)" in d["ceiling"]["line"]
+    near = frame()
+    near.loc[near.final_test_accuracy.notna(), "final_test_accuracy"] = 0.99
+    d = decisions(e.verdict(near, "paper"))["shrink_keeps_accuracy"]
+    assert d["ceiling"]["near"] and d["status"] == "inconclusive"

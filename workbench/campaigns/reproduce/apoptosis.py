@@ -147,7 +147,9 @@ def verdict(frame: Any, scale: str) -> Verdict:
             bool((on.reduction >= REDUCTION).all()) and len(on) == int((frame.arm == "on").sum()),
             f"/ {on.reduction.min():.2f} at least (world {worst.world_size}, seed {worst.seed}), "
             f"/ {on.reduction.median():.2f} median over {len(on)} runs")
-    v.decide(f"{KEY}.accuracy_kept", on.accuracy_change_pt.dropna(), "apoptosis - none, pt")
+    off = frame[(frame.arm == ARMS[0]) & (frame.outcome == "completed")]
+    v.decide(f"{KEY}.accuracy_kept", on.accuracy_change_pt.dropna(), "apoptosis - none, pt",
+             reference=float(off.accuracy.mean()) if "accuracy" in off and len(off) else None)
     v.decide(f"{KEY}.training_faster", on.log_speedup.dropna(), "log(none / apoptosis), rank-time clock")
     alone = frame[(frame.arm == ARMS[2]) & (frame.outcome == "completed")]
     if not (frame.arm == ARMS[2]).any() and scale == "paper":

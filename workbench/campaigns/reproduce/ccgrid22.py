@@ -219,10 +219,12 @@ def _registered(v: Verdict, hit: Any) -> None:
     done = hit[hit.outcome == "completed"]
     seeds = done.groupby(["strategy", "world_size", "seed"], as_index=False)[
         ["accuracy_loss_pt", "rank_overhead_pct"]].mean().assign(outcome="completed")
+    failure_free = float(done.baseline_accuracy.mean()) if "baseline_accuracy" in done and len(done) else None
     by = ("world_size", "seed")
     for label, key in (("rollback", "ccgrid22.rollback_keeps_accuracy"),
                        ("forward", "ccgrid22.forward_loses_accuracy_bounded")):
-        v.decide(key, -seeds[seeds.strategy == label].accuracy_loss_pt, f"{label} - failure-free, pt")
+        v.decide(key, -seeds[seeds.strategy == label].accuracy_loss_pt, f"{label} - failure-free, pt",
+                 reference=failure_free)
     v.decide("ccgrid22.forward_faster_than_rollback",
              paired(seeds, "rollback", "forward", "rank_overhead_pct", by), "rollback - forward, rank-time pt")
     for label in sorted(hit.strategy[hit.strategy.str.startswith("checkpoint_restart")].unique()):

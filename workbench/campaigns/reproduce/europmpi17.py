@@ -201,7 +201,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
     for k in ks:
         _mechanism(v, frame, world, k)
         v.decide(f"{KEY}.shrink_keeps_accuracy", effects(frame, ("shrink", k), ("shrink", 0)),
-                 f"k={k}, shrink - failure-free, pt")
+                 f"k={k}, shrink - failure-free, pt", reference=_accuracy(frame, "shrink", 0).mean() / 100)
         _ulfm(v, frame, k)
     if frame.arm.isin([NO_CHECKPOINT, WITH_CHECKPOINT, HYBRID]).any():
         model_parallel(v, frame)
@@ -234,7 +234,8 @@ def _ulfm(v: Verdict, frame: Any, k: int) -> None:
         reason = skipped.reason.iloc[0] if len(skipped) else "the ulfm arm is not among the campaign's arms"
         not_run(v, key, f"k={k}, ulfm - shrink, pt", reason)
         return
-    v.decide(key, effects(frame, ("ulfm", k), ("shrink", k)), f"k={k}, ulfm - shrink, pt")
+    v.decide(key, effects(frame, ("ulfm", k), ("shrink", k)), f"k={k}, ulfm - shrink, pt",
+             reference=_accuracy(frame, "shrink", 0).mean() / 100)
 
 
 def not_run(v: Verdict, key: str, label: str, reason: str) -> None:
