@@ -169,7 +169,8 @@ def test_a_step_the_survivor_committed_and_reports_again_after_the_shrink_is_red
     _steps(recorder, [(s, 100.4 + s / 100) for s in range(resumed, 15)], figures=True)  # now it reports
     assert (failure.resume_step, failure.committed, failure.steps_redone) == (resumed, 11, redone)
     assert failure.figures("ulfm")["resume_s"] == pytest.approx(0.4 + resumed / 100)
-    assert recorder.result("completed", "", 1, True, False, members={}, provenance={}).summary["steps_redone_total"] == redone
+    result = recorder.result("completed", "", 1, True, False, members={}, provenance={})
+    assert result.summary["steps_redone_total"] == redone
 
 
 def test_a_failed_step_the_survivor_retries_is_not_redone():
