@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from structure_tool import comparisons
 
 from workbench.config.run import RunConfig
 from workbench.faults import kinds as fault_kinds
@@ -80,23 +81,7 @@ def test_every_kind_written_anywhere_is_declared():
 
 
 def _kind_comparisons(path: Path, root: Path = ROOT) -> list[str]:
-    source = path.read_text()
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        for i, side in enumerate(sides):
-            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-            names = {v.value for v in values if isinstance(v, ast.Constant) and v.value in NAMES}
-            if not names:
-                continue
-            others = [s for j, s in enumerate(sides) if j != i]
-            text = " ".join(ast.get_source_segment(source, s) or "" for s in others)
-            dispatch = all(isinstance(s, ast.Name) and s.id == "kind" for s in others) and names <= MESSAGES
-            if "kind" in text and not dispatch:
-                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.get_source_segment(source, node)}")
-    return found
+    return comparisons("an event kind", path, root)  # tools/check_structure.py's rule, run on one file
 
 
 def test_no_event_kind_is_compared_outside_the_declaration():

@@ -2,18 +2,15 @@
 across modules, classes spread over files (mixins) and oversized modules/functions, on small synthetic packages and
 on the real ``workbench`` package."""
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from structure_tool import check
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "check_structure.py"
-_spec = importlib.util.spec_from_file_location("check_structure", SCRIPT)
-check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check)
 
 
 def package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -272,7 +269,8 @@ def test_the_script_runs_on_its_own(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), str(root)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("check_structure OK: 3 modules, 1 import edges, no cycles, no forbidden reach, "
-                                  "no private imports, every class whole, a short top floor; largest module")
+                                  "no private imports, every class whole, a short top floor, names in their rooms; "
+                                  "largest module")
     bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a package" in bad.stderr
 
@@ -285,3 +283,22 @@ def test_the_workbench_package_keeps_the_house_rules():
     assert check.mixins(root) == []
     assert check.oversized(root) == []
     assert check.crowded_top(root) == []
+
+
+def test_a_name_compared_outside_its_room_fails(tmp_path, capsys):
+    """A fault kind, an event kind and a dataset compared by name: a problem each, except the fault kind in the
+    room that owns it (faults/kinds.py); the names are read from the real registries."""
+    root = tmp_path / "workbench"
+    planted = ('def f(fault, e, config):\n    return fault.kind == "kill", e["kind"] in ("generation", "end"), '
+               'config.dataset == "digits"\n')
+    for name, source in {"__init__.py": "", "faults/__init__.py": "", "faults/kinds.py": planted,
+                         "planted.py": planted}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(source)
+    found = {}
+    for problem in check.compared_names(root):
+        where, what = problem.split(":")[0], problem.rsplit("(", 1)[1]
+        found.setdefault(Path(where).as_posix(), []).append(what.split(":")[0])
+    assert found == {"workbench/planted.py": ["a fault kind", "an event kind", "a model or dataset"],
+                     "workbench/faults/kinds.py": ["an event kind", "a model or dataset"]}
+    assert check.main([str(root)]) == 1 and "5 name(s) compared outside their room" in capsys.readouterr().out

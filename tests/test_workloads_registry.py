@@ -4,12 +4,12 @@ compared by its name outside workbench/workloads/; a new dataset is one ``regist
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from structure_tool import comparisons
 
 from workbench.config import preflight
 from workbench.config import run as config_module
@@ -49,20 +49,7 @@ def test_the_lists_are_read_from_the_entries():
 
 
 def _name_comparisons(path: Path, root: Path = ROOT) -> list[str]:
-    source = path.read_text()
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        for i, side in enumerate(sides):
-            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-            if not any(isinstance(v, ast.Constant) and v.value in NAMES for v in values):
-                continue
-            text = " ".join(ast.get_source_segment(source, s) or "" for j, s in enumerate(sides) if j != i)
-            if any(word in text for word in ABOUT):
-                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.get_source_segment(source, node)}")
-    return found
+    return comparisons("a model or dataset", path, root)  # tools/check_structure.py's rule, run on one file
 
 
 def test_no_model_or_dataset_is_compared_by_name_outside_the_workloads():

@@ -28,6 +28,13 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
 6. **A short top floor** (:func:`crowded_top`): the package directory holds at most :data:`MAX_TOP` entries
    (modules and packages, ``__init__.py`` and ``__main__.py`` counted, ``__pycache__`` and dot-files not): the
    floor plan a reader takes in at a glance (docs/concepts.md, "Floor plan").
+7. **Names compared in their room only** (:func:`compared_names`, :data:`ROOMS`): a fault kind, a run event's
+   kind, a model or a dataset is an object registered in one module (``faults/kinds.py``, ``supervisor/events.py``,
+   ``workloads/``); code elsewhere asks the object, it never compares the name (``fault.kind == "kill"``,
+   ``config.model in ("alexnet", "vgg11")``). A comparison counts where a side is one of the names and another
+   side speaks of that thing (its words: ``kind``, ``model``, ...); ``kind == "step"`` on a bare ``kind`` that is
+   a protocol message's is dispatch, not a fault. The names are read from the registries (the one rule that
+   imports the package; a package without them is not judged).
 
 Usage: ``python tools/check_structure.py [PACKAGE_DIR]`` (default: this repository's ``workbench/``). Exit 0
 with a one-line summary when every check passes; exit 1 listing every problem otherwise.
@@ -39,6 +46,7 @@ import ast
 import fnmatch
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "One piece:"
@@ -431,6 +439,78 @@ def crowded_top(root: Path, max_top: int = MAX_TOP) -> list[str]:
             f"{', '.join(entries)}"]
 
 
+@dataclass(frozen=True)
+class Room:
+    """Where the names of one registry may be compared: ``names``, the words that mark a comparison as about them
+    (``about``), the modules they live in (``home``: paths relative to the package's parent, a folder covering its
+    files) and protocol message kinds a bare ``kind`` may be compared with (``messages``: dispatch)."""
+
+    what: str
+    names: frozenset[str]
+    about: tuple[str, ...]
+    home: tuple[str, ...]
+    messages: frozenset[str] = frozenset()
+
+
+def name_comparisons(path: Path, room: Room, root: Path) -> list[str]:
+    """Every comparison in the file ``path`` of one of ``room``'s names with something about it, as
+    ``path:LINE: source`` (``path`` relative to ``root``)."""
+    source = path.read_text(encoding="utf-8")
+    found = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for i, side in enumerate(sides):
+            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            names = {v.value for v in values if isinstance(v, ast.Constant) and v.value in room.names}
+            if not names:
+                continue
+            others = [s for j, s in enumerate(sides) if j != i]
+            text = " ".join(ast.get_source_segment(source, s) or "" for s in others)
+            dispatch = all(isinstance(s, ast.Name) and s.id == "kind" for s in others) and names <= room.messages
+            if any(word in text for word in room.about) and not dispatch:
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.get_source_segment(source, node)}")
+                break
+    return found
+
+
+def compared_names(root: Path, rooms: list[Room] | None = None) -> list[str]:
+    """Every name of ``rooms`` (default: the package's registries, :func:`registered_rooms`) compared outside its
+    home, as ``path:LINE: source (what)``."""
+    root = Path(root)
+    rooms = registered_rooms(root) if rooms is None else rooms
+    problems = []
+    for room in rooms:
+        homes = [root.parent / h for h in room.home]
+        for path in sorted(root.rglob("*.py")):
+            if any(path == h or h in path.parents for h in homes):
+                continue
+            problems += [f"{hit} ({room.what}: ask its object)" for hit in name_comparisons(path, room, root.parent)]
+    return problems
+
+
+def registered_rooms(root: Path) -> list[Room]:
+    """The rooms of the ``workbench`` package at ``root``, names read from its registries (none for another
+    package)."""
+    if not (root / "faults" / "kinds.py").is_file() or root.name != "workbench":
+        return []
+    sys.path.insert(0, str(root.parent))
+    try:
+        from workbench.faults import kinds
+        from workbench.rank import protocol
+        from workbench.supervisor import events
+        from workbench.workloads import registry
+    finally:
+        sys.path.pop(0)
+    messages = frozenset({*protocol.CONTROL_KINDS, *protocol.TEMPLATE_KINDS})
+    return [Room("a fault kind", frozenset({*kinds.REGISTRY, kinds.RANDOM}), ("kind", "fault", "name", "command"),
+                 ("workbench/faults/kinds.py",), messages),
+            Room("an event kind", frozenset(events.OWN), ("kind",), ("workbench/supervisor/events.py",), messages),
+            Room("a model or dataset", frozenset({*registry.MODELS, *registry.DATASETS}), ("model", "dataset", "spec"),
+                 ("workbench/workloads",))]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0]) if args else DEFAULT_ROOT
@@ -443,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = oversized(root)
     spread = mixins(root)
     top = crowded_top(root)
+    compared = compared_names(root)
     for cycle in cycles:
         print(f"import cycle: {' -> '.join(cycle)}")
     for problem in forbidden:
@@ -455,16 +536,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"too large: {problem}")
     for problem in top:
         print(f"top floor: {problem}")
-    if cycles or forbidden or private or spread or sizes or top:
+    for problem in compared:
+        print(f"name compared: {problem}")
+    if cycles or forbidden or private or spread or sizes or top or compared:
         print(f"check_structure: {len(cycles)} import cycle(s), {len(forbidden)} forbidden reach(es), "
               f"{len(private)} private import(s), {len(spread)} class(es) not whole, "
-              f"{len(sizes)} oversized module(s)/function(s), {len(top)} crowded top floor(s)")
+              f"{len(sizes)} oversized module(s)/function(s), {len(top)} crowded top floor(s), "
+              f"{len(compared)} name(s) compared outside their room")
         return 1
     graph = import_graph(root)
     lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules(root).items()}
     largest = max(lengths, key=lambda name: lengths[name])
     print(f"check_structure OK: {len(graph)} modules, {sum(map(len, graph.values()))} import edges, no cycles, "
-          f"no forbidden reach, no private imports, every class whole, a short top floor; "
+          f"no forbidden reach, no private imports, every class whole, a short top floor, names in their rooms; "
           f"largest module {largest} ({lengths[largest]} lines)")
     return 0
 
