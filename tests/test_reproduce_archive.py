@@ -157,3 +157,25 @@ def test_the_docs_agree_with_the_archive():
         assert not any(stale in text for text in texts), stale
     words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
     assert f"({words[len(registry.load().deviations)]} so far:" in page
+
+
+def test_a_replications_run_is_archived_under_its_own_key_and_reported_whatever_it_shows(tmp_path):
+    """A replication (registry.yaml, ``gossipgrad_replication``) runs through its original's campaign code with
+    ``entry``: its seeds, attempt (1 of its own key, alpha 0.0125) and record are its own; a run that does not hold
+    is archived and shown as such, in place of "not run yet", and the original's history is untouched."""
+    archive, out, key = tmp_path / "archive", tmp_path / "replication", "gossipgrad_replication"
+    assert history.history_line(history.records(key, archive), key).endswith("not run yet (no record archived)")
+    seeds = history.claim(out, registry.seeds_of(out, key), archive)
+    assert (seeds["paper"], seeds["attempt"], seeds["alpha"]) == (key, 1, 0.0125)
+    assert len(seeds["seeds"]) == registry.load().seed_count(key) == 12
+    frame = gossip_frame().assign(reporting=True)
+    frame.loc[frame.parallelism == "gossip", "plateau_accuracy"] = 0.92  # gossip 3 pt behind at every seed
+    verdict = gossipgrad.verdict(frame, "paper", entry=key)
+    assert {d["key"] for d in verdict.decisions} == {f"{key}.accuracy_non_inferior"}
+    verdict.save(out, table=frame, archive=archive)
+    kept = history.records(key, archive)
+    assert [(r["paper"], r["attempt"], r["alpha"], r["status"]) for r in kept] == [(key, 1, 0.0125, "does not hold")]
+    assert history.history_line(kept, key) == "does not hold (design 1)"
+    assert history.records("gossipgrad", archive) == []
+    page = write_report(tmp_path / "runs", archive=archive).read_text()
+    assert f"{key}: does not hold (design 1)" in page and "apoptosis_replication: registered 2026-11-28" in page
