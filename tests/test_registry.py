@@ -17,7 +17,8 @@ def finding(test, margin):
 
 def test_the_committed_registry_loads_and_names_every_paper_and_seed_rule():
     reg = registry.load()
-    assert set(reg.papers) == {"ccgrid22", "gossipgrad", "jpdc24", "europmpi17", "apoptosis"}
+    assert set(reg.papers) == {"ccgrid22", "gossipgrad", "jpdc24", "europmpi17", "apoptosis", "gossipgrad_replication",
+                               "apoptosis_replication"}
     assert all(f.alpha == 0.025 and f.test in registry.TESTS for f in reg.findings.values())
     assert reg.finding("gossipgrad.accuracy_non_inferior").test == "non_inferiority"
     with pytest.raises(RegistryError, match="no finding 'gossipgrad.nope' is registered"):
@@ -192,3 +193,41 @@ def test_a_decision_is_decided_again_at_another_alpha_with_or_without_its_values
     share = registry.share_decision(finding("non_inferiority", 0.05), 1, 230, -1)
     again = registry.redecide(finding("non_inferiority", 0.05), asdict(share), 0.00625)
     assert again.method == "wilson" and again.low < share.low and again.inputs == share.inputs
+
+
+def test_each_redesign_is_registered_unchanged_on_a_second_workload_before_its_run(tmp_path):
+    """Issue #46: GossipGraD's design 3 and apoptosis's relative pressure, each replicated on a workload it was not
+    designed on: the same findings and design settings (a change is refused), another model, its own alpha from the
+    attempt budget (its first attempt), a power block per sampled finding, no record archived yet."""
+    from workbench.campaigns.reproduce import history
+
+    reg = registry.load()
+    for key, original, model in [("gossipgrad_replication", "gossipgrad", "vgg11"),
+                                 ("apoptosis_replication", "apoptosis", "alexnet")]:
+        assert reg.replicates(key) == original and reg.campaign_of(key) == original and reg.replicates(original) is None
+        assert reg.workload(key)["model"] == model != reg.workload(original)["model"]
+        assert reg.papers[key]["registered"]["date"] == "2026-11-28"
+        mine = {f.id: f for f in reg.findings.values() if f.paper_key == key}
+        theirs = {f.id: f for f in reg.findings.values() if f.paper_key == original}
+        assert mine.keys() == theirs.keys()
+        for ident, f in mine.items():
+            assert (f.test, f.margin, f.metric, f.effect, f.kind) == (theirs[ident].test, theirs[ident].margin,
+                                                                     theirs[ident].metric, theirs[ident].effect,
+                                                                     theirs[ident].kind), ident
+            assert f.test == "exact" or f.power["alpha"] == reg.attempt_alpha(1), ident
+        assert history.records(key) == []  # registered before its run
+        assert history.history_line([], key).endswith("not run yet (no record archived)")
+    text = registry.REGISTRY_FILE.read_text()
+    for old, new, message in [
+        ("per_rank_batch: 16, lr_schedule: cosine, accuracy: consensus_accuracy}\n    failure_free: {accuracy: 0.797",
+         "per_rank_batch: 32, lr_schedule: cosine, accuracy: consensus_accuracy}\n    failure_free: {accuracy: 0.797",
+         "its design differs from gossipgrad's in per_rank_batch"),
+        ("workload: {model: alexnet,", "workload: {model: vgg11,", "not a second workload"),
+        ("margin: 0.693147  # log 2\n        power: {sesoi: 0.9163, sd: 0.0723, sd_source: \"the original's",
+         "margin: 0.5\n        power: {sesoi: 0.9163, sd: 0.0723, sd_source: \"the original's",
+         "its findings differ from apoptosis's")]:
+        assert text.count(old) == 1, old
+        path = tmp_path / "registry.yaml"
+        path.write_text(text.replace(old, new))
+        with pytest.raises(RegistryError, match=message):
+            registry.load(path)

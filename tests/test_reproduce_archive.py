@@ -94,6 +94,9 @@ def test_two_archived_verdicts_of_one_paper_each_at_its_attempts_alpha_and_both_
     assert "gossipgrad: holds (design 1) → inconclusive (design 1)" in page
     assert page.count("<b>attempt ") == 2 and "alpha 0.0125" in page and "alpha 0.00625" in page
     assert "ccgrid22: no registered reporting run archived" in page
+    for key, original in [("gossipgrad_replication", "gossipgrad"), ("apoptosis_replication", "apoptosis")]:
+        assert f"{key}: registered 2026-11-28, replicates {original}" in page  # the page escapes its quote
+        assert page.count(f"{key}: registered 2026-11-28") == 1 and "not run yet (no record archived)" in page
 
 
 def test_a_run_beyond_the_attempt_budget_is_exploratory(tmp_path):
@@ -148,7 +151,31 @@ def test_the_docs_agree_with_the_archive():
         assert f"| {history.history_line(history.records(paper))} |" in page, paper
     texts = [page, (root / "README.md").read_text(), (root / "docs" / "apoptosis.md").read_text(),
              registry.REGISTRY_FILE.read_text()]
+    # a replication registered before its run is said so (issue #46); no other page or line may say "not run"
+    texts = ["\n".join(line for line in text.splitlines() if "replicat" not in line.lower()) for text in texts]
     for stale in ("not run yet", "has not been run", "have not been run", "has not run"):
         assert not any(stale in text for text in texts), stale
     words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
     assert f"({words[len(registry.load().deviations)]} so far:" in page
+
+
+def test_a_replications_run_is_archived_under_its_own_key_and_reported_whatever_it_shows(tmp_path):
+    """A replication (registry.yaml, ``gossipgrad_replication``) runs through its original's campaign code with
+    ``entry``: its seeds, attempt (1 of its own key, alpha 0.0125) and record are its own; a run that does not hold
+    is archived and shown as such, in place of "not run yet", and the original's history is untouched."""
+    archive, out, key = tmp_path / "archive", tmp_path / "replication", "gossipgrad_replication"
+    assert history.history_line(history.records(key, archive), key).endswith("not run yet (no record archived)")
+    seeds = history.claim(out, registry.seeds_of(out, key), archive)
+    assert (seeds["paper"], seeds["attempt"], seeds["alpha"]) == (key, 1, 0.0125)
+    assert len(seeds["seeds"]) == registry.load().seed_count(key) == 12
+    frame = gossip_frame().assign(reporting=True)
+    frame.loc[frame.parallelism == "gossip", "plateau_accuracy"] = 0.92  # gossip 3 pt behind at every seed
+    verdict = gossipgrad.verdict(frame, "paper", entry=key)
+    assert {d["key"] for d in verdict.decisions} == {f"{key}.accuracy_non_inferior"}
+    verdict.save(out, table=frame, archive=archive)
+    kept = history.records(key, archive)
+    assert [(r["paper"], r["attempt"], r["alpha"], r["status"]) for r in kept] == [(key, 1, 0.0125, "does not hold")]
+    assert history.history_line(kept, key) == "does not hold (design 1)"
+    assert history.records("gossipgrad", archive) == []
+    page = write_report(tmp_path / "runs", archive=archive).read_text()
+    assert f"{key}: does not hold (design 1)" in page and "apoptosis_replication: registered 2026-11-28" in page

@@ -59,7 +59,8 @@ def test_the_run_flags_are_generated_from_the_settings():
         assert action.dest == name and action.default is argparse.SUPPRESS
         assert action.help.startswith(help_text(name)) and action.choices is None  # RunConfig names bad values
     unflagged = {name for name in FIELDS if flag_of(name) is None}
-    assert unflagged == {"momentum", "guard_limit", "spike_factor", "startup_timeout", "op_timeout", "hosts"}
+    assert unflagged == {"momentum", "guard_limit", "spike_factor", "startup_timeout", "op_timeout", "hosts",
+                         "flush_denormal"}
     assert not unflagged & {a.dest for a in actions.values()}
 
 

@@ -108,6 +108,8 @@ SETTINGS: dict[str, Setting] = {
     "consensus_every": Setting("gossip: steps between consensus-distance measurements (a measurement only)"),
     "apoptosis": Setting("adaptive neuron apoptosis: on, off, or tol=T,window=W,delta=D[,grow=,shrink=,min=,lasso=,"
                          "gamma=,relative=,start=,until=,val=,fold=]", docs="[Neuron apoptosis](apoptosis.md)"),
+    "flush_denormal": Setting("flush subnormal floats to zero on every rank (torch.set_flush_denormal); default: "
+                              "where apoptosis is on", flag=None, docs="[Neuron apoptosis](apoptosis.md)"),
     "bucket_cap_mb": Setting("gradient bucket size in MB"),
     "buckets": Setting("gradient buckets per step (default 2), cut further where one exceeds the cap",
                        docs="two, so that `forward` differs from `shrink` on every model: [Permanent faults]"

@@ -93,6 +93,7 @@ class RunConfig:
     shuffle: str = "ring"
     consensus_every: int = 1
     apoptosis: str | None = None  # canonical "key=value,..." text: the ranks and result files read one rule
+    flush_denormal: bool | None = None  # None: flush subnormal floats to zero where apoptosis is on (flushes_denormals)
     bucket_cap_mb: float = 1.0
     buckets: int | None = None
     heartbeat_timeout: float = 2.0
@@ -281,6 +282,13 @@ class RunConfig:
             raise ConfigError("apoptosis", f"works with parallelism 'data' only, not {self.parallelism!r}: removing "
                               "units changes the shapes every rank holds, which pipeline stages and gossip replicas "
                               "(each with its own parameters) would have to agree on first")
+
+    @property
+    def flushes_denormals(self) -> bool:
+        """Whether the ranks flush subnormal floats to zero: ``flush_denormal`` where set, else when apoptosis is on
+        (its fading units leave subnormals behind); a campaign comparing runs with and without apoptosis sets it
+        for every arm, so that the flush is not part of the difference measured (issue #46)."""
+        return bool(self.apoptosis is not None if self.flush_denormal is None else self.flush_denormal)
 
     @property
     def apoptosis_rule(self) -> Any:

@@ -35,10 +35,6 @@ class Trainer(BaseTrainer):
         super().__init__(config, channel, store, checkpoint_dir)
         self.rule = config.apoptosis_rule
         self.pairs = apo.require_pairs(self.model) if self.rule is not None else apo.find_pairs(self.model)
-        if self.rule is not None:
-            # dying units leave subnormal floats in activations, gradients and momentum, which slow every CPU op
-            # that touches them 3-5x (measured); flushed to zero they are what they mean: nothing
-            torch.set_flush_denormal(True)
         self.apoptosis = self._fresh_rule()
         self._build_dp()
         self.detectors = Detectors(config, self.model)

@@ -65,15 +65,20 @@ class Verdict:
     exploratory: bool = False
 
     @property
+    def primary(self) -> list[dict[str, Any]]:
+        """The decisions the verdict turns on: every registered finding's but a secondary one's (reported beside)."""
+        return [d for d in self.decisions if not d.get("secondary")]
+
+    @property
     def status(self) -> str:
         """Not comparable; does not hold (a check failed, or a registered finding does not hold); inconclusive (a
-        registered finding's interval straddles its margin); holds."""
+        registered finding's interval straddles its margin); holds. A secondary finding does not turn it."""
         if not self.comparable:
             return NOT_COMPARABLE
         if not (self.checks or self.decisions) or not all(c.ok for c in self.checks) or any(
-                d["status"] == FAILS for d in self.decisions):
+                d["status"] == FAILS for d in self.primary):
             return FAILS
-        return INCONCLUSIVE if any(d["status"] == INCONCLUSIVE for d in self.decisions) else HOLDS
+        return INCONCLUSIVE if any(d["status"] == INCONCLUSIVE for d in self.primary) else HOLDS
 
     def decide(self, key: str, effects: Iterable[float], label: str = "", reference: float | None = None) -> str:
         """Decide registered finding ``key`` (``paper.id`` of registry.yaml) from paired ``effects`` (oriented so
@@ -100,7 +105,8 @@ class Verdict:
         gap = registry.ceiling_gap(reg, finding, reference)
         decided = registry.below_ceiling(decided, gap) if self.scale == "paper" else decided
         self.decisions.append({"key": key, "label": label, "claim": finding.ours, **asdict(decided),
-                               **({"ceiling": gap} if gap else {})})
+                               **({"ceiling": gap} if gap else {}),
+                               **({"secondary": True} if finding.kind == "secondary" else {})})
         return decided.status
 
     def spend(self, alpha: float, attempt: int | None = None, exploratory: bool = False) -> None:
@@ -123,7 +129,7 @@ class Verdict:
     def failed(self) -> list[str]:
         return [f"{c.name}: {c.detail}" for c in self.checks if not c.ok] + [
             f"{d['key']}{' ' + d['label'] if d['label'] else ''} does not hold: {d['detail']}"
-            for d in self.decisions if d["status"] == FAILS]
+            for d in self.primary if d["status"] == FAILS]
 
     def summary(self) -> str:
         lines = [f"{self.title} [{self.scale}]: {self.status.upper()}"]
@@ -131,8 +137,8 @@ class Verdict:
             lines.append(f"  not comparable: {self.reason}")
         lines += [f"  {'ok ' if c.ok else 'NO '} {'mechanism check: ' if c.mechanism else ''}{c.name}: {c.detail}"
                   for c in self.checks]
-        lines += [f"  {d['status']}: {d['key']}{' (' + d['label'] + ')' if d['label'] else ''}: {d['detail']}"
-                  for d in self.decisions]
+        lines += [f"  {d['status']}: {'secondary: ' if d.get('secondary') else ''}{d['key']}"
+                  f"{' (' + d['label'] + ')' if d['label'] else ''}: {d['detail']}" for d in self.decisions]
         return "\n".join(lines)
 
     def require(self) -> None:
@@ -250,7 +256,7 @@ def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, o
     return settings
 
 
-RUN_KEYS = ("lr", "lr_schedule", "batch_size", "width")  # run settings a registered workload may set
+RUN_KEYS = ("lr", "lr_schedule", "batch_size", "width", "flush_denormal")  # run settings a registered workload may set
 
 
 def run_extras(settings: dict[str, Any]) -> dict[str, Any]:

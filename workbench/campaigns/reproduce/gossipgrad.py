@@ -36,12 +36,14 @@ PLATEAU_EVALUATIONS = 3  # the plateau accuracy: the mean of the last 3 of a run
 READINGS = ("plateau_accuracy", "final_test_accuracy", "consensus_accuracy")  # a workload's ``accuracy`` names one
 
 
-def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad", **overrides: Any) -> tuple[Any, Any]:
+def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad", entry: str = KEY,
+             **overrides: Any) -> tuple[Any, Any]:
     """(one row per run, per-step rows of every run) for every (p, seed, mode) of the scale; at the paper scale
-    on the registry's workload and the reporting seeds drawn for ``out``."""
+    on the registry's workload of ``entry`` (``gossipgrad`` or its replication, ``gossipgrad_replication``) and
+    the reporting seeds drawn for ``out``."""
     import pandas as pd
 
-    settings = campaign_settings(KEY, SCALES, scale, out, overrides)
+    settings = campaign_settings(entry, SCALES, scale, out, overrides)
     model, dataset = settings["model"], settings["dataset"]
     reading = settings.get("accuracy", "plateau_accuracy")
     if reading not in READINGS:
@@ -55,7 +57,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
     preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size, **batch(p)}
                 for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
-    progress(KEY, len(settings["worlds"]) * len(settings["seeds"]) * len(MODES), into=out)
+    progress(entry, len(settings["worlds"]) * len(settings["seeds"]) * len(MODES), into=out)
     for p in settings["worlds"]:
         for seed in settings["seeds"]:
             for mode in MODES:
@@ -98,8 +100,9 @@ def plateau_accuracy(steps: Any, last: int = PLATEAU_EVALUATIONS) -> float | Non
     return float(accuracies.tail(last).mean()) if len(accuracies) else None
 
 
-def verdict(frame: Any, scale: str) -> Verdict:
-    v = Verdict(KEY, TITLE, PAPER, scale)
+def verdict(frame: Any, scale: str, entry: str = KEY) -> Verdict:
+    """The registered findings of ``entry`` (``gossipgrad`` or its replication) and the mechanism checks."""
+    v = Verdict(entry, TITLE, PAPER, scale)
     done = frame[frame.outcome == "completed"]
     v.statistics = {"runs": len(frame), "completed": len(done), "seeds": sorted(frame.seed.unique().tolist()),
                     "p": sorted(frame.world_size.unique().tolist())}
@@ -121,7 +124,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
     v.statistics["accuracy_reading"] = reading
     for p in sorted(done.world_size.unique()):  # registered: non-inferiority, the lower bound carries the claim
         at = done[done.world_size == p].pivot_table(index="seed", columns="parallelism", values=reading)
-        v.decide("gossipgrad.accuracy_non_inferior", (100 * (at["gossip"] - at["data"])).dropna(), f"p={p}",
+        v.decide(f"{entry}.accuracy_non_inferior", (100 * (at["gossip"] - at["data"])).dropna(), f"p={p}",
                  reference=float(at["data"].mean()))  # the failure-free allreduce run, beside the ceiling
     gossip_runs = done[done.parallelism == "gossip"]
     cons = gossip_runs[gossip_runs.consensus_late.notna()]
@@ -131,25 +134,25 @@ def verdict(frame: Any, scale: str) -> Verdict:
             f"second half; late mean {cons.consensus_late.mean():.3g}" if len(cons) == len(gossip_runs) > 0 else
             f"consensus distance measured in {len(cons)} of {len(gossip_runs)} gossip runs: missing data fails",
             mechanism=True)  # nearly unfailable under a cosine rate (issue #46): a mechanism check
-    _diffusion(v, gossip_runs)
+    _diffusion(v, gossip_runs, entry)
     return v
 
 
-def _diffusion(v: Verdict, gossip_runs: Any) -> None:
+def _diffusion(v: Verdict, gossip_runs: Any, entry: str = KEY) -> None:
     """The registered exact finding: after ceil(log2 p) rounds without updates every gossip run's replicas agree
     within the margin (relative spread), the rounds replaying the partners each rank exchanged in its last cycle
     of training (what the ranks did, not the schedule function: a rank-side schedule that skips a round is seen);
     a run without the measurement, or measured over the schedule's partners instead, fails it."""
     from workbench.campaigns.reproduce import registry
 
-    margin = registry.load().finding("gossipgrad.diffusion_in_log_p").margin
+    margin = registry.load().finding(f"{entry}.diffusion_in_log_p").margin
     measured = gossip_runs[gossip_runs.spread_after.notna()] if "spread_after" in gossip_runs else gossip_runs[:0]
     if "diffusion_partners" in measured:  # tables from before the replay (issue #46) lack the column
         measured = measured[measured.diffusion_partners == "trained"]
     apart = measured[measured.spread_after > margin]
     detail = ", ".join(f"p={p}: {r:.0f} rounds, spread {b:.3g} -> {a:.2g}" for p, r, b, a in measured.groupby(
         "world_size")[["diffusion_rounds", "spread_before", "spread_after"]].max().itertuples())
-    v.check(f"gossipgrad.diffusion_in_log_p: replicas agree within {margin:g} after ceil(log2 p) rounds",
+    v.check(f"{entry}.diffusion_in_log_p: replicas agree within {margin:g} after ceil(log2 p) rounds",
             len(measured) == len(gossip_runs) > 0 and apart.empty,
             f"measured over training's partners in {len(measured)} of {len(gossip_runs)} gossip runs (missing data "
             f"fails); {len(apart)} "

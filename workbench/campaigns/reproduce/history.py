@@ -60,17 +60,47 @@ def decided(record: dict[str, Any]) -> list[dict[str, Any]]:
 def status(record: dict[str, Any]) -> str:
     """A record's verdict at its attempt's alpha: does not hold when a check failed or a finding does not hold,
     inconclusive when one straddles its margin, holds otherwise."""
-    findings = decided(record)
+    findings = [f for f in decided(record) if not f.get("secondary")]  # a secondary finding is reported beside
     if not all(c["ok"] for c in record.get("checks", [])) or any(f["status"] == FAILS for f in findings):
         return FAILS
     return INCONCLUSIVE if any(f["status"] == INCONCLUSIVE for f in findings) else HOLDS
 
 
-def history_line(paper_records: list[dict[str, Any]]) -> str:
-    """``inconclusive (design 1) → does not hold (design 2) → holds (design 3)``: a paper's runs in order."""
+def history_line(paper_records: list[dict[str, Any]], paper: str | None = None) -> str:
+    """``inconclusive (design 1) → does not hold (design 2) → holds (design 3)``: a paper's runs in order; with
+    ``paper``, a registration without a run says so (:func:`pending`)."""
     steps = [f"{status(r)} (design {r['design']}{', exploratory' if r.get('exploratory') else ''})"
              for r in sorted(paper_records, key=lambda r: int(r["attempt"]))]
-    return " → ".join(steps) if steps else "no registered reporting run archived"
+    if steps:
+        return " → ".join(steps)
+    return pending(paper) or "no registered reporting run archived"
+
+
+def pending(paper: str | None) -> str | None:
+    """A registration that has no archived run yet, in words (a replication registered before its run: "registered
+    2026-11-28, replicates gossipgrad's design on vgg11 ...: not run yet"); None for a paper that is not one."""
+    if paper is None:
+        return None
+    try:
+        reg = registry.load()
+    except registry.RegistryError:
+        return None
+    section = reg.papers.get(paper)
+    if section is None or not isinstance(section.get("registered"), dict):
+        return None
+    what = f", replicates {reg.replicates(paper)}'s design unchanged" if reg.replicates(paper) else ""
+    workload = reg.workload(paper)
+    return (f"registered {section['registered']['date']}{what} on {workload.get('model')} / {workload.get('dataset')}: "
+            "not run yet (no record archived)")
+
+
+def registered_papers() -> list[str]:
+    """Every registered paper, the report's order first, then the replications and any other (registry.yaml)."""
+    try:
+        names = list(registry.load().papers)
+    except registry.RegistryError:
+        names = []
+    return list(PAPERS) + [name for name in names if name not in PAPERS]
 
 
 def uncommitted(root: str | os.PathLike = ARCHIVE_DIR) -> list[str] | None:

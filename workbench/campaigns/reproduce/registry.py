@@ -5,7 +5,7 @@ and alpha, fixed before any reporting run, and the rule that turns a measured ef
 gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
 interval over seeds, :func:`share_decision` a share's over trials, :func:`redecide` either at an attempt's alpha
 (:meth:`Registry.attempt_alpha`); :func:`provenance` says which commit registered it and which deviations followed.
-Details: docs/reproduce.md, "Pre-registration".
+A replication (``replicates``) is a paper's design, unchanged, on a second workload. Details: docs/reproduce.md.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ TESTS = {
 }
 FINDING_FIELDS = ("id", "paper", "ours", "metric", "clock", "effect", "test", "margin")
 CLOCKS = ("wall", "rank", "none")
+KINDS = ("finding", "mechanism", "secondary")
 CEILING_GAP = 0.05  # an accuracy comparison is made at least 5 pt below its dataset's ceiling (issue #46)
 
 
@@ -54,7 +55,9 @@ class Finding:
     test: str
     margin: float
     alpha: float
-    kind: str = "finding"  # or "mechanism": a check that holds by construction, labelled so (issue #46)
+    # or "mechanism": a check that holds by construction, labelled so (issue #46); or "secondary": decided and
+    # reported, but its paper's verdict does not turn on it
+    kind: str = "finding"
     power: dict[str, Any] | None = field(default=None, compare=False)  # its power block (docs/reproduce.md)
 
     @property
@@ -115,6 +118,15 @@ class Registry:
         spending = self.attempts["spending"]
         return float(spending[attempt - 1]) if 1 <= attempt <= len(spending) else None
 
+    def replicates(self, paper: str) -> str | None:
+        """The paper whose design ``paper`` replicates unchanged on a second workload (its ``replicates``), or
+        None for a paper's own registration."""
+        return self.papers.get(paper, {}).get("replicates")
+
+    def campaign_of(self, paper: str) -> str:
+        """The campaign module that runs ``paper``'s registration: a replication's original's."""
+        return self.replicates(paper) or paper
+
     def workload(self, paper: str) -> dict[str, Any]:
         """The paper scale of ``paper``'s campaign as registered: its settings (model, dataset, worlds, steps, ...),
         a copy; RegistryError when the paper is not registered."""
@@ -169,7 +181,42 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
     for finding in findings.values():
         if finding.compares_accuracy:
             _check_ceiling(path, reg, finding)
+    for key in reg.papers:
+        if reg.replicates(key) is not None:
+            _check_replication(path, reg, key)
     return reg
+
+
+REPLICATED = ("id", "metric", "clock", "effect", "test", "margin", "kind")  # what a replication keeps unchanged
+
+
+def _check_replication(path: Path, reg: Registry, key: str) -> None:
+    """A replication registers its original's design unchanged: the same findings (their test, margin, metric and
+    effect) and the workload settings it names as the design (``design``) alike, with a date (``registered``) and
+    a workload other than the original's (its model or data set)."""
+    paper, original = reg.papers[key], reg.replicates(key)
+    where = f"{path}: replication {key!r}"
+    if original not in reg.papers or reg.replicates(original) is not None:
+        raise RegistryError(f"{where}: replicates {original!r}, which is not a registered paper's own registration")
+    registered = paper.get("registered")
+    if not (isinstance(registered, dict) and registered.get("date") and isinstance(paper.get("design"), list)
+            and paper["design"]):
+        raise RegistryError(f"{where}: needs registered (its date and a note) and design (the workload settings kept "
+                            "unchanged)")
+    mine, theirs = reg.workload(key), reg.workload(original)
+    changed = [name for name in paper["design"] if mine.get(name) != theirs.get(name)]
+    if changed:
+        raise RegistryError(f"{where}: its design differs from {original}'s in {', '.join(changed)}")
+    if all(mine.get(name) == theirs.get(name) for name in ("model", "dataset")):
+        raise RegistryError(f"{where}: runs {original}'s model on its data set: not a second workload")
+
+    def rules(paper_key: str) -> list[tuple[Any, ...]]:
+        found = [f for f in reg.findings.values() if f.paper_key == paper_key]
+        return sorted(tuple(getattr(f, name) for name in REPLICATED) for f in found)
+
+    if rules(key) != rules(original):
+        raise RegistryError(f"{where}: its findings differ from {original}'s (each finding's "
+                            f"{', '.join(REPLICATED)} must read alike)")
 
 
 def _ceilings(path: Path, value: Any) -> dict[str, dict[str, Any]]:
@@ -258,8 +305,8 @@ def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
         raise RegistryError(f"{where}: margin {margin!r} must be a number >= 0")
     own = _alpha(row.get("alpha", alpha), f"{where}: alpha")
     kind, power = row.get("kind", "finding"), row.get("power")
-    if kind not in ("finding", "mechanism"):
-        raise RegistryError(f"{where}: kind {kind!r} is not finding or mechanism")
+    if kind not in KINDS:
+        raise RegistryError(f"{where}: kind {kind!r} is not one of {', '.join(KINDS)}")
     needed = {"sesoi", "sd", "n_required", "n_registered"}
     if power is not None and not (isinstance(power, dict) and (
             power.get("descriptive") and power.get("reason") or needed <= set(power))):

@@ -67,7 +67,8 @@ def _section(key: str, path: Path | None, first_figure: list[bool]) -> str:
     checks = "".join(f"<tr><td>{'✔' if c.ok else '✘'}</td><td>{'mechanism check: ' if c.mechanism else ''}"
                      f"{html.escape(c.name)}</td>"
                      f"<td>{html.escape(c.detail)}</td></tr>" for c in v.checks)
-    checks += "".join(f"<tr><td>{html.escape(d['status'])}</td><td>registered: {html.escape(d['key'])} "
+    checks += "".join(f"<tr><td>{html.escape(d['status'])}</td><td>registered"
+                      f"{' secondary' if d.get('secondary') else ''}: {html.escape(d['key'])} "
                       f"{html.escape(d['label'])}<br><small>{html.escape(d['claim'])}</small></td>"
                       f"<td>{html.escape(d['detail'])}</td></tr>" for d in v.decisions)
     figures = []
@@ -99,7 +100,7 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     sections = [_archived(archive)] + [_section(key, path, first) for key, path in paths.items()]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
     summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b> under {html.escape(str(root))}; every "
-                      f"registered run: {html.escape(history.history_line(history.records(k, archive)))}</li>"
+                      f"registered run: {html.escape(history.history_line(history.records(k, archive), k))}</li>"
                       for k, s in verdicts.items())
     summary += _registration()
     page = (
@@ -143,9 +144,9 @@ def _archived(archive: str | os.PathLike) -> str:
                f"{html.escape(', '.join(pending))}. Commit them: a reporting run is not done until its record is."
                f"</p>" if pending else "")
     rows = []
-    for key in NOTEBOOKS:
+    for key in history.registered_papers():  # the replications too, each shown "not run yet" until its record is
         kept = history.records(key, archive)
-        rows.append(f"<h3>{html.escape(key)}: {html.escape(history.history_line(kept))}</h3>")
+        rows.append(f"<h3>{html.escape(key)}: {html.escape(history.history_line(kept, key))}</h3>")
         rows += [_attempt(record) for record in kept]
     return (f"<section><h2>Every registered reporting run</h2>{warning}<p>From <code>{html.escape(str(archive))}"
             f"</code>, one record per run; each verdict at the alpha its attempt is given (registry.yaml, "
@@ -158,7 +159,8 @@ def _attempt(record: dict) -> str:
 
     def finding(f: dict) -> str:
         was = f" (as run: {esc(f['status_run'])})" if f["status"] != f["status_run"] else ""
-        return (f"<li>{esc(f['status'])}{was}: {esc(f['key'])} {esc(f.get('label', ''))}: {f['mean']:.3g} "
+        second = "secondary (the verdict does not turn on it): " if f.get("secondary") else ""
+        return (f"<li>{esc(f['status'])}{was}: {second}{esc(f['key'])} {esc(f.get('label', ''))}: {f['mean']:.3g} "
                 f"[{f['low']:.3g}, {f['high']:.3g}], n = {f['n']}, {esc(f['test'].replace('_', '-'))} margin "
                 f"{f['margin']:g}, alpha {f['alpha']:g}</li>")
 
@@ -211,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict.summary() if verdict else f"{key}: not run")
         if verdict is None or verdict.status == FAILS:
             missed.append(key)
-    for key in NOTEBOOKS:
-        print(f"{key}, every registered run: {history.history_line(history.records(key))}")
+    for key in history.registered_papers():
+        print(f"{key}, every registered run: {history.history_line(history.records(key), key)}")
     pending = history.uncommitted()
     if pending:  # said plainly: a reporting run is not done until its record is committed
         print(f"the archive has records not committed (commit them): {', '.join(pending)}", file=sys.stderr)
