@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +51,19 @@ def test_a_forked_rank_and_its_replacement_import_no_scikit_learn(tmp_path, monk
 
     probe = tmp_path / "modules"
     monkeypatch.setenv("WORKBENCH_TEST_PROBE", str(probe))
-    result = workbench.run(world_size=2, steps=300, model="user_code:probing_model", strategy="shrink", regrow=True,
-                           warm_spares=0, faults=["kill:rank=1,step=3"])
+    # the run goes on until the replacement has joined (its regrow event), then ends at a step boundary: no step
+    # count chosen so that the replacement probably made it in time
+    regrown = threading.Event()
+    run = workbench.start(world_size=2, steps=1_000_000, model="user_code:probing_model", strategy="shrink",
+                          regrow=True, warm_spares=0, faults=["kill:rank=1,step=3"])
+    run.subscribe(lambda kind, payload: kind == "event" and payload["kind"] == "regrow" and regrown.set())
+    try:
+        assert regrown.wait(60) or any(e["kind"] == "regrow" for e in run.events), run.events
+        run.finish()
+        result = run.wait(60)
+    finally:
+        if not run.done:
+            run.stop()
     assert result.completed and result.summary["world_size_final"] == 2, result.summary
     written = sorted(tmp_path.glob("modules.*"))
     assert len(written) >= 3, written  # two ranks and the replacement
