@@ -198,7 +198,7 @@ def test_a_decision_is_decided_again_at_another_alpha_with_or_without_its_values
 def test_each_redesign_is_registered_unchanged_on_a_second_workload_before_its_run(tmp_path):
     """Issue #46: GossipGraD's design 3 and apoptosis's relative pressure, each replicated on a workload it was not
     designed on: the same findings and design settings (a change is refused), another model, its own alpha from the
-    attempt budget (its first attempt), a power block per sampled finding, no record archived yet."""
+    attempt budget (its first attempt), a power block per sampled finding, a record only after its registration."""
     from workbench.campaigns.reproduce import history
 
     reg = registry.load()
@@ -215,8 +215,13 @@ def test_each_redesign_is_registered_unchanged_on_a_second_workload_before_its_r
                                                                      theirs[ident].metric, theirs[ident].effect,
                                                                      theirs[ident].kind), ident
             assert f.test == "exact" or f.power["alpha"] == reg.attempt_alpha(1), ident
-        assert history.records(key) == []  # registered before its run
         assert history.history_line([], key).endswith("not run yet (no record archived)")
+    assert history.records("apoptosis_replication") == []  # registered, not run yet
+    # GossipGraD's ran after its registration (99e29d8) and is kept whatever it showed: it does not hold
+    [ran] = history.records("gossipgrad_replication")
+    assert (ran["registry_commit"][:7], ran["status"]) == ("99e29d8", "does not hold")
+    assert ran["alpha"] == reg.attempt_alpha(1)
+    assert history.history_line([ran], "gossipgrad_replication") == "does not hold (design 1)"
     text = registry.REGISTRY_FILE.read_text()
     for old, new, message in [
         ("per_rank_batch: 16, lr_schedule: cosine, accuracy: consensus_accuracy}\n    failure_free: {accuracy: 0.797",
