@@ -16,15 +16,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from planting import sitecustomize
+
 ROOT = Path(__file__).resolve().parents[1]
 
-PLANT = '''\
+PLANT = sitecustomize('''\
 """Planted by tests/test_reproduce_planted.py: rollback's ranks redo a failed step on a split of its global batch
 over one rank more than the world, as if the dead rank were still a member: its share is left out of the update."""
-import importlib.abc, importlib.machinery, sys
-
 import numpy as np
 
+TARGET = "workbench.rank.replicated"
 BEGUN = [-1]  # the highest step this rank process has begun: a step at or below it is being redone
 
 
@@ -38,25 +39,7 @@ def plant(module):
         return train_step(self)
 
     module.Trainer.train_step = broken_train_step
-
-
-class Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "workbench.rank.replicated":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            plant(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, Finder())
-'''
+''')
 
 CAMPAIGN = '''\
 import json, sys
@@ -70,10 +53,10 @@ print(json.dumps({"status": v.status, "checks": {c.name: [c.ok, c.detail] for c 
 '''
 
 
-GOSSIP_PLANT = '''\
+GOSSIP_PLANT = sitecustomize('''\
 """Planted by tests/test_reproduce_planted.py: a gossip trainer whose training steps skip the last hypercube round of
 every partner cycle (no exchange); the schedule function itself, and so anything computed from it, is left intact."""
-import importlib.abc, importlib.machinery, sys
+TARGET = "workbench.rank.gossip"
 
 
 def plant(module):
@@ -93,25 +76,7 @@ def plant(module):
             del schedule.partner  # the schedule function, as the supervisor or a measurement would call it, intact
 
     module.GossipTrainer.train_step = skipping_train_step
-
-
-class Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "workbench.rank.gossip":
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            plant(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, Finder())
-'''
+''')
 
 GOSSIP_CAMPAIGN = '''\
 import json, sys

@@ -132,3 +132,11 @@ def test_a_notice_signal_to_the_waiting_process_preempts_the_whole_job(tmp_path)
     assert result.outcome == "stopped" and "every rank was preempted" in result.summary["reason"]
     path = result.summary["reason"].split("resume from ")[1]
     assert checkpoint.load(path).step == result.summary["steps_completed"] < 5000
+
+
+@pytest.mark.parametrize("point", [5, "missing"])
+def test_a_point_that_is_no_directory_is_refused_before_any_process(tmp_path, point):
+    given = point if isinstance(point, int) else str(tmp_path / point)
+    with pytest.raises(workbench.ConfigError, match=r"^point: .* is no sweep point's directory: give the notebook"):
+        workbench.start(world_size=2, steps=2, point=given)
+    assert not (tmp_path / "missing").exists()

@@ -15,6 +15,8 @@ import textwrap
 import threading
 from pathlib import Path
 
+from planting import sitecustomize
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn'))"
 
@@ -71,9 +73,9 @@ def test_a_forked_rank_and_its_replacement_import_no_scikit_learn(tmp_path, monk
         assert path.read_text() == "", f"rank {path.suffix[1:]} imported {path.read_text().split()}"
 
 
-PLANT = '''\
+PLANT = sitecustomize('''\
 """Planted by tests/test_slow_paths.py: a regression the speed gate must catch, in every process that starts."""
-import importlib.abc, importlib.machinery, os, sys, time
+import os, time
 
 KIND = os.environ["WORKBENCH_PLANT"]
 TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.launch.template_server"}[KIND]
@@ -96,25 +98,7 @@ def plant(module):
             return fork(self, request, client)
 
         module.Server.fork = slow_fork
-
-
-class Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            plant(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, Finder())
-'''
+''')
 
 
 def gate(tmp_path: Path, plant: str, figures: str) -> list[dict]:

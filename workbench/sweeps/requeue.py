@@ -49,6 +49,11 @@ class PointRun:
     def of(cls, config: RunConfig, point: str | os.PathLike) -> PointRun | None:
         """The run's place in the sweep point whose directory is ``point`` (given to the run by its notebook:
         :func:`workbench.launch.session.start`), or None when the run resumes a checkpoint the user named."""
+        if not isinstance(point, (str, os.PathLike)) or not Path(point).is_dir():
+            from workbench.config.errors import ConfigError
+
+            raise ConfigError("point", f"{point!r} is no sweep point's directory: give the notebook's `point` "
+                              "parameter as the sweep set it (its point's directory), or None outside a sweep")
         if config.resume is not None:
             return None
         return cls(Path(point), config)
