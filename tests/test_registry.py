@@ -216,12 +216,12 @@ def test_each_redesign_is_registered_unchanged_on_a_second_workload_before_its_r
                                                                      theirs[ident].kind), ident
             assert f.test == "exact" or f.power["alpha"] == reg.attempt_alpha(1), ident
         assert history.history_line([], key).endswith("not run yet (no record archived)")
-    assert history.records("apoptosis_replication") == []  # registered, not run yet
-    # GossipGraD's ran after its registration (99e29d8) and is kept whatever it showed: it does not hold
-    [ran] = history.records("gossipgrad_replication")
-    assert (ran["registry_commit"][:7], ran["status"]) == ("99e29d8", "does not hold")
-    assert ran["alpha"] == reg.attempt_alpha(1)
-    assert history.history_line([ran], "gossipgrad_replication") == "does not hold (design 1)"
+    # both ran after their registration (99e29d8) and are kept whatever they showed: neither holds
+    for key in ("gossipgrad_replication", "apoptosis_replication"):
+        [ran] = history.records(key)
+        assert (ran["registry_commit"][:7], ran["status"]) == ("99e29d8", "does not hold")
+        assert ran["alpha"] == reg.attempt_alpha(1)
+        assert history.history_line([ran], key) == "does not hold (design 1)"
     text = registry.REGISTRY_FILE.read_text()
     for old, new, message in [
         ("per_rank_batch: 16, lr_schedule: cosine, accuracy: consensus_accuracy}\n    failure_free: {accuracy: 0.797",
