@@ -3,6 +3,7 @@
 import copy
 from datetime import timedelta
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,7 @@ from torch import nn
 from workbench.config.run import MODELS, RunConfig
 from workbench.rank.gradient_exchange import DEFAULT_BUCKETS, GradientExchange, bucket_layout
 from workbench.rank.soft_errors import ALARM_SLOTS
+from workbench.workloads.data import checksum_of, sample_checksum
 from workbench.workloads.models import build_model, mlp
 
 MLP_SIZES = [10, 640, 64, 8192, 128, 8192]  # the digits MLP's parameters in backward order (fc3.bias .. fc1.weight)
@@ -24,10 +26,10 @@ def step_once(comm, x, y, batch, cap_mb, launches, initial, buckets=None):
     part = torch.tensor_split(torch.arange(batch), comm.size)[comm.rank]
     out = model(x[part])
     loss = F.cross_entropy(out, y[part], reduction="sum")
-    dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]))
+    dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]), part.numpy() + 100)
     (loss / batch).backward()
     stats = dp.finish()
-    return len(dp.buckets), stats, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return len(dp.buckets), (stats, dp.sample_figures()), {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("size,buckets,cap_mb,expected", [(1, None, 1.0, 2), (2, None, 1.0, 2), (2, 1, 1.0, 1),
@@ -45,9 +47,11 @@ def test_update_equals_single_process_full_batch(size, buckets, cap_mb, expected
     torch.manual_seed(0)
     initial = mlp((1, 8, 8), 10)
     results = run_ranks(size, lambda comm: step_once(comm, x, y, 24, cap_mb, launches, initial, buckets))
-    for n_buckets, stats, params in results:
+    for n_buckets, (stats, entered), params in results:
         assert n_buckets == expected
         assert stats[2].item() == 24  # samples summed over ranks
+        # the last bucket carried the count and the ids' checksum (ids 100..123), summed exactly
+        assert entered[0].item() == 24 and checksum_of(entered.tolist()) == sample_checksum(np.arange(100, 124))
         assert stats[0].item() / 24 == pytest.approx(full_loss.item(), rel=1e-5)
         for name, value in reference.named_parameters():
             torch.testing.assert_close(params[name], value.detach(), rtol=1e-5, atol=1e-6)
@@ -66,7 +70,7 @@ def test_rollback_restores_exactly_and_retry_finishes_a_step():
                           snapshot_buckets=True)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         loss = F.cross_entropy(model(x), y, reduction="sum")
-        dp.begin(torch.tensor([loss.item(), 0.0, 16.0, *[0.0] * ALARM_SLOTS]))
+        dp.begin(torch.tensor([loss.item(), 0.0, 16.0, *[0.0] * ALARM_SLOTS]), np.arange(16))
         (loss / 16).backward()
         dp.finish()
         after = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -80,6 +84,32 @@ def test_rollback_restores_exactly_and_retry_finishes_a_step():
         return True
 
     assert run_ranks(1, body) == [True]
+
+
+def test_a_retry_carries_what_entered_every_bucket_not_bucket_0s_full_batch():
+    """forward's retry among the members, from bucket 1 (bucket 0 was applied with every share): the stats in bucket
+    0 keep the whole batch, the sample figures in the last bucket say only the contributors' samples entered the
+    whole update (rank 1 as a replacement without a kept gradient: zeros)."""
+    torch.manual_seed(0)
+    initial = mlp((1, 8, 8), 10)
+    x, y = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+
+    def body(comm):
+        model = copy.deepcopy(initial)
+        dp = GradientExchange(model, comm, "sgd", lr=0.1, momentum=0.0, bucket_cap_mb=1.0, keep_local=True)
+        part = torch.tensor_split(torch.arange(16), comm.size)[comm.rank]
+        loss = F.cross_entropy(model(x[part]), y[part], reduction="sum")
+        dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]), part.numpy())
+        (loss / 16).backward()
+        whole = dp.finish(), dp.sample_figures()
+        stats = dp.retry(1, have_local=comm.rank == 0)
+        return whole, (stats, dp.sample_figures())
+
+    for (stats, entered), (retried, kept) in run_ranks(2, body):
+        assert stats[2].item() == entered[0].item() == 16
+        assert checksum_of(entered.tolist()) == sample_checksum(np.arange(16))
+        assert retried[2].item() == 16  # bucket 0 is not redone
+        assert kept[0].item() == 8 and checksum_of(kept.tolist()) == sample_checksum(np.arange(8))
 
 
 def test_bucket_layout_count_cap_and_parameter_boundaries():
@@ -137,7 +167,7 @@ def test_updates_overlap_the_backward_pass_and_equal_updates_after_it(build):
         for step in range(3):
             part = torch.tensor_split(torch.arange(16), comm.size)[comm.rank]
             loss = F.cross_entropy(model(x[step][part]), y[step][part], reduction="sum")
-            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]))
+            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]), part.numpy())
             (loss / 16).backward()
             overlapped.append((dp.overlapped, [b.overlapped for b in dp.buckets]))
             dp.finish()
@@ -184,7 +214,7 @@ def test_an_alarm_seen_during_the_backward_pass_is_raised_once_every_bucket_is_l
         def step():
             part = torch.tensor_split(torch.arange(16), comm.size)[comm.rank]
             loss = F.cross_entropy(model(x[part]), y[part], reduction="sum")
-            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]))
+            dp.begin(torch.tensor([loss.item(), 0.0, float(len(part)), *[0.0] * ALARM_SLOTS]), part.numpy())
             phase["now"] = "backward"
             (loss / 16).backward()  # the alarm, if met here, is kept
             phase["now"] = "finish"

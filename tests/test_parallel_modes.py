@@ -14,7 +14,7 @@ from workbench.faults.targets import check_flip_targets
 from workbench.rank.gossip import GossipSchedule, PairExchange
 from workbench.rank.gradient_exchange import ring_allreduce_traffic
 from workbench.rank.pipeline import Layout, StagePipeline
-from workbench.workloads.data import LocalPartition
+from workbench.workloads.data import LocalPartition, checksum_of, sample_checksum
 from workbench.workloads.models import boundary_shapes, cnn, mlp, split_stages, stage_module
 from workbench.workloads.stages import check_model
 
@@ -125,7 +125,7 @@ def _pipeline_grads(config, members, model, x, y, micro_batches):
         comm.prepare_links(layout.peers())
         in_shape = shapes[layout.stage - 1] if layout.stage else tuple(x.shape[1:])
         pipe = StagePipeline(stage, layout, comm, in_shape, shapes[layout.stage])
-        stats = comm.allreduce_now(pipe.forward_backward(x, y, lanes, 1.0 / batch))
+        stats = comm.allreduce_now(pipe.forward_backward(x, y, lanes, 1.0 / batch, np.arange(batch) * 7))
         for p in stage.parameters():
             stage_comm.allreduce_now(p.grad)
         return stats, {n: p.grad for n, p in stage.named_parameters()}
@@ -151,6 +151,7 @@ def test_pipeline_gradients_equal_the_single_process_model(parallelism, world, s
     seen = set()
     for stats, grads in results:
         assert stats[2].item() == len(y)  # every sample reached the loss exactly once
+        assert checksum_of(stats[2:].tolist()) == sample_checksum(np.arange(len(y)) * 7)  # with its own id
         for name, grad in grads.items():
             expected = dict(reference.named_parameters())[name].grad
             assert torch.allclose(grad, expected, atol=1e-6), name

@@ -11,6 +11,7 @@ import pytest
 import workbench
 from workbench.config.errors import ConfigError
 from workbench.config.run import RunConfig
+from workbench.workloads.data import BatchSequence, load_dataset, sample_checksum, shard
 
 TINY = {"world_size": 2, "steps": 100, "eval_interval": 50, "hidden": [32], "seed": 1}
 # a torchft run that goes on until the test ends it: at the heal (run.stop, or run.finish to compare the weights)
@@ -130,6 +131,9 @@ def test_torchrun_restarts_the_world_and_redoes_the_steps_since_the_checkpoint(t
     assert summary["replicas_identical"] is True and summary["steps_completed"] == 100
     assert result.config["spawn"] == "fresh"  # what ran: the peers' ranks are never forked by our template
     assert any(e["kind"] == "restart" for e in result.events)
+    # rank 0 reports its own share of each step's batch, and the checksum of its ids (redone steps alike)
+    batches = BatchSequence(len(load_dataset(RunConfig(seed=1)).y_train), 64, 1)
+    assert all(row["sample_checksum"] == sample_checksum(shard(batches(row["step"]), 0, 2)) for row in result.metrics)
 
 
 def test_torchft_without_the_extra_exits_2_with_the_install_hint():

@@ -388,9 +388,16 @@ def test_ccgrid_counts_the_samples_lost_from_what_each_committed_update_summed()
     assert ccgrid22.samples_missing(redone, base) == 0
     assert ccgrid22.samples_missing(Run([(0, 64), (1, 48), (2, 64), (3, 64)]), base) == 16  # a share dropped
     assert ccgrid22.samples_missing(Run([(0, 64), (1, 64), (3, 64)]), base) == 64  # a step never committed
-    frame = ccgrid_frame().assign(samples_missing=0)
+    frame = ccgrid_frame()
+    frame = frame.assign(samples_missing=frame.samples_lost)  # the data agree with the strategies' counts
     assert ccgrid22.verdict(frame, "small").status == "holds"
     frame.loc[frame.strategy == "rollback", "samples_missing"] = 16  # the strategy's flag says 0: the data do not
     broken = ccgrid22.verdict(frame, "small")
     assert [c.name for c in broken.checks if not c.ok] == ["rollback loses no samples (world 4)"]
     assert broken.checks[0].mechanism and "entered no committed update" in broken.checks[0].detail
+    # forward's check reads the data too: its flag says 32 samples lost a run, but none are missing from the updates
+    frame = ccgrid_frame()
+    frame = frame.assign(samples_missing=frame.samples_lost.where(frame.strategy != "forward", 0))
+    broken = ccgrid22.verdict(frame, "small")
+    assert [c.name for c in broken.checks if not c.ok] == ["forward drops the dead ranks' share (world 4)"]
+    assert "0 samples lost (from the samples each update summed; the strategy counts 128)" in broken.checks[1].detail

@@ -72,8 +72,10 @@ def test_forward_and_shrink_lose_exactly_the_dead_ranks_share(strategy, golden, 
     (failure,) = result.failures
     assert failure["samples_lost"] == SHARE and failure["steps_redone"] == 0
     samples = {row["step"]: row["samples"] for row in result.metrics}
-    # the step's figures ride in bucket 0: forward applied it from every share before the fault, shrink redid it
-    assert samples[KILL] == (BATCH if strategy == "forward" else BATCH - SHARE)
+    # the samples whose gradients entered the whole update, which the last bucket carries: forward applied bucket 0
+    # from every share before the fault, but the survivors finished bucket 1 without the dead share; shrink redid
+    # the whole exchange without it
+    assert samples[KILL] == BATCH - SHARE
     assert all(n == BATCH for s, n in samples.items() if s != KILL)
     assert [row["step"] for row in result.metrics] == list(range(STEPS))  # no step redone or skipped
     assert result.summary["world_size_final"] == 3

@@ -13,6 +13,7 @@ from workbench.config.run import RunConfig
 from workbench.strategies.peers import mpirun_path
 from workbench.supervisor.membership import End, Lost, Membership, Note, Start
 from workbench.supervisor.recorder import Recorder
+from workbench.workloads.data import BatchSequence, load_dataset, sample_checksum
 
 needs_mpi = pytest.mark.skipif(mpirun_path() is None, reason="the mpi extra is not installed (pip install -e .[mpi])")
 TINY = {"steps": 120, "eval_interval": 60, "hidden": [32], "seed": 3, "strategy": "ulfm"}
@@ -35,6 +36,9 @@ def test_rank_0_killed_the_survivors_shrink_and_finish_every_step(tmp_path):
     # the shrunk world trains on the whole global batch: every step after the kill reports all its samples
     after = [row for row in result.metrics if row["step"] > 40]
     assert {row["samples"] for row in after} == {64} and {row["world_size"] for row in after} == {2}
+    # and the same samples: every recorded step's checksum is its failure-free batch's, re-split over 2 or not
+    batches = BatchSequence(len(load_dataset(RunConfig(seed=3)).y_train), 64, 3)
+    assert all(row["sample_checksum"] == sample_checksum(batches(row["step"])) for row in result.metrics)
 
 
 @needs_mpi

@@ -35,7 +35,7 @@ from workbench.rank.soft_errors import Detected, Injector
 from workbench.rank.throttle import Throttle
 from workbench.results import checkpoint as ckpt
 from workbench.results.h5files import OutputError
-from workbench.workloads.data import BatchSequence, load_dataset
+from workbench.workloads.data import BatchSequence, checksum_of, load_dataset
 from workbench.workloads.models import build_model
 
 FINAL_CHECKPOINT = "final.h5"  # the trained model of every completed run, beside the periodic checkpoints
@@ -264,18 +264,25 @@ class BaseTrainer:
         return record
 
     # -- reports ------------------------------------------------------------------------------------------------
-    def _report_step(self, step: int, stats: torch.Tensor, started: float, extra: dict[str, Any] | None = None,
-                     evaluation: dict[str, float] | None = None) -> None:
-        """Rank 0 of the generation reports the step's global figures (stats: loss sum, correct, samples)."""
+    def _report_step(self, step: int, stats: torch.Tensor, entered: torch.Tensor, started: float,
+                     extra: dict[str, Any] | None = None, evaluation: dict[str, float] | None = None) -> None:
+        """Rank 0 of the generation reports the step's global figures: loss and accuracy from ``stats`` (loss sum,
+        correct, samples), ``samples`` and ``sample_checksum`` from ``entered`` (the summed ``sample_figures`` of
+        the samples whose gradients entered the update; the checksum left out where it cannot be exact)."""
         report: dict[str, Any] = {"step": step, "gen": self.comm.gen, "sent": self.traffic[1], "msgs": self.traffic[0]}
         slow = self.throttle.end()
         if slow is not None:
             report["slow"] = slow  # the factor this rank was slowed by
         if self.comm.rank == 0:
             samples = max(stats[2].item(), 1.0)
-            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples, samples=int(samples),
-                          step_time=time.perf_counter() - started, t=time.time(), messages=self.traffic[0],
-                          bytes_sent=self.traffic[1], **(extra or {}), **self.rule_report(step))
+            figures = entered.tolist()
+            checksum = checksum_of(figures)
+            report.update(loss=stats[0].item() / samples, train_acc=stats[1].item() / samples,
+                          samples=int(round(figures[0])), step_time=time.perf_counter() - started, t=time.time(),
+                          messages=self.traffic[0], bytes_sent=self.traffic[1], **(extra or {}),
+                          **self.rule_report(step))
+            if checksum is not None:
+                report["sample_checksum"] = checksum
             if evaluation:
                 report.update(evaluation)
         self.channel.send(protocol.message("step", **report))

@@ -29,7 +29,7 @@ from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError, GenerationChanged
 from workbench.rank.gradient_exchange import ring_allreduce_traffic
 from workbench.results.fallbacks import taken
-from workbench.workloads.data import LocalPartition
+from workbench.workloads.data import LocalPartition, sample_figures
 
 ORDER_SEED = 0x905519  # partner orders depend on the run's seed and this constant only
 
@@ -265,7 +265,8 @@ class GossipTrainer(BaseTrainer):
         loss_sum = F.cross_entropy(out, y, reduction="sum")
         (loss_sum / len(y)).backward()
         self.optimizer.step()
-        stats = torch.tensor([loss_sum.item(), (out.detach().argmax(1) == y).sum().item(), float(len(y))])
+        # (loss sum, correct, then sample_figures: samples and their ids' checksum) of this replica's own batch
+        stats = torch.tensor([loss_sum.item(), (out.detach().argmax(1) == y).sum().item(), *sample_figures(batch)])
         self.step = step + 1  # the local update is in: a failed exchange below only loses the average
         self.inflight = None
 
@@ -327,7 +328,7 @@ class GossipTrainer(BaseTrainer):
             extra["consensus_distance"] = distance
             started += time.perf_counter() - measured  # a measurement, not part of the step
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
-        self._report_step(step, stats, started, extra=extra, evaluation=evaluation)
+        self._report_step(step, stats, stats[2:], started, extra=extra, evaluation=evaluation)
         self._periodic_snapshot()
 
     def consensus(self, stats: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -336,4 +337,4 @@ class GossipTrainer(BaseTrainer):
         total = self.comm.allreduce_now(flat.clone())
         distance = torch.linalg.vector_norm(flat - total / self.comm.size).reshape(1)
         summed = self.comm.allreduce_now(torch.cat([stats, distance]))
-        return summed[3].item() / self.comm.size, summed[:3]
+        return summed[-1].item() / self.comm.size, summed[:-1]

@@ -3,10 +3,10 @@ update applied per bucket as each bucket's allreduce completes.
 
 Not DDP with a comm hook: DDP binds its reducer to one process group for its lifetime, and destroying that group
 while the model lives aborts the process; here the group is the current generation's, and a failed exchange can
-be undone or retried bucket by bucket. A step: ``begin(stats)``, backward (each full bucket's allreduce starts,
-in the same order on every rank), then ``finish()``; the statistics and batch norm's running statistics ride in
-the first bucket. Rollback undoes applied buckets (undoable optimizer steps); forward and shrink keep each local
-gradient to ``retry()`` among the survivors. The protocol step by step, and the bucket layout: docs/internals.md.
+be undone or retried bucket by bucket. A step: ``begin(stats, ids)``, backward (each full bucket's allreduce
+starts, in the same order on every rank), then ``finish()``; statistics and batch norm's running statistics ride
+in the first bucket, the samples' count and id checksum in the last (what entered every bucket). Rollback undoes
+applied buckets; forward and shrink ``retry()`` among the survivors. Protocol and bucket layout: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -23,6 +24,7 @@ from workbench.rank import state as st
 from workbench.rank.comm import Comm
 from workbench.rank.optim import Optimizer, make_optimizer
 from workbench.rank.soft_errors import ALARM_SLOTS
+from workbench.workloads.data import SAMPLE_SLOTS, sample_figures
 
 STATS_SLOTS = 3 + ALARM_SLOTS  # loss sum, correct predictions, samples, then the detectors' alarm slots
 # buckets per step when RunConfig.buckets is None: the fewest that make forward differ from shrink. Each further
@@ -80,6 +82,7 @@ class Bucket:
     launched: bool = False
     views: list[torch.Tensor] = field(default_factory=list)
     local: torch.Tensor | None = None  # this rank's own gradient of the step, before the allreduce
+    tail: int = 0  # slots after the gradients: running statistics and stats (first), sample figures (last)
     overlapped: bool = False  # this step's update was applied during the backward pass
 
 
@@ -109,9 +112,13 @@ class GradientExchange:
         self._hooks: list[Any] = []  # removed by close(): a rebuilt exchange leaves no hook of this one behind
         for i, group in enumerate(groups):
             params = [p for _, p in group]
-            numel = sum(p.numel() for p in params) + (self.tail if i == 0 else 0)
+            # the last bucket's allreduce is the one launched after the fault point: it carries the samples'
+            # count and checksum, so they say what entered every bucket (in bucket 0 too when it is the only one,
+            # before the running statistics and the stats)
+            tail = (self.tail if i == 0 else 0) + (SAMPLE_SLOTS if i == len(groups) - 1 else 0)
+            numel = sum(p.numel() for p in params) + tail
             bucket = Bucket(i, [n for n, _ in group], params, make_optimizer(optimizer, params, lr, momentum),
-                            torch.zeros(numel, device=params[0].device if params else None))
+                            torch.zeros(numel, device=params[0].device if params else None), tail=tail)
             offset = 0
             for p in params:
                 # gradients live in the bucket (DDP's gradient_as_bucket_view): autograd accumulates into the
@@ -138,7 +145,9 @@ class GradientExchange:
         self._hooks = []
 
     # -- one step ---------------------------------------------------------------------------------------------
-    def begin(self, stats: torch.Tensor) -> None:
+    def begin(self, stats: torch.Tensor, ids: np.ndarray) -> None:
+        """A step's exchange: ``stats`` (loss sum, correct, samples, alarm slots) into the first bucket, the
+        count and checksum of ``ids`` (the samples this rank's gradient is of) into the last."""
         for bucket in self.buckets:
             bucket.buffer.zero_()
             bucket.pending = len(bucket.params)
@@ -152,7 +161,19 @@ class GradientExchange:
         first = self.buckets[0].buffer
         first[-STATS_SLOTS:] = stats
         self.running.pack(first[-self.tail: -STATS_SLOTS])  # after the forward: this step's statistics
+        self._samples_region()[:] = torch.tensor(sample_figures(ids))
         self._next_launch = 0
+
+    def _samples_region(self) -> torch.Tensor:
+        last = self.buckets[-1]
+        start = last.buffer.numel() - last.tail
+        return last.buffer[start: start + SAMPLE_SLOTS]
+
+    def sample_figures(self) -> torch.Tensor:
+        """The step's summed sample figures (count, the id checksum's two halves: workbench.workloads.data) as the
+        last bucket's reduction carried them: the samples whose gradients entered every bucket of the update (a
+        forward retry's survivors, not bucket 0's full batch applied before the fault)."""
+        return self._samples_region().clone()
 
     def save_running(self) -> None:
         """Before the step's forward (rollback): the running statistics to return to if the step is undone."""
@@ -160,8 +181,9 @@ class GradientExchange:
             self.running_before = self.running.copy()
 
     def gradients(self, bucket: Bucket) -> torch.Tensor:
-        """The gradient part of a bucket's buffer (the first bucket also carries running statistics and stats)."""
-        return bucket.buffer[: bucket.buffer.numel() - self.tail] if bucket.index == 0 else bucket.buffer
+        """The gradient part of a bucket's buffer (the first bucket also carries running statistics and stats, the
+        last the sample figures)."""
+        return bucket.buffer[: bucket.buffer.numel() - bucket.tail] if bucket.tail else bucket.buffer
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         bucket = self._bucket_of[param]

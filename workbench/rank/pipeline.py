@@ -32,6 +32,7 @@ from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError
 from workbench.rank.gradient_exchange import ring_allreduce_traffic
 from workbench.rank.soft_errors import Injector
+from workbench.workloads.data import SAMPLE_SLOTS, sample_figures
 from workbench.workloads.models import boundary_shapes, run_stages, stage_module
 
 
@@ -104,12 +105,13 @@ class StagePipeline:
         self.sends = []
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, micro: list[list[np.ndarray]],
-                         loss_scale: float) -> torch.Tensor:
-        """One step's forwards and backwards; ``micro[l][m]`` are the indices of lane l's micro-batch m.
-        Returns (loss sum, correct, samples) of what this member's last stage computed (zeros elsewhere)."""
+                         loss_scale: float, ids: np.ndarray) -> torch.Tensor:
+        """One step's forwards and backwards; ``micro[l][m]`` are the indices of lane l's micro-batch m into the
+        batch, whose sample ids are ``ids``. Returns (loss sum, correct, samples, the id checksum's two halves) of
+        what this member's last stage computed (zeros elsewhere): ``stats[2:]`` are its samples' ``sample_figures``."""
         layout, s = self.layout, self.layout.stage
         self.messages = self.bytes_sent = 0
-        stats = torch.zeros(3)
+        stats = torch.zeros(2 + SAMPLE_SLOTS)
         saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         lanes = layout.my_lanes
         micro_batches = len(micro[0])
@@ -128,7 +130,7 @@ class StagePipeline:
                     target = y[index]
                     loss = F.cross_entropy(out, target, reduction="sum")
                     stats += torch.tensor([loss.item(), (out.detach().argmax(1) == target).sum().item(),
-                                           float(len(index))])
+                                           *sample_figures(ids[micro[lane][m]])])
                     out = loss
                 else:
                     self._send(out.detach(), layout.owner(s + 1, lane))
@@ -300,7 +302,7 @@ class PipelineTrainer(BaseTrainer):
         lanes = np.array_split(np.arange(len(batch)), self.layout.lanes)
         micro = [np.array_split(lane, self.config.micro_batches) for lane in lanes]
         self.grads.zero_()
-        stats = self.pipe.forward_backward(x, y, micro, 1.0 / self.global_batch(step))
+        stats = self.pipe.forward_backward(x, y, micro, 1.0 / self.global_batch(step), batch)
         for p, view in zip(self.params, self.views):
             if p.grad is not view:  # autograd replaced the gradient tensor: bring it back into the flat buffer
                 view.copy_(p.grad)
@@ -334,7 +336,7 @@ class PipelineTrainer(BaseTrainer):
 
     def _commit(self, step: int, stats: torch.Tensor, started: float) -> None:
         evaluation = self.evaluate() if self._evaluation_due() else None  # collective: every member takes part
-        self._report_step(step, stats, started, evaluation=evaluation)
+        self._report_step(step, stats, stats[2:], started, evaluation=evaluation)
         self._periodic_snapshot()
 
     def _checkpoint_now(self) -> None:

@@ -33,9 +33,9 @@ class Kind:
     optional: tuple[str, ...] = ()
 
 
-_STEP_FIGURES = ("loss", "train_acc", "samples", "step_time", "t", "messages", "bytes_sent", "test_loss", "test_acc",
-                 "val_acc", "consensus_distance", "parameters", "hidden_units", "participants", "world_size", "lr",
-                 "global_batch")
+_STEP_FIGURES = ("loss", "train_acc", "samples", "sample_checksum", "step_time", "t", "messages", "bytes_sent",
+                 "test_loss", "test_acc", "val_acc", "consensus_distance", "parameters", "hidden_units", "participants",
+                 "world_size", "lr", "global_batch")
 _FAILED = "the rank failed on its own (an exception, not a fault) and exits next; ``reason``: the run's reason to fail"
 
 CONTROL_KINDS: dict[str, Kind] = {

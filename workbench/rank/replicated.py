@@ -327,8 +327,8 @@ class Trainer(BaseTrainer):
             self.dp.save_running()
         if self.rule is not None:
             self._fold_split(step)
-        indices = torch.from_numpy(shard(self.batches(step), self.comm.rank, self.comm.size))
-        x, y = self.data.train_batch(indices, step)
+        ids = shard(self.batches(step), self.comm.rank, self.comm.size)
+        x, y = self.data.train_batch(torch.from_numpy(ids), step)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)  # CPU: no copy
         self.model.train()
         out = self.model(x)
@@ -340,7 +340,7 @@ class Trainer(BaseTrainer):
             began = time.thread_time()
             alarms = self.detectors.local_alarms(loss_value / len(y))
             self.detector_s += time.thread_time() - began
-        self.dp.begin(torch.tensor([loss_value, correct.item(), float(len(y)), *alarms]))
+        self.dp.begin(torch.tensor([loss_value, correct.item(), float(len(y)), *alarms]), ids)
         (loss_sum / self.global_batch(step)).backward()
         stats = self.dp.finish()
         self.inflight = None
@@ -364,7 +364,8 @@ class Trainer(BaseTrainer):
                                  bool(self.rule.relative))
         self.traffic = self.dp.traffic()
         evaluation = self.evaluate() if self.comm.rank == 0 and self._evaluation_due() else None
-        self._report_step(step, stats, started, extra=dict(self.size), evaluation=evaluation)
+        self._report_step(step, stats, self.dp.sample_figures(), started, extra=dict(self.size),
+                          evaluation=evaluation)
         if (self.rule is not None and self._evaluation_due()
                 and self.rule.deciding(self.step, self.config.steps, self.config.eval_interval)):
             self._apoptosis_step(evaluation)  # never at the last evaluation: the final accuracy is the model's

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 FORMAT = FORMATS[RESULT]
 RESULT_FILE = "result.h5"
-METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "test_acc", "test_loss", "val_acc", "world_size",
-                  "generation", "step_time", "rank_step_time", "rank_time", "messages", "bytes_sent",
+METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "sample_checksum", "test_acc", "test_loss", "val_acc",
+                  "world_size", "generation", "step_time", "rank_step_time", "rank_time", "messages", "bytes_sent",
                   "consensus_distance", "parameters", "hidden_units", "lr", "global_batch")
 
 
@@ -160,8 +160,8 @@ def model_size(metrics: list[dict[str, Any]]) -> dict[str, dict[str, int] | None
 
 def _plain(value: Any, column: str) -> Any:
     value = float(value)
-    integral = column in ("step", "samples", "world_size", "generation", "parameters", "hidden_units",
-                          "global_batch") \
+    integral = column in ("step", "samples", "sample_checksum", "world_size", "generation", "parameters",
+                          "hidden_units", "global_batch") \
         and math.isfinite(value)
     return int(value) if integral else value
 

@@ -198,13 +198,14 @@ def abandon(mlflow_client: Any, run_id: str | None) -> None:
 
 
 def step_metrics(result: RunResult) -> list[tuple[str, float, int, int]]:
-    """(key, value, timestamp in ms, step) of every finite per-step value and of the summary's numbers."""
+    """(key, value, timestamp in ms, step) of every finite per-step value (but ``sample_checksum``, an id) and of
+    the summary's numbers."""
     start = epoch_ms(result.provenance.get("started_utc")) or 0
     found = []
     for row in result.metrics:
         at = start + int(1000 * row["time"]) if _finite(row.get("time")) else start
         for key in METRIC_COLUMNS:
-            if key not in ("step", "time") and _finite(row.get(key)):
+            if key not in ("step", "time", "sample_checksum") and _finite(row.get(key)):  # an id, not a measure
                 found.append((key, float(row[key]), at, int(row["step"])))
     last = max((int(r["step"]) for r in result.metrics), default=0)
     end = epoch_ms(result.provenance.get("ended_utc")) or start

@@ -270,8 +270,8 @@ class Recorder:
         row = {"step": m["step"], "time": m["t"] - self.t0, "loss": m["loss"], "train_acc": m["train_acc"],
                "samples": m["samples"], "world_size": self.world_size, "generation": self.gen,
                "step_time": m["step_time"]}
-        for key in ("test_acc", "test_loss", "val_acc", "messages", "bytes_sent", "consensus_distance", "parameters",
-                    "hidden_units", "lr", "global_batch"):
+        for key in ("sample_checksum", "test_acc", "test_loss", "val_acc", "messages", "bytes_sent",
+                    "consensus_distance", "parameters", "hidden_units", "lr", "global_batch"):
             row[key] = m.get(key, float("nan"))
         self.rank_time.on_row(m["gen"], row)
         self.metrics.append(row)

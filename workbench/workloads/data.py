@@ -2,7 +2,8 @@
 
 The batch sequence depends only on the seed and the step, never on the world size: step ``s`` trains on the
 global batch ``batch_indices(s)``, which the live ranks split between them (``shard``), so a run that loses or
-regains ranks walks the same data in the same order, and a restart at step ``s`` resumes it exactly.
+regains ranks walks the same data in the same order, and a restart at step ``s`` resumes it exactly. Which samples
+entered an update is told by a checksum of their ids (:func:`sample_checksum`, carried by :func:`sample_figures`).
 :class:`Dataset` and the image datasets live in :mod:`workbench.workloads.datasets`
 (``workbench.workloads.data.Dataset`` is the same class).
 """
@@ -152,6 +153,44 @@ class BatchSequence:
         """The sample cursor before step ``step`` as one number: epoch x n_train + offset."""
         epoch, offset, _ = self.cursor(step)
         return epoch * self.n_train + offset
+
+
+# the sample-id checksum: the sum over the ids (indices into the training set) of h(id) = id * 2654435761 mod 2^20
+# (Knuth's multiplicative hash). Ranks carry it in their float32 reductions as two 10-bit halves summed apart:
+# each half's sum stays an exact integer in float32 (< 2^24) up to EXACT_SAMPLES samples, in any summation order
+SAMPLE_HASH_BITS = 20
+_HASH_MULTIPLIER = 2654435761
+_HALF = SAMPLE_HASH_BITS // 2
+EXACT_SAMPLES = 2 ** (24 - _HALF)
+SAMPLE_SLOTS = 3  # what a reduction carries of the samples whose gradients entered it: count, checksum's halves
+
+
+def sample_hash(ids: np.ndarray) -> np.ndarray:
+    """h(id) = id * 2654435761 mod 2^20 of every sample id (exact: unsigned 64-bit products wrap modulo 2^64)."""
+    ids = np.asarray(ids).astype(np.uint64).reshape(-1)
+    return (ids * np.uint64(_HASH_MULTIPLIER)) & np.uint64(2**SAMPLE_HASH_BITS - 1)
+
+
+def sample_checksum(ids: np.ndarray) -> int:
+    """The checksum of a set of samples: the sum of :func:`sample_hash` over their ids (order-free, additive:
+    the checksum of an update is the sum of its contributors' checksums)."""
+    return int(sample_hash(ids).sum())
+
+
+def sample_figures(ids: np.ndarray) -> list[float]:
+    """What a rank adds to a step's reduction for the samples it contributes: their count and the two halves of
+    their checksum (``SAMPLE_SLOTS`` values; :func:`checksum_of` reads the sum back)."""
+    h = sample_hash(ids)
+    return [float(len(h)), float((h & np.uint64(2**_HALF - 1)).sum()), float((h >> np.uint64(_HALF)).sum())]
+
+
+def checksum_of(figures: list[float]) -> int | None:
+    """The summed checksum of a reduction's ``sample_figures``, or None where it cannot be exact: more than
+    ``EXACT_SAMPLES`` samples (float32 halves may have rounded), or halves that are not whole numbers."""
+    count, low, high = (float(v) for v in figures)
+    if not all(np.isfinite((count, low, high))) or count > EXACT_SAMPLES or low != round(low) or high != round(high):
+        return None
+    return int(round(low)) + (int(round(high)) << _HALF)
 
 
 def shard(indices: np.ndarray, rank: int, size: int) -> np.ndarray:

@@ -111,16 +111,25 @@ def _row(label: str, world: int, seed: int, result: Any, base: Any) -> dict[str,
 
 
 def samples_missing(result: Any, base: Any) -> int:
-    """Samples of the failure-free schedule whose gradients entered no committed update of ``result``: per step, the
-    failure-free run's count minus the count the run's ranks summed into that step's committed update (the
-    ``samples`` its allreduce carried, the last report of a step redone), over every step. Counted from the data the
-    ranks consumed, not from what the strategy says it did."""
-    def per_step(run: Any) -> Any:
+    """Samples of the failure-free schedule whose gradients did not enter a committed update of ``result`` (all of
+    it), summed over the steps. Per step, from what the ranks' reduction carried with the committed update (the last
+    report of a step redone): ``samples``, their count, and ``sample_checksum``, the sum of a hash of their ids
+    (docs/reproduce.md). A step never committed misses all the failure-free run's samples of it; one with fewer
+    samples misses the difference; one with as many but another checksum misses all of them (other samples: a
+    redo over the wrong ones). Where either run has no checksum for a step (a result written before the column, a
+    step whose checksum could not be carried exact) the count alone decides, and a redo over the wrong samples of
+    the right count passes unseen. Counted from the data the ranks consumed, not from what the strategy says."""
+    def per_step(run: Any) -> tuple[Any, Any]:
         frame = run.to_dataframe()
-        return frame.drop_duplicates("step", keep="last").set_index("step")["samples"].fillna(0)
+        if "sample_checksum" not in frame:
+            frame = frame.assign(sample_checksum=float("nan"))
+        last = frame.drop_duplicates("step", keep="last").set_index("step")
+        return last["samples"].fillna(0), last["sample_checksum"]
 
-    ran, wanted = per_step(result), per_step(base)
-    return int((wanted - ran.reindex(wanted.index).fillna(0)).clip(lower=0).sum())
+    (ran, ran_sum), (wanted, wanted_sum) = per_step(result), per_step(base)
+    got, checksum = ran.reindex(wanted.index).fillna(0), ran_sum.reindex(wanted.index)
+    other = (got >= wanted) & checksum.notna() & wanted_sum.notna() & (checksum != wanted_sum)
+    return int((wanted - got).clip(lower=0).where(~other, wanted).sum())
 
 
 def lost_time(result: Any) -> float:
@@ -195,13 +204,16 @@ def verdict(frame: Any, scale: str) -> Verdict:
 
 def _mechanism(v: Verdict, world: int, by: Any) -> None:
     roll, fwd = by.loc["rollback"], by.loc["forward"]
-    missing = roll.samples_missing if "samples_missing" in by else roll.samples_lost  # a table from before #46
+    data = "samples_missing" in by  # counted from the samples each update summed; a table from before #46: the
+    # strategies' own counts
+    missing, dropped = (roll.samples_missing, fwd.samples_missing) if data else (roll.samples_lost, fwd.samples_lost)
     v.check(f"rollback loses no samples (world {world})", missing == 0,
             f"{int(missing)} samples of the failure-free schedule entered no committed update, over "
             f"{int(roll.completed)} runs (counted from the samples each update summed)", mechanism=True)
-    v.check(f"forward drops the dead ranks' share (world {world})", fwd.samples_lost > 0, mechanism=True, detail=
-            f"{int(fwd.samples_lost)} samples lost, accuracy loss "
-            f"{fmt((fwd.loss_pt, fwd.loss_low, fwd.loss_high), ' pt')}")
+    v.check(f"forward drops the dead ranks' share (world {world})", dropped > 0, mechanism=True, detail=
+            f"{int(dropped)} samples lost" + (f" (from the samples each update summed; the strategy counts "
+                                              f"{int(fwd.samples_lost)})" if data else "")
+            + f", accuracy loss {fmt((fwd.loss_pt, fwd.loss_low, fwd.loss_high), ' pt')}")
     restarts = by[by.index.str.startswith("checkpoint_restart")]
     if len(restarts) > 1:
         redone = restarts.steps_redone.tolist()

@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from workbench.config import lr_schedule
@@ -21,7 +22,7 @@ from workbench.faults import kinds
 from workbench.rank import protocol
 from workbench.rank.channel import Channel
 from workbench.rank.readings import evaluate
-from workbench.workloads.data import BatchSequence, load_dataset, shard
+from workbench.workloads.data import BatchSequence, load_dataset, sample_checksum, shard
 from workbench.workloads.models import build_model
 
 
@@ -34,6 +35,7 @@ class PeerRank:
         self.batches = BatchSequence(len(self.data.y_train), config.batch_size, config.seed)
         self.model = build_model(config, self.data.input_shape, self.data.num_classes)
         self.step_faults: dict[int, FaultSpec] = {}
+        self.ids: np.ndarray | None = None  # the sample ids of the batch last drawn (``batch``)
 
     def wait_generation(self) -> dict[str, Any]:
         while self.channel.latest_generation is None:
@@ -44,8 +46,8 @@ class PeerRank:
         return assignment
 
     def batch(self, step: int, label: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = shard(self.batches(step), label, self.config.world_size)
-        return self.data.train_batch(idx, step)
+        self.ids = shard(self.batches(step), label, self.config.world_size)
+        return self.data.train_batch(self.ids, step)
 
     def schedule_lr(self, optimizer: Any, step: int) -> None:
         """The optimizer takes ``lr_schedule``'s rate for ``step`` (as our ranks do; peers have no resize rule)."""
@@ -62,8 +64,10 @@ class PeerRank:
 
     def report(self, step: int, gen: int, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor, started: float,
                **extra: Any) -> None:
+        # this replica's own batch (``samples``) and the checksum of its ids (``batch``: the batch it trained)
         figures = {"loss": loss.item(), "train_acc": (out.argmax(1) == y).float().mean().item(), "samples": len(y),
-                   "step_time": time.perf_counter() - started, "t": time.time(), **extra}
+                   "sample_checksum": sample_checksum(self.ids), "step_time": time.perf_counter() - started,
+                   "t": time.time(), **extra}
         if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.channel.end(self.config.steps):
             figures.update(evaluate(self.model, self.data))
         self.channel.send(protocol.message("step", step=step, gen=gen, **figures))

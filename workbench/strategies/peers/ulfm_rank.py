@@ -24,9 +24,9 @@ from workbench.rank.main import join_from_store, serve, start_rank_process
 from workbench.rank.optim import make_optimizer
 from workbench.rank.readings import evaluate, fingerprint
 from workbench.strategies.peers.common import PeerRank
-from workbench.workloads.data import shard
+from workbench.workloads.data import SAMPLE_SLOTS, checksum_of, sample_figures, shard
 
-STATS = 3  # loss sum, correct predictions, samples: last in the allreduce buffer
+STATS = 2 + SAMPLE_SLOTS  # loss sum, correct predictions, samples, the ids' checksum halves: last in the buffer
 
 
 def _mpi() -> Any:
@@ -77,7 +77,7 @@ class UlfmRank(PeerRank):
             n = source.numel()
             flat[at:at + n].copy_(source.reshape(-1))
             at += n
-        flat[at:] = torch.tensor([loss_sum.item(), (out.argmax(1) == y).sum().item(), float(len(y))])
+        flat[at:] = torch.tensor([loss_sum.item(), (out.argmax(1) == y).sum().item(), *sample_figures(indices)])
         comm.Allreduce(MPI.IN_PLACE, self.flat, op=MPI.SUM)
         self.fault_point(step)  # a planned kill fires after the exchange, before the update (as for every peer)
         at = 0
@@ -96,9 +96,12 @@ class UlfmRank(PeerRank):
         if comm.Get_rank() != 0:
             self.channel.send(protocol.message("step", step=step, gen=gen, t=time.time()))
             return
-        loss_sum, correct, samples = (float(v) for v in totals)
+        loss_sum, correct, samples = (float(v) for v in totals[:3])
         figures = {"loss": loss_sum / samples, "train_acc": correct / samples, "samples": int(samples),
                    "step_time": time.perf_counter() - started, "t": time.time(), "world_size": comm.Get_size()}
+        checksum = checksum_of(totals[2:].tolist())
+        if checksum is not None:
+            figures["sample_checksum"] = checksum
         if (step + 1) % self.config.eval_interval == 0 or step + 1 == self.channel.end(self.config.steps):
             figures.update(evaluate(self.model, self.data))
         self.channel.send(protocol.message("step", step=step, gen=gen, **figures))
