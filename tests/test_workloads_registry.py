@@ -36,8 +36,8 @@ def test_the_lists_are_read_from_the_entries():
     assert SETTINGS["model"].choices == config_module.MODELS
     assert SETTINGS["dataset"].choices == registry.dataset_forms()
     assert dataset_files.BUNDLED_FILES == {"digits": dataset_files.DATA_DIR / "digits.npz"}
-    assert registry.dataset_choices() == ("digits", "synthetic", "synthetic_image", "synthetic_noisy", "synthetic_faint",
-                                          "cifar10:",
+    assert registry.dataset_choices() == ("digits", "synthetic", "synthetic_image", "synthetic_noisy",
+                                          "synthetic_faint", "cifar10:",
                                           "cifar100:",
                                           "mnist:", "fashion_mnist:", "imagefolder:")
     assert [m.name for m in registry.MODELS.values() if m.knobs] == ["mlp", "alexnet", "vgg11"]
