@@ -148,7 +148,7 @@ def test_the_paper_scale_is_the_registered_workload_on_drawn_seeds(tmp_path):
     workload = registry.load().workload("apoptosis")
     settings = campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {})
     assert settings["reporting"] and {k: settings[k] for k in workload} == workload
-    assert (workload["model"], workload["dataset"], workload["width"]) == ("vgg11", "synthetic_noisy", 0.25)
+    assert (workload["model"], workload["dataset"], workload["width"]) == ("vgg11", "synthetic_faint", 0.25)
     replication = registry.load().workload("apoptosis_replication")  # the same keys: the same campaign runs it
     assert set(replication) == set(workload) and replication["model"] == "alexnet"
     assert "relative=1" in workload["apoptosis"]  # conv channels are pressed as hard as fully connected units

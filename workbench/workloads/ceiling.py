@@ -129,6 +129,13 @@ def synthetic_noisy_ceiling(size: int = 0) -> Ceiling:
     return synthetic_ceiling(0.0, NOISY_SIGNAL)
 
 
+def synthetic_faint_ceiling(size: int = 0) -> Ceiling:
+    """``synthetic_faint``'s (the same for every size)."""
+    from workbench.workloads.datasets import FAINT_SIGNAL
+
+    return synthetic_ceiling(0.0, FAINT_SIGNAL)
+
+
 # -- synthetic (Gaussian clusters) and digits ----------------------------------------------------------------------
 def gaussian_ceiling(size: int, n: int = 20000) -> Ceiling:
     """``synthetic``'s: its class centres (as ``workbench.workloads.data.synthetic(size)`` draws them) under

@@ -311,6 +311,9 @@ SCALE = 12.0  # pixel value = 128 + SCALE x, rounded and clipped to 0..255
 # synthetic_noisy: no second class; the label's pattern at 0.6 of its weight under the same noise, so what makes
 # it hard is signal against noise, and the Bayes rule (workbench.workloads.ceiling) is computable
 NOISY_SIGNAL = 0.6
+# synthetic_faint: synthetic_noisy fainter still, so that a vgg11 trained for the apoptosis design's 600 steps stays
+# well below its Bayes ceiling (at 0.6 it reaches 99.6 % by step 300)
+FAINT_SIGNAL = 0.3
 
 
 def synthetic_image(size: int, num_classes: int = 10, side: int = 32, distractor: float = DISTRACTOR,
@@ -335,6 +338,13 @@ def synthetic_noisy(size: int) -> Dataset:
     :func:`workbench.workloads.ceiling.synthetic_ceiling`; lenet5 ~70-80 % after 300 steps of 64, 96-98 % after
     600)."""
     return synthetic_image(size, distractor=0.0, signal=NOISY_SIGNAL)
+
+
+def synthetic_faint(size: int) -> Dataset:
+    """``synthetic_noisy`` with its waves at ``FAINT_SIGNAL`` of their weight: unambiguous labels, a Bayes ceiling
+    near 100 % (:func:`workbench.workloads.ceiling.synthetic_faint_ceiling`), and a long way for a trained model
+    to go to it (docs/reproduce.md, "Ceilings")."""
+    return synthetic_image(size, distractor=0.0, signal=FAINT_SIGNAL)
 
 
 def class_patterns(num_classes: int = 10, side: int = 32) -> np.ndarray:

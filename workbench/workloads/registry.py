@@ -136,6 +136,9 @@ for _entry in (
     Dataset("synthetic_noisy", "workbench.workloads.datasets:synthetic_noisy", "synthetic_image without the "
             "second class, faint under its noise: unambiguous labels", (3, 32, 32), 10, sized=True,
             ceiling=f"{_CEILING}:synthetic_noisy_ceiling"),
+    Dataset("synthetic_faint", "workbench.workloads.datasets:synthetic_faint", "synthetic_noisy fainter still: "
+            "unambiguous labels, far from the ceiling after 600 steps", (3, 32, 32), 10, sized=True,
+            ceiling=f"{_CEILING}:synthetic_faint_ceiling"),
     *(Dataset(name, "workbench.workloads.datasets:load_file_dataset", summary, on_disk=True) for name, summary in (
         ("cifar10", "CIFAR-10's binary version"), ("cifar100", "CIFAR-100's binary version"),
         ("mnist", "MNIST's IDX files"), ("fashion_mnist", "Fashion-MNIST's IDX files"),

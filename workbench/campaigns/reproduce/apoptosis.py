@@ -68,6 +68,22 @@ def arm_setting(arm: str, frozen: str) -> str | None:
     return None if arm == "off" else frozen if arm == "on" else f"{frozen},lasso=0" if frozen != "on" else "lasso=0"
 
 
+def _data(settings: dict[str, Any]) -> dict[str, Any]:
+    return {"model": settings["model"], "dataset": settings["dataset"], "synthetic_size": settings["synthetic_size"],
+            **run_extras(settings)}
+
+
+def arm_run(settings: dict[str, Any], world: int, apoptosis: str | None) -> dict[str, Any]:
+    """An arm's run at ``world`` (settings but the seed), with the apoptosis setting ``apoptosis`` (None: off)."""
+    return {"world_size": world, "steps": settings["steps"], "eval_interval": max(settings["steps"] // 20, 1),
+            "apoptosis": apoptosis, **_data(settings)}
+
+
+def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(world, run settings but the seed) of the runs without apoptosis that ``accuracy_kept`` compares against."""
+    return [(world, arm_run(settings, world, None)) for world in settings["worlds"]]
+
+
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis", entry: str = KEY,
              **overrides: Any) -> Any:
     """Every (world size, seed, arm) of the scale, run or loaded; one row per run with the paired run without
@@ -78,8 +94,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
     import pandas as pd
 
     settings = campaign_settings(entry, SCALES, scale, out, overrides)
-    data = {"model": settings["model"], "dataset": settings["dataset"], "synthetic_size": settings["synthetic_size"],
-            **run_extras(settings)}
+    data = _data(settings)
     arms = ARMS if settings["ablation"] else ARMS[:2]  # the threshold-only ablation, where the scale runs it
     setting = {arm: arm_setting(arm, settings["apoptosis"]) for arm in arms}
     runs = [(world, seed, arm) for world in settings["worlds"] for seed in settings["seeds"] for arm in arms]
@@ -90,8 +105,8 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis",
     progress(entry, len(runs), into=out)
     for world, seed, arm in runs:
         results[world, seed, arm] = cached_run(
-            Path(out) / "runs" / f"w{world}-s{seed}-{arm.split(' ')[0]}", world_size=world, seed=seed,
-            steps=settings["steps"], eval_interval=max(settings["steps"] // 20, 1), apoptosis=setting[arm], **data)
+            Path(out) / "runs" / f"w{world}-s{seed}-{arm.split(' ')[0]}", seed=seed,
+            **arm_run(settings, world, setting[arm]))
     rows = []
     for (world, seed, arm), result in results.items():
         off = results[world, seed, "off"]

@@ -55,6 +55,19 @@ def strategies(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return chosen
 
 
+def failure_free_run(settings: dict[str, Any], world: int) -> dict[str, Any]:
+    """The failure-free run of ``world`` (every run's settings but its strategy, faults and seed): each strategy's
+    reference, and what :mod:`workbench.campaigns.reproduce.failure_free` measures before a registration."""
+    return {"world_size": world, "steps": settings["steps"], "model": settings["model"],
+            "dataset": settings["dataset"], "eval_interval": max(settings["steps"] // 10, 1),
+            "synthetic_size": settings["synthetic_size"]}
+
+
+def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(world, run settings but the seed) of the failure-free runs an accuracy comparison is made against."""
+    return [(world, failure_free_run(settings, world)) for world in settings["worlds"]]
+
+
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", **overrides: Any) -> Any:
     """Run (or load, when already run) every (world size, MTBF, seed, strategy) of the scale against the
     failure-free run of its seed; one row per run. At the paper scale: the registry's workload and the reporting
@@ -62,14 +75,12 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", 
     import pandas as pd
 
     settings = campaign_settings(KEY, SCALES, scale, out, overrides)
-    size = {"synthetic_size": settings["synthetic_size"]}
     rows = []
     progress(KEY, len(settings["worlds"]) * len(settings["seeds"])
              * (1 + len(settings["mtbf"]) * len(strategies(settings))), into=out)
     for world in settings["worlds"]:
         for seed in settings["seeds"]:
-            common = {"world_size": world, "steps": settings["steps"], "seed": seed, "model": settings["model"],
-                      "dataset": settings["dataset"], "eval_interval": max(settings["steps"] // 10, 1), **size}
+            common = {**failure_free_run(settings, world), "seed": seed}
             base = cached_run(Path(out) / "runs" / f"w{world}-s{seed}-none", **common)
             for mtbf in settings["mtbf"]:
                 failures = f"random:mtbf_steps={mtbf},seed={seed},max={settings['max_failures']}"

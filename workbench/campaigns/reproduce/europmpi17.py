@@ -103,6 +103,13 @@ def runs(settings: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
     return out
 
 
+def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(world, run settings but the seed) of the failure-free run the accuracy comparisons are made against: the
+    data-parallel run without a kill (:func:`runs`' first), measured by :mod:`.failure_free` before a registration."""
+    arm, _, run = runs(settings)[0]
+    return [(run["world_size"], run)]
+
+
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/europmpi17", **overrides: Any) -> Any:
     """Every run of every seed of the scale, run or loaded; one row per run. ulfm where Open MPI is not installed:
     a row ``not run`` with the reason (its finding is then inconclusive, never passed). At the paper scale: the

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.campaigns.reproduce.common import (
+    RUN_KEYS,
     Verdict,
     cached_run,
     campaign_settings,
@@ -36,6 +37,25 @@ PLATEAU_EVALUATIONS = 3  # the plateau accuracy: the mean of the last 3 of a run
 READINGS = ("plateau_accuracy", "final_test_accuracy", "consensus_accuracy")  # a workload's ``accuracy`` names one
 
 
+PREFLIGHT = ("world_size", "parallelism", "model", "dataset", "synthetic_size", "batch_size", *RUN_KEYS)
+
+
+def mode_run(settings: dict[str, Any], p: int, mode: str) -> dict[str, Any]:
+    """The run of ``mode`` at ``p`` (settings but the seed): the global batch ``per_rank_batch`` x p where the
+    workload sets it (weak scaling), gossip's consensus measured every 5 steps."""
+    per_rank = settings.get("per_rank_batch")  # each rank's batch, the global batch per_rank x p (weak scaling)
+    return {"world_size": p, "steps": settings["steps"], "parallelism": mode, "model": settings["model"],
+            "dataset": settings["dataset"], "eval_interval": max(settings["steps"] // 10, 1),
+            "synthetic_size": settings["synthetic_size"], **run_extras(settings),
+            **({"batch_size": per_rank * p} if per_rank else {}),
+            **({"consensus_every": 5} if mode == "gossip" else {})}
+
+
+def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(p, run settings but the seed) of the runs gossip's accuracy is compared against: allreduce at every p."""
+    return [(p, mode_run(settings, p, "data")) for p in settings["worlds"]]
+
+
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad", entry: str = KEY,
              **overrides: Any) -> tuple[Any, Any]:
     """(one row per run, per-step rows of every run) for every (p, seed, mode) of the scale; at the paper scale
@@ -44,27 +64,18 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
     import pandas as pd
 
     settings = campaign_settings(entry, SCALES, scale, out, overrides)
-    model, dataset = settings["model"], settings["dataset"]
     reading = settings.get("accuracy", "plateau_accuracy")
     if reading not in READINGS:
         raise ValueError(f"gossipgrad: accuracy {reading!r} is not a reading: one of {', '.join(READINGS)}")
-    size = {"synthetic_size": settings["synthetic_size"], **run_extras(settings)}
-    per_rank = settings.get("per_rank_batch")  # each rank's batch, the global batch per_rank x p (weak scaling)
-
-    def batch(p: int) -> dict[str, int]:
-        return {"batch_size": per_rank * p} if per_rank else {}
-
-    preflight(*[{"world_size": p, "parallelism": mode, "model": model, "dataset": dataset, **size, **batch(p)}
+    preflight(*[{k: v for k, v in mode_run(settings, p, mode).items() if k in PREFLIGHT}
                 for p in settings["worlds"] for mode in MODES])
     rows, steps = [], []
     progress(entry, len(settings["worlds"]) * len(settings["seeds"]) * len(MODES), into=out)
     for p in settings["worlds"]:
         for seed in settings["seeds"]:
             for mode in MODES:
-                extra = {"consensus_every": 5} if mode == "gossip" else {}
-                result = cached_run(Path(out) / "runs" / f"p{p}-s{seed}-{mode}", world_size=p, seed=seed,
-                                    steps=settings["steps"], parallelism=mode, model=model, dataset=dataset,
-                                    eval_interval=max(settings["steps"] // 10, 1), **size, **batch(p), **extra)
+                result = cached_run(Path(out) / "runs" / f"p{p}-s{seed}-{mode}", seed=seed,
+                                    **mode_run(settings, p, mode))
                 spread = result.summary.get("diffusion") or {}
                 frame = result.to_dataframe().assign(parallelism=mode, world_size=p, seed=seed)
                 frame["time"] = frame.step_time.cumsum()  # training time only: no start-up, no measurement
