@@ -35,7 +35,7 @@ def git_knows(commit: str) -> bool:
 def test_the_committed_archive_holds_every_published_reporting_run():
     reg = registry.load()
     for paper, verdicts in PUBLISHED.items():
-        kept = history.records(paper)
+        kept = history.records(paper)[:len(verdicts)]  # those run before the archive; later ones keep their files
         assert [r["attempt"] for r in kept] == list(range(1, len(verdicts) + 1)), paper
         assert [r["status"] for r in kept] == verdicts  # as run and published
         assert [history.status(r) for r in kept] == verdicts  # at each attempt's alpha: no verdict changed
@@ -46,7 +46,11 @@ def test_the_committed_archive_holds_every_published_reporting_run():
             assert r["attempt"] > 1 or r["design"] == 1
     assert history.history_line(history.records("gossipgrad")) == (
         "inconclusive (design 1) → does not hold (design 2) → holds (design 3)")
-    assert history.history_line(history.records("apoptosis")) == "does not hold (design 1) → holds (design 2)"
+    assert history.history_line(history.records("apoptosis")) == (
+        "does not hold (design 1) → holds (design 2) → inconclusive (design 3)")
+    third = history.records("apoptosis")[2]  # run after the archive existed: its files are kept, seeds and all
+    assert (third["attempt"], third["alpha"], third["registry_commit"][:7]) == (3, 0.00625, "d44dfb7")
+    assert third["files"] == "kept" and len(third["seeds"]["seeds"]) == 16 and git_knows(third["results_commit"])
 
 
 def test_an_archived_interval_is_decided_again_at_its_attempts_alpha():
