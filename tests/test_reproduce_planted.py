@@ -10,15 +10,9 @@ campaign runs in a subprocess whose rank template starts with it, so every rank 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from planting import sitecustomize
-
-ROOT = Path(__file__).resolve().parents[1]
+from planting import run_planted, sitecustomize
 
 PLANT = sitecustomize('''\
 """Planted by tests/test_reproduce_planted.py: rollback's ranks redo a failed step on a split of its global batch
@@ -93,15 +87,7 @@ print(json.dumps({"status": v.status, "checks": {c.name: [c.ok, c.detail] for c 
 def campaign(out: Path, plant: bool, plant_text: str = PLANT, script: str = CAMPAIGN) -> dict:
     """A reduced campaign (by default CCGrid'22's: 2 tuning seeds, 60 steps, one failure each) in a fresh
     interpreter, with the broken strategy planted or not; its verdict's status and checks."""
-    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_TEMPLATE"}  # its own template: planted or not
-    if plant:
-        (out / "plant").mkdir(parents=True)
-        (out / "plant" / "sitecustomize.py").write_text(plant_text)
-        env["PYTHONPATH"] = os.pathsep.join([str(out / "plant"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script, str(out / "campaign")], capture_output=True, text=True,
-                          timeout=400, env=env, cwd=ROOT)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_planted(script, out, plant_text if plant else None, timeout=400)
 
 
 def test_a_rollback_that_drops_a_share_on_a_redone_step_turns_the_ccgrid_verdict(tmp_path):

@@ -5,17 +5,13 @@ failure-free run's (docs/reproduce.md). Real runs of a few steps on digits, a pl
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from planting import sitecustomize
+from planting import run_planted, sitecustomize
 
 import workbench
 from workbench.campaigns.reproduce.ccgrid22 import samples_missing
@@ -29,7 +25,6 @@ from workbench.workloads.data import (
     sample_hash,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH = 6, 64
 
 
@@ -139,15 +134,7 @@ print(json.dumps({"outcome": [base.outcome, redo.outcome], "missing": samples_mi
 
 
 def planted_runs(out: Path, plant: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_TEMPLATE"}  # its own template: planted or not
-    if plant:
-        (out / "plant").mkdir(parents=True)
-        (out / "plant" / "sitecustomize.py").write_text(PLANT)
-        env["PYTHONPATH"] = os.pathsep.join([str(out / "plant"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", RUNS, str(out / "runs")], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=ROOT)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_planted(RUNS, out, PLANT if plant else None, timeout=300)
 
 
 def test_a_rollback_that_redoes_a_step_over_the_wrong_samples_is_counted_missing(tmp_path):
