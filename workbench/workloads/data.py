@@ -55,7 +55,7 @@ def digits() -> Dataset:
     rng = np.random.default_rng(_SPLIT_SEED)
     test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[: round(0.2 * np.sum(y == c))] for c in range(10)])
     train = np.setdiff1d(np.arange(len(y)), test)
-    return _tensors(x[train], y[train], x[test], y[test])
+    return tensors(x[train], y[train], x[test], y[test])
 
 
 def synthetic(size: int, num_classes: int = 10, side: int = 8) -> Dataset:
@@ -70,7 +70,7 @@ def synthetic(size: int, num_classes: int = 10, side: int = 8) -> Dataset:
 
     x_train, y_train = draw(size)
     x_test, y_test = draw(max(size // 4, 16))
-    return _tensors(x_train, y_train, x_test, y_test)
+    return tensors(x_train, y_train, x_test, y_test)
 
 
 def _user_dataset(path: str) -> Dataset:
@@ -80,10 +80,11 @@ def _user_dataset(path: str) -> Dataset:
         parts = tuple(parts.get(k) for k in ("x_train", "y_train", "x_test", "y_test"))
     if not isinstance(parts, (tuple, list)) or len(parts) != 4:
         raise ConfigError("dataset", f"{path!r} must return (x_train, y_train, x_test, y_test)")
-    return _tensors(*parts)
+    return tensors(*parts)
 
 
-def _tensors(x_train, y_train, x_test, y_test) -> Dataset:  # noqa: ANN001 - array-likes of any kind
+def tensors(x_train, y_train, x_test, y_test) -> Dataset:  # noqa: ANN001 - array-likes of any kind
+    """A dataset of four array-likes (training inputs and labels, test inputs and labels) as float32 and int64."""
     return Dataset(
         torch.as_tensor(np.asarray(x_train), dtype=torch.float32),
         torch.as_tensor(np.asarray(y_train), dtype=torch.int64),

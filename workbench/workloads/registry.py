@@ -119,6 +119,7 @@ def dataset_choices() -> tuple[str, ...]:
 _MODELS = "workbench.workloads.models"
 _ARCH = "workbench.workloads.architectures"
 _CEILING = "workbench.workloads.ceiling"
+_M1D = "workbench.workloads.mnist1d"
 for _entry in (
     Model("mlp", f"{_MODELS}:mlp", "fully connected; hidden widths from --hidden", knobs=("hidden",)),
     Model("cnn", f"{_MODELS}:cnn", "two convolutions and two linear layers, sized for 8x8 digits"),
@@ -127,6 +128,11 @@ for _entry in (
     Model("vgg11", f"{_ARCH}:vgg11", "VGG-11 with batch norm; --width scales its channels", knobs=("width",)),
     Model("resnet20", f"{_ARCH}:resnet20", "ResNet-20 (CIFAR, option A shortcuts)"),
     Model("resnet18", f"{_ARCH}:resnet18", "ResNet-18 (option B shortcuts)"),
+    Model("mnist1d_logistic", f"{_M1D}:logistic", "MNIST-1D's logistic regression (410 parameters)"),
+    Model("mnist1d_mlp", f"{_M1D}:mlp", "MNIST-1D's MLP: 100 wide, one residual layer (15,210 parameters)"),
+    Model("mnist1d_cnn", f"{_M1D}:cnn", "MNIST-1D's 1-D CNN: three stride-2 convolutions of 25 (5,210 parameters)"),
+    Model("mnist1d_cnn_bn", f"{_M1D}:cnn_bn", "MNIST-1D's CNN with batch norm after each convolution"),
+    Model("mnist1d_gru", f"{_M1D}:gru", "MNIST-1D's bidirectional GRU, 6 wide (5,134 parameters)"),
     Dataset("digits", "workbench.workloads.data:digits", "scikit-learn's 8x8 digits, 1438 training images",
             (1, 8, 8), 10, train_size=1438, bundled="digits.npz", crops=False, ceiling=f"{_CEILING}:digits_ceiling"),
     Dataset("synthetic", "workbench.workloads.data:synthetic", "Gaussian class clusters as 1x8x8 images",
@@ -139,6 +145,9 @@ for _entry in (
     Dataset("synthetic_faint", "workbench.workloads.datasets:synthetic_faint", "synthetic_noisy fainter still: "
             "unambiguous labels, far from the ceiling after 600 steps", (3, 32, 32), 10, sized=True,
             ceiling=f"{_CEILING}:synthetic_faint_ceiling"),
+    Dataset("mnist1d", f"{_M1D}:dataset", "MNIST-1D (Greydanus & Kobak): 1-D signals of 40 points, 4000 "
+            "training", (40,), 10, train_size=4000, bundled="mnist1d.npz", crops=False,
+            ),
     *(Dataset(name, "workbench.workloads.datasets:load_file_dataset", summary, on_disk=True) for name, summary in (
         ("cifar10", "CIFAR-10's binary version"), ("cifar100", "CIFAR-100's binary version"),
         ("mnist", "MNIST's IDX files"), ("fashion_mnist", "Fashion-MNIST's IDX files"),
