@@ -15,7 +15,8 @@ except ImportError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONAL = {"mlflow": "tracking", "torchft": "peers", "mpi4py": "mpi"}  # imported only when asked for
+OPTIONAL = {"mlflow": "tracking", "torchft": "peers", "mpi4py": "mpi",  # imported only when asked for
+            "mnist1d": "dev"}  # regenerating data/mnist1d.npz (workbench.workloads.mnist1d_file)
 
 
 def _imported() -> dict[str, Path]:

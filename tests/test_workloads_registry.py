@@ -30,14 +30,17 @@ ABOUT = ("model", "dataset", "spec")  # a comparison counts where the other side
 
 def test_the_lists_are_read_from_the_entries():
     assert config_module.MODELS == registry.model_names() == (
-        "mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18")
-    assert config_module.DATASETS == ("digits", "synthetic", "synthetic_image", "synthetic_noisy", "synthetic_faint")
+        "mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18", "mnist1d_logistic", "mnist1d_mlp",
+        "mnist1d_cnn", "mnist1d_cnn_bn", "mnist1d_gru")
+    assert config_module.DATASETS == ("digits", "synthetic", "synthetic_image", "synthetic_noisy", "synthetic_faint",
+                                      "mnist1d")
     assert registry.dataset_forms() == config_module.DATASETS + config_module.DATASET_FORMS
     assert SETTINGS["model"].choices == config_module.MODELS
     assert SETTINGS["dataset"].choices == registry.dataset_forms()
-    assert dataset_files.BUNDLED_FILES == {"digits": dataset_files.DATA_DIR / "digits.npz"}
+    assert dataset_files.BUNDLED_FILES == {"digits": dataset_files.DATA_DIR / "digits.npz",
+                                           "mnist1d": dataset_files.DATA_DIR / "mnist1d.npz"}
     assert registry.dataset_choices() == ("digits", "synthetic", "synthetic_image", "synthetic_noisy",
-                                          "synthetic_faint", "cifar10:",
+                                          "synthetic_faint", "mnist1d", "cifar10:",
                                           "cifar100:",
                                           "mnist:", "fashion_mnist:", "imagefolder:")
     assert [m.name for m in registry.MODELS.values() if m.knobs] == ["mlp", "alexnet", "vgg11"]

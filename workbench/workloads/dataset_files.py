@@ -52,7 +52,7 @@ def check_dataset(spec: object, augment: object = "none", synthetic_size: object
     elif entry is None and isinstance(spec, str) and IMPORT_PATH.match(spec):
         resolve_callable("dataset", spec)
     elif entry is not None and entry.bundled:
-        bundled_file(str(spec))
+        entry.verify_file(bundled_file(str(spec)))
     elif entry is None:
         raise ConfigError("dataset", f"{spec!r} is not known: allowed {', '.join(registry.dataset_forms())} or an "
                           "import path 'package.module:callable'")

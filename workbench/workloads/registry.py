@@ -45,6 +45,7 @@ class Dataset:
     sized: bool = False
     on_disk: bool = False  # named NAME:DIR; its files are checked by workbench.workloads.dataset_files
     bundled: str | None = None  # a file of the repository's data/ it is read from
+    verify: str | None = None  # "package.module:callable": verify(path) checks the bundled file (ConfigError)
     crops: bool = True  # augment=crop_flip applies (images big enough for a 4-pixel shift)
     # "package.module:callable": ceiling(size) returns its accuracy ceiling (workbench.workloads.ceiling.Ceiling)
     ceiling: str | None = None
@@ -57,6 +58,11 @@ class Dataset:
     def ceiling_of(self, size: int = 0) -> Any:
         """Its accuracy ceiling (a :class:`workbench.workloads.ceiling.Ceiling`); None where none is known."""
         return resolve_callable("ceiling", self.ceiling)(size) if self.ceiling else None
+
+    def verify_file(self, path: Any) -> None:
+        """Its bundled file checked by its ``verify`` (a ConfigError naming the file), before any process starts."""
+        if self.verify:
+            resolve_callable("dataset", self.verify)(path)
 
     def load(self, spec: str, size: int) -> Any:
         kwargs: dict[str, Any] = {"size": size} if self.sized else {}
@@ -147,7 +153,7 @@ for _entry in (
             ceiling=f"{_CEILING}:synthetic_faint_ceiling"),
     Dataset("mnist1d", f"{_M1D}:dataset", "MNIST-1D (Greydanus & Kobak): 1-D signals of 40 points, 4000 "
             "training", (40,), 10, train_size=4000, bundled="mnist1d.npz", crops=False,
-            ),
+            verify="workbench.workloads.mnist1d_file:read"),
     *(Dataset(name, "workbench.workloads.datasets:load_file_dataset", summary, on_disk=True) for name, summary in (
         ("cifar10", "CIFAR-10's binary version"), ("cifar100", "CIFAR-100's binary version"),
         ("mnist", "MNIST's IDX files"), ("fashion_mnist", "Fashion-MNIST's IDX files"),
