@@ -17,8 +17,8 @@ from workbench.campaigns.reproduce.registry import FAILS, HOLDS, INCONCLUSIVE, l
 
 @pytest.fixture(autouse=True)
 def _the_registered_rule_alone(monkeypatch):
-    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
-    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    """These tests check each finding's registered rule on synthetic tables; an underpowered or descriptive finding's
+    power note (it changes no status) is tests/test_stats_power.py's."""
     from workbench.campaigns.reproduce import power
 
     monkeypatch.setattr(power, "powered", lambda finding, decision: decision)

@@ -69,16 +69,61 @@ def test_every_sampled_finding_has_a_power_block_that_its_numbers_give():
         assert block["n_required"] == power.required_n(finding), finding.key
 
 
-def test_an_underpowered_or_descriptive_finding_is_never_decided():
-    reg = registry.load()
-    finding = reg.finding("apoptosis.accuracy_kept")  # 16 registered, 150 needed at its tuning seeds' spread
+def planted(power_block: dict | None) -> registry.Finding:
+    """A non-inferiority finding (margin 1 pt, alpha 0.0125) with ``power_block``."""
+    return registry.Finding("planted", "accuracy_kept", "", "", "test accuracy", "none", "", "non_inferiority", 1.0,
+                            0.0125, power=power_block)
+
+
+UNDERPOWERED = {"sesoi": 0.0, "sd": 10.0, "sd_source": "planted", "n_required": 150, "n_registered": 5}
+PAST = [-5.0, -4.2, -5.8, -4.6, -5.4]  # wholly below -1: the interval lies past the margin
+STRADDLING = [-3.0, 1.0, -1.5, 0.5, -2.0]
+CLEAR = [1.0, 1.2, 0.9, 1.1, 1.0]  # wholly above -1
+
+
+@pytest.mark.parametrize("values,status", [(PAST, "does not hold"), (STRADDLING, "inconclusive"), (CLEAR, "holds")])
+def test_power_is_a_note_and_never_changes_a_decision(values, status):
+    """An underpowered finding whose interval lies past its margin does not hold; one whose interval straddles it
+    is inconclusive; one wholly on the claim's side holds (its alpha bounds a false *holds* at any n): each with
+    its power said in its detail. A powered finding's decision is returned unchanged."""
+    finding = planted(UNDERPOWERED)
     assert finding.underpowered
-    decided = power.powered(finding, registry.paired_decision(finding, [1.0, 1.2, 0.9, 1.1, 1.0]))
-    assert decided.status == "inconclusive" and "underpowered: n = 16 registered, 150 needed" in decided.detail
-    assert "as run holds" in decided.detail
-    training = reg.finding("apoptosis.training_faster")  # 16 registered, 8 needed
-    assert not training.underpowered
-    assert power.powered(training, registry.paired_decision(training, [0.4, 0.5, 0.45])).status == "holds"
+    decision = registry.paired_decision(finding, values)
+    noted = power.powered(finding, decision)
+    assert decision.status == noted.status == status
+    assert (noted.mean, noted.low, noted.high, noted.n) == (decision.mean, decision.low, decision.high, 5)
+    assert noted.detail == f"{decision.detail}; underpowered: n = 5 registered, 150 needed for 80 % power"
+    descriptive = planted({"descriptive": True, "reason": "178 seeds for a 1-pt margin"})
+    said = power.powered(descriptive, registry.paired_decision(descriptive, values))
+    assert said.status == status and said.detail.endswith("; descriptive (178 seeds for a 1-pt margin)")
+    strong = planted({**UNDERPOWERED, "n_required": 4})
+    assert not strong.underpowered
+    assert power.powered(strong, registry.paired_decision(strong, values)) == registry.paired_decision(strong, values)
+
+
+def test_an_underpowered_finding_past_its_margin_fails_its_papers_verdict(monkeypatch):
+    """The planted case end to end: a paper-scale verdict whose registered accuracy finding is underpowered and
+    lies wholly past its margin does not hold (the rule before made it inconclusive)."""
+    from dataclasses import replace
+
+    from workbench.campaigns.reproduce.common import Verdict
+
+    reg = registry.load()
+    key = "gossipgrad.accuracy_non_inferior"
+    reg.findings[key] = replace(reg.findings[key], power=UNDERPOWERED)
+    monkeypatch.setattr(registry, "load", lambda *args, **kwargs: reg)
+    verdict = Verdict("gossipgrad", "planted", "", "paper")
+    far = reg.ceiling("gossipgrad")[1]["accuracy"] - 0.4  # 40 pt below its ceiling: the ceiling plays no part
+    verdict.decide(key, PAST, "p=4", reference=far)
+    (decided,) = verdict.decisions
+    assert decided["status"] == verdict.status == "does not hold"
+    assert "underpowered: n = 5 registered, 150 needed" in decided["detail"] and "40.0 pt below" in decided["detail"]
+
+
+def test_the_registered_power_blocks_are_tabled():
+    reg = registry.load()
+    assert reg.finding("apoptosis.accuracy_kept").underpowered
+    assert not reg.finding("apoptosis.training_faster").underpowered
     rows = {row["key"]: row["status"] for row in power.table()}
     assert rows["gossipgrad.diffusion_in_log_p"] == "mechanism" and rows["ccgrid22.rollback_keeps_accuracy"] == \
         "descriptive" and rows["apoptosis.training_faster"] == "powered"

@@ -1,15 +1,15 @@
 """Power before registration (issue #46): each sampled finding of registry.yaml carries a ``power`` block (the
 smallest effect of interest, the spread and where it comes from, the n for 80 % power at its paper's next attempt's
 alpha, the n registered) or is declared descriptive; :func:`required_n` recomputes the block's n from its numbers
-(:mod:`workbench.campaigns.reproduce.stats`), :func:`powered` keeps an underpowered finding from a verdict, and
-:func:`table` lists every block for the report and the docs."""
+(:mod:`workbench.campaigns.reproduce.stats`), :func:`powered` says an underpowered finding's power beside its
+decision (a note: the decision stands), and :func:`table` lists every block for the report and the docs."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from workbench.campaigns.reproduce.registry import INCONCLUSIVE, Decision, Finding
+from workbench.campaigns.reproduce.registry import Decision, Finding
 
 
 def power_of(finding: Finding) -> dict[str, Any] | None:
@@ -30,15 +30,17 @@ def required_n(finding: Finding) -> int | None:
 
 
 def powered(finding: Finding, decision: Decision) -> Decision:
-    """A live decision of an underpowered or descriptive finding: its interval kept, its status inconclusive, its
-    detail saying why (registered n below the n its power requires, or declared descriptive)."""
-    if not finding.underpowered or decision.status == INCONCLUSIVE:
+    """A decision of an underpowered or descriptive finding with its power said in its detail (registered n below
+    the n its power requires, or declared descriptive); its status stands. Power is the chance of telling an effect
+    apart, not a verdict: an interval wholly past the margin does not hold however few values made it, one wholly
+    on the claim's side holds at the alpha that made it (a small n widens the interval, it does not make a false
+    claim pass more often), and one that straddles the margin is inconclusive (:func:`~.registry.decide`)."""
+    if not finding.underpowered:
         return decision
     p = finding.power or {}
     why = (f"descriptive ({p.get('reason')})" if p.get("descriptive") else
            f"underpowered: n = {p.get('n_registered')} registered, {p.get('n_required')} needed for 80 % power")
-    return replace(decision, status=INCONCLUSIVE, detail=f"{decision.detail}; {why}: as run {decision.status}")
-
+    return replace(decision, detail=f"{decision.detail}; {why}")
 
 
 def table(findings: Any = None) -> list[dict[str, Any]]:
