@@ -11,7 +11,7 @@ import pytest
 from scipy.special import softmax
 
 from workbench.campaigns.reproduce import registry
-from workbench.campaigns.reproduce.registry import HOLDS, INCONCLUSIVE, RegistryError
+from workbench.campaigns.reproduce.registry import AT_CEILING, FAILS, HOLDS, INCONCLUSIVE, RegistryError
 from workbench.workloads import ceiling
 from workbench.workloads import registry as workloads
 from workbench.workloads.datasets import GAIN, NOISE, SCALE, class_patterns
@@ -95,8 +95,29 @@ def test_a_verdict_made_near_the_ceiling_says_so_and_cannot_hold():
     assert "beside synthetic_noisy's ceiling 100.0 % (bayes): 20.0 pt below" in far["line"]
     near = registry.ceiling_gap(reg, finding, 0.97)
     flagged = registry.below_ceiling(decided, near)
-    assert flagged.status == INCONCLUSIVE and "NEAR THE CEILING" in flagged.detail
+    assert flagged.status == AT_CEILING == "holds at the ceiling: not evidence" and "NEAR THE CEILING" in flagged.detail
+    failing = registry.paired_decision(finding, [-3.0, -2.5, -3.5, -2.8, -3.2])  # past the margin: it stands
+    assert registry.below_ceiling(failing, near).status == FAILS
     assert registry.ceiling_gap(reg, reg.finding("ccgrid22.restart_costs_more")) is None  # a runtime finding
+    unknown = registry.ceiling_gap(reg, finding, dataset="synthetic_image")  # another data set, no accuracy given
+    assert unknown["near"] and "not shown below it" in unknown["line"]
+
+
+def test_a_paper_does_not_hold_on_a_finding_at_the_ceiling():
+    """A paper-scale verdict whose accuracy comparison held less than 5 pt below its ceiling reads "holds at the
+    ceiling: not evidence", whatever its other findings; inconclusive and does not hold still come first."""
+    from workbench.campaigns.reproduce.common import Verdict
+
+    reg = registry.load()
+    near = reg.ceiling("gossipgrad")[1]["accuracy"] - 0.02
+    verdict = Verdict("gossipgrad", "planted", "", "paper")
+    verdict.check("a mechanism", True, "")
+    verdict.decide("gossipgrad.accuracy_non_inferior", [0.1, 0.2, 0.15, 0.12, 0.18], "p=4", reference=near)
+    assert verdict.decisions[0]["status"] == verdict.status == AT_CEILING
+    verdict.decide("gossipgrad.accuracy_non_inferior", [0.1, 0.2, 0.15, 0.12, 0.18], "p=8", reference=near - 0.1)
+    assert verdict.decisions[1]["status"] == HOLDS and verdict.status == AT_CEILING
+    assert registry.overall([HOLDS, AT_CEILING, INCONCLUSIVE]) == INCONCLUSIVE
+    assert registry.overall([AT_CEILING, FAILS]) == FAILS and registry.overall([HOLDS, HOLDS]) == HOLDS
 
 
 def test_failure_free_is_measured_at_every_registered_world_and_judged_at_its_highest(tmp_path):

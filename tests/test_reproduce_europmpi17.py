@@ -15,8 +15,8 @@ NOISE = (0.02, -0.03, 0.01, 0.0, -0.01, 0.02)  # accuracy (points) each seed's a
 
 @pytest.fixture(autouse=True)
 def _the_registered_rule_alone(monkeypatch):
-    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
-    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    """These tests check each finding's registered rule on synthetic tables; an underpowered or descriptive finding's
+    power note (it changes no status) is tests/test_stats_power.py's."""
     from workbench.campaigns.reproduce import power
 
     monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
@@ -170,10 +170,10 @@ def test_ulfm_availability_is_the_strategys_own(monkeypatch):
 
 def test_an_accuracy_decision_reads_the_measured_failure_free_accuracy_beside_the_ceiling():
     """The failure-free runs measured 90 % (the table's), not the registry's tuning figure: the line says so, and
-    a failure-free run measured within 5 pt of the ceiling makes the finding inconclusive at the paper scale."""
+    a failure-free run measured within 5 pt of the ceiling makes its "holds" no evidence at the paper scale."""
     d = decisions(e.verdict(frame(), "paper"))["shrink_keeps_accuracy"]
     assert d["ceiling"]["failure_free"] == pytest.approx(0.90) and "(measured)" in d["ceiling"]["line"]
     near = frame()
     near.loc[near.final_test_accuracy.notna(), "final_test_accuracy"] = 0.99
     d = decisions(e.verdict(near, "paper"))["shrink_keeps_accuracy"]
-    assert d["ceiling"]["near"] and d["status"] == "inconclusive"
+    assert d["ceiling"]["near"] and d["status"] == "holds at the ceiling: not evidence"

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.campaigns.reproduce.registry import overall
 from workbench.campaigns.reproduce.stats import mean_interval, one_sided, wilson
 from workbench.supervisor import events as ev
 
@@ -72,13 +73,13 @@ class Verdict:
     @property
     def status(self) -> str:
         """Not comparable; does not hold (a check failed, or a registered finding does not hold); inconclusive (a
-        registered finding's interval straddles its margin); holds. A secondary finding does not turn it."""
+        registered finding's interval straddles its margin); holds at the ceiling: not evidence (one holds only
+        near its data set's ceiling); holds. A secondary finding does not turn it."""
         if not self.comparable:
             return NOT_COMPARABLE
-        if not (self.checks or self.decisions) or not all(c.ok for c in self.checks) or any(
-                d["status"] == FAILS for d in self.primary):
+        if not (self.checks or self.decisions) or not all(c.ok for c in self.checks):
             return FAILS
-        return INCONCLUSIVE if any(d["status"] == INCONCLUSIVE for d in self.primary) else HOLDS
+        return overall(d["status"] for d in self.primary)
 
     def decide(self, key: str, effects: Iterable[float], label: str = "", reference: float | None = None) -> str:
         """Decide registered finding ``key`` (``paper.id`` of registry.yaml) from paired ``effects`` (oriented so

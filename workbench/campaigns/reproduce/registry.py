@@ -4,7 +4,9 @@ and alpha, fixed before any reporting run, and the rule that turns a measured ef
 :func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field); :func:`decide`
 gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
 interval over seeds, :func:`share_decision` a share's over trials, :func:`redecide` either at an attempt's alpha
-(:meth:`Registry.attempt_alpha`); :func:`provenance` says which commit registered it and which deviations followed.
+(:meth:`Registry.attempt_alpha`); :func:`ceiling_status` turns a *holds* made near its data set's ceiling into
+*holds at the ceiling: not evidence*, and :func:`overall` gives a verdict from its findings' statuses;
+:func:`provenance` says which commit registered it and which deviations followed.
 A replication (``replicates``) is a paper's design, unchanged, on a second workload. Details: docs/reproduce.md.
 """
 
@@ -24,6 +26,9 @@ from workbench.config.errors import WorkbenchError
 
 REGISTRY_FILE = Path(__file__).resolve().with_name("registry.yaml")
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
+# a "holds" of an accuracy comparison made less than CEILING_GAP below its data set's ceiling: every converged model
+# scores alike there, so it says nothing of the claim (:func:`ceiling_status`)
+AT_CEILING = "holds at the ceiling: not evidence"
 # test -> what it claims of the effect (oriented so that positive favours the claim), given the margin m
 TESTS = {
     "superiority": "effect > {m}",
@@ -74,8 +79,8 @@ class Finding:
 
     @property
     def underpowered(self) -> bool:
-        """Descriptive, or registered with fewer than the n its power block requires: never decided holds or
-        does not hold (:func:`powered`)."""
+        """Descriptive, or registered with fewer than the n its power block requires: said beside its decision,
+        which it does not change (:func:`workbench.campaigns.reproduce.power.powered`)."""
         p = self.power or {}
         return bool(p.get("descriptive")) or p.get("n_registered", 0) < p.get("n_required", 0)
 
@@ -264,20 +269,32 @@ def _check_ceiling(path: Path, reg: Registry, finding: Finding) -> None:
                             f"{100 * CEILING_GAP:g}: refused (every converged model meets the ceiling there)")
 
 
-def ceiling_gap(reg: Registry, finding: Finding, reference: float | None = None) -> dict[str, Any] | None:
+def ceiling_gap(reg: Registry, finding: Finding, reference: float | None = None,
+                dataset: str | None = None, source: str = "measured") -> dict[str, Any] | None:
     """An accuracy comparison beside its ceiling: the data set, the ceiling, the failure-free accuracy (the measured
     ``reference``, a fraction, else the registered one), the gap and whether it is ``near`` the ceiling (less than
-    :data:`CEILING_GAP` below it); the words the report prints. None for a finding that compares no accuracy."""
+    :data:`CEILING_GAP` below it); the words the report prints. None for a finding that compares no accuracy.
+    ``dataset``: the data set the comparison ran on where it is not the registered workload's (an archived run of
+    an earlier design); the registered failure-free accuracy does not speak for it. ``source``: where ``reference``
+    comes from, in words. A comparison with no ceiling or no accuracy to set beside it is ``near``: it is not shown
+    below its ceiling."""
     if not finding.compares_accuracy:
         return None
-    dataset, ceiling, free = reg.ceiling(finding.paper_key)
+    registered, ceiling, free = reg.ceiling(finding.paper_key)
+    if dataset is not None and dataset != registered:
+        ceiling, free = reg.ceilings.get(dataset), None
+    dataset = dataset or registered
     if ceiling is None:
         return {"dataset": dataset, "near": True, "line": f"no ceiling registered for {dataset}"}
     measured = reference is not None
-    accuracy = float(reference) if measured else float((free or {}).get("accuracy", math.nan))
+    if not measured and not isinstance((free or {}).get("accuracy"), float):
+        return {"dataset": dataset, "ceiling": ceiling["accuracy"], "near": True,
+                "line": f"no accuracy of the compared arm recorded beside {dataset}'s ceiling "
+                        f"{100 * ceiling['accuracy']:.1f} %: not shown below it"}
+    accuracy = float(reference) if measured else float(free["accuracy"])
     gap = ceiling["accuracy"] - accuracy
     near = not gap >= CEILING_GAP
-    line = (f"failure-free {100 * accuracy:.1f} % ({'measured' if measured else 'registered, tuning seeds'}) "
+    line = (f"failure-free {100 * accuracy:.1f} % ({source if measured else 'registered, tuning seeds'}) "
             f"beside {dataset}'s ceiling {100 * ceiling['accuracy']:.1f} % ({ceiling['method']}): "
             f"{100 * gap:.1f} pt below" + (f"; NEAR THE CEILING (less than {100 * CEILING_GAP:g} pt)" if near else ""))
     return {"dataset": dataset, "ceiling": ceiling["accuracy"], "failure_free": accuracy, "gap": gap, "near": near,
@@ -333,13 +350,25 @@ def _finding(paper_key: str, row: Any, alpha: float) -> Finding:
                    row["clock"], str(row["effect"]), row["test"], float(margin), own, kind, power)
 
 
+def ceiling_status(status: str, gap: dict[str, Any] | None) -> str:
+    """The ceiling rule: a *holds* made near the ceiling (:func:`ceiling_gap`) is :data:`AT_CEILING`; any other
+    status stands (an interval past the margin does not hold wherever it was measured)."""
+    return AT_CEILING if gap and gap["near"] and status == HOLDS else status
+
+
 def below_ceiling(decided: Decision, gap: dict[str, Any] | None) -> Decision:
-    """``decided`` with its ceiling said in its detail; a comparison made near the ceiling (:func:`ceiling_gap`)
-    cannot hold: there every converged model scores alike, so a *holds* is reported inconclusive."""
+    """``decided`` with its ceiling said in its detail and the ceiling rule applied (:func:`ceiling_status`)."""
     if not gap:
         return decided
-    status = INCONCLUSIVE if gap["near"] and decided.status == HOLDS else decided.status
-    return replace(decided, status=status, detail=f"{decided.detail}; {gap['line']}")
+    return replace(decided, status=ceiling_status(decided.status, gap), detail=f"{decided.detail}; {gap['line']}")
+
+
+def overall(statuses: Iterable[str]) -> str:
+    """A verdict from the statuses of the findings it turns on (its checks passed): does not hold where one does
+    not, inconclusive where one straddles its margin, :data:`AT_CEILING` where one holds only at the ceiling (a
+    paper does not hold on such findings), holds where every one holds."""
+    found = set(statuses)
+    return next((s for s in (FAILS, INCONCLUSIVE, AT_CEILING) if s in found), HOLDS)
 
 
 def _alpha(value: Any, where: str) -> float:

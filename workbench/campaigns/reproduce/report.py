@@ -1,8 +1,8 @@
 """``runs/reproduce/report.html``: per seed paper, the finding as the paper states it beside our figures, the
-verdict (holds / does not hold / inconclusive / not comparable) with every check's and registered test's numbers,
-the pre-registration's commit beside the results' and its deviations; first, every archived registered run of every
-paper as its history (:mod:`workbench.campaigns.reproduce.history`), and whether the archive holds records not
-committed.
+verdict (holds / holds at the ceiling: not evidence / does not hold / inconclusive / not comparable) with every
+check's and registered test's numbers, the pre-registration's commit beside the results' and its deviations; first,
+every archived registered run of every paper as its history (:mod:`workbench.campaigns.reproduce.history`), and
+whether the archive holds records not committed.
 
 Reads what the reproduction notebooks save under ``ROOT/<key>/`` (or in a sweep point directory below it):
 ``verdict.json``, ``figures/*.json`` and ``table.csv``; a finding without a verdict is *not run*. Self-contained.
@@ -28,6 +28,7 @@ from workbench.campaigns.reproduce.common import (
     VERDICT_FILE,
     Verdict,
 )
+from workbench.campaigns.reproduce.registry import AT_CEILING, CEILING_GAP
 
 # key -> notebook, in the order of the report
 NOTEBOOKS = {
@@ -37,7 +38,7 @@ NOTEBOOKS = {
     "gossipgrad": "gossipgrad.ipynb",
     "apoptosis": "apoptosis.ipynb",
 }
-_COLOURS = {HOLDS: "#1a7f37", NOT_COMPARABLE: "#9a6700", INCONCLUSIVE: "#9a6700"}
+_COLOURS = {HOLDS: "#1a7f37", NOT_COMPARABLE: "#9a6700", INCONCLUSIVE: "#9a6700", AT_CEILING: "#9a6700"}
 
 
 def find_verdict(root: Path, key: str) -> Path | None:
@@ -111,7 +112,9 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
         f"<h1>The seed papers' findings, reproduced</h1><p>Written {time.strftime('%Y-%m-%d %H:%M:%S')} from "
         f"{html.escape(str(root.resolve()))}. A finding holds when every check passes and every registered test "
         f"holds (its interval wholly on the claim's side of the registered margin; inconclusive when it straddles "
-        f"it).</p><ul>{summary}</ul>{''.join(sections)}</body></html>")
+        f"it); an accuracy comparison that holds less than {100 * CEILING_GAP:g} pt below its data set's ceiling "
+        f"reads '{AT_CEILING}', and so does a verdict resting on one.</p><ul>{summary}</ul>{''.join(sections)}"
+        "</body></html>")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(page)
@@ -160,9 +163,10 @@ def _attempt(record: dict) -> str:
     def finding(f: dict) -> str:
         was = f" (as run: {esc(f['status_run'])})" if f["status"] != f["status_run"] else ""
         second = "secondary (the verdict does not turn on it): " if f.get("secondary") else ""
+        ceiling = f"; {esc(f['ceiling']['line'])}" if f.get("ceiling") else ""
         return (f"<li>{esc(f['status'])}{was}: {second}{esc(f['key'])} {esc(f.get('label', ''))}: {f['mean']:.3g} "
                 f"[{f['low']:.3g}, {f['high']:.3g}], n = {f['n']}, {esc(f['test'].replace('_', '-'))} margin "
-                f"{f['margin']:g}, alpha {f['alpha']:g}</li>")
+                f"{f['margin']:g}, alpha {f['alpha']:g}{ceiling}</li>")
 
     checks = "".join(f"<li>{'✔' if c['ok'] else '✘'} {esc(c['name'])}: {esc(c['detail'])}</li>"
                      for c in record.get("checks", []))
@@ -190,8 +194,7 @@ def _ceiling_of(record: dict) -> str:
         ceilings = registry.load().ceilings
     except registry.RegistryError:
         return ""
-    dataset = (record.get("workload") or {}).get("dataset") or next(
-        (name for name in sorted(ceilings, key=len, reverse=True) if name in record.get("condition", "")), None)
+    dataset = history.dataset_of(record, ceilings)
     ceiling = ceilings.get(dataset)
     if ceiling is None:
         return ""
