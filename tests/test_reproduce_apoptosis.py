@@ -18,8 +18,8 @@ RATIOS = [0.62, 0.70, 0.66, 0.75, 0.68, 0.64, 0.71, 0.69]  # training time with 
 
 @pytest.fixture(autouse=True)
 def _the_registered_rule_alone(monkeypatch):
-    """These tests check each finding's registered rule on synthetic tables; that an underpowered or descriptive
-    finding is then kept from a verdict is tests/test_stats_power.py's."""
+    """These tests check each finding's registered rule on synthetic tables; an underpowered or descriptive finding's
+    power note (it changes no status) is tests/test_stats_power.py's."""
     from workbench.campaigns.reproduce import power
 
     monkeypatch.setattr(power, "powered", lambda finding, decision: decision)
@@ -158,3 +158,53 @@ def test_the_paper_scale_is_the_registered_workload_on_drawn_seeds(tmp_path):
     assert campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {})["seeds"] == seeds  # kept
     tuning = campaign_settings(apoptosis.KEY, apoptosis.SCALES, "paper", tmp_path, {"seeds": [12]})
     assert not tuning["reporting"] and tuning["seeds"] == [12]
+
+
+def test_every_arm_trains_on_the_same_samples(tmp_path):
+    """The run without apoptosis, the threshold-only control and the setting differ in the treatment alone: each
+    holds out the rule's validation split and folds it back at the same step, so every step's global batch has the
+    same sample ids (its checksum) in all three; a run with apoptosis unset, as the off arm once was, trains on all
+    the training data and draws other batches until the split is folded back."""
+    import pandas as pd
+
+    import workbench
+    from workbench.config.run import RunConfig
+
+    settings = campaign_settings(apoptosis.KEY, apoptosis.SCALES, "small", tmp_path, {"steps": 40, "worlds": [1]})
+    rule = RunConfig(apoptosis=settings["apoptosis"]).apoptosis_rule
+    fold = next(s for s in range(40) if rule.folded(s, 40, 2))
+    assert 0 < fold < 39  # the run trains on the held-out split's remainder, then on everything
+
+    def run(name: str, setting: str | None) -> pd.DataFrame:
+        result = workbench.run(**apoptosis.arm_run(settings, 1, setting), seed=10, out=tmp_path / name)
+        assert result.completed, result.summary["reason"]
+        return pd.DataFrame(result.metrics).set_index("step")
+
+    arms = {arm: run(arm.split(" ")[0], apoptosis.arm_setting(arm, settings["apoptosis"])) for arm in apoptosis.ARMS}
+    off = arms["off"]
+    assert len(off) == 40 and off.sample_checksum.notna().all()
+    for arm, metrics in arms.items():
+        assert metrics.sample_checksum.tolist() == off.sample_checksum.tolist(), arm
+    unset = run("unset", None)
+    assert (unset.sample_checksum != off.sample_checksum).tolist() == [step < fold for step in range(40)]
+
+
+def test_the_run_without_apoptosis_removes_and_presses_nothing_at_either_scale(tmp_path):
+    import torch
+
+    from workbench.config.run import RunConfig
+    from workbench.workloads.apoptosis.rule import Apoptosis
+
+    for scale in ("small", "paper"):
+        frozen = campaign_settings(apoptosis.KEY, apoptosis.SCALES, scale, tmp_path / scale, {})["apoptosis"]
+        rules = {arm: RunConfig(apoptosis=apoptosis.arm_setting(arm, frozen)).apoptosis_rule for arm in apoptosis.ARMS}
+        for arm, rule in rules.items():  # what decides the data: the split and the step it is folded back at
+            assert [getattr(rule, k) for k in ("val", "fold", "until", "window")] == [
+                getattr(rules["on"], k) for k in ("val", "fold", "until", "window")], (scale, arm)
+        off = rules["off"]
+        assert off.lasso == 0 and not any(off.pressure_due(s, 600) for s in range(600))
+        state = Apoptosis(off, {"fc": 64})
+        for _ in range(20):  # every unit far below any tolerance, evaluation after evaluation: none is removed
+            removed = state.observe({"fc": (torch.zeros(64), torch.zeros(64))}, 0.9)
+            assert not len(removed["fc"])
+        assert rules["on"].lasso > 0 and rules["threshold only (lasso=0)"].min < 64

@@ -3,9 +3,11 @@ arXiv 1610.00790): neurons that stop contributing are removed while training run
 
 The finding, in our words: the network becomes several times smaller, and trains faster, at little or no cost
 in accuracy. The campaign: per seed and world size, runs without apoptosis, with the frozen setting, and with the
-threshold rule alone (``lasso=0``), every arm flushing subnormals alike; the rule decides on a validation split, the
-accuracy is the test set's. The paper scale is the registry's workload (or its replication's, ``entry``), on
-reporting seeds drawn at run time; the registered findings decide. Details: docs/reproduce.md, docs/apoptosis.md.
+threshold rule alone (``lasso=0``), every arm flushing subnormals alike and training on the same data (the run
+without apoptosis holds out and folds back the rule's validation split as the others do: :func:`arm_setting`); the
+rule decides on a validation split, the accuracy is the test set's. The paper scale is the registry's workload (or
+its replication's, ``entry``), on reporting seeds drawn at run time; the registered findings decide. Details:
+docs/reproduce.md, docs/apoptosis.md.
 """
 
 from __future__ import annotations
@@ -63,9 +65,20 @@ def design_data(size: int = 8192, held: float = 0.125) -> tuple[Any, Any, Any, A
     return part.normalise(part.x_train), part.y_train, part.normalise(part.x_test), part.y_test
 
 
-def arm_setting(arm: str, frozen: str) -> str | None:
-    """The ``--apoptosis`` setting of ``arm``: none, the frozen setting, or the frozen setting without pressure."""
-    return None if arm == "off" else frozen if arm == "on" else f"{frozen},lasso=0" if frozen != "on" else "lasso=0"
+# more units than any layer has: a rule with this ``min`` keeps every unit (it removes what exceeds a layer's min)
+KEEP_EVERY_UNIT = 10**9
+
+
+def arm_setting(arm: str, frozen: str) -> str:
+    """The ``--apoptosis`` setting of ``arm``: the frozen setting (``on``), the frozen setting without pressure
+    (threshold only), or (``off``) the frozen setting with neither pressure nor removal. The run without apoptosis
+    still runs the rule's schedule so that it trains on the same data as the other arms: the same validation split
+    held out, folded back at the same step (``val``, ``fold``, ``until``, ``window`` as frozen); it removes
+    nothing and presses nothing."""
+    base = "" if frozen == "on" else f"{frozen},"
+    if arm == "on":
+        return frozen
+    return f"{base}lasso=0" + (f",min={KEEP_EVERY_UNIT}" if arm == "off" else "")
 
 
 def _data(settings: dict[str, Any]) -> dict[str, Any]:
@@ -74,14 +87,16 @@ def _data(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def arm_run(settings: dict[str, Any], world: int, apoptosis: str | None) -> dict[str, Any]:
-    """An arm's run at ``world`` (settings but the seed), with the apoptosis setting ``apoptosis`` (None: off)."""
+    """An arm's run at ``world`` (settings but the seed), with the apoptosis setting ``apoptosis``
+    (:func:`arm_setting`)."""
     return {"world_size": world, "steps": settings["steps"], "eval_interval": max(settings["steps"] // 20, 1),
             "apoptosis": apoptosis, **_data(settings)}
 
 
 def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """(world, run settings but the seed) of the runs without apoptosis that ``accuracy_kept`` compares against."""
-    return [(world, arm_run(settings, world, None)) for world in settings["worlds"]]
+    off = arm_setting("off", settings["apoptosis"])
+    return [(world, arm_run(settings, world, off)) for world in settings["worlds"]]
 
 
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/apoptosis", entry: str = KEY,
