@@ -114,8 +114,8 @@ def samples_missing(result: Any, base: Any) -> int:
     """Samples of the failure-free schedule whose gradients did not enter a committed update of ``result`` (all of
     it), summed over the steps. Per step, from what the ranks' reduction carried with the committed update (the last
     report of a step redone): ``samples``, their count, and ``sample_checksum``, the sum of a hash of their ids
-    (docs/reproduce.md). A step never committed misses all the failure-free run's samples of it; one with fewer
-    samples misses the difference; one with as many but another checksum misses all of them (other samples: a
+    (docs/reproduce-rules.md). A step never committed misses all the failure-free run's samples of it; one with
+    fewer samples misses the difference; one with as many but another checksum misses all of them (other samples: a
     redo over the wrong ones). Where either run has no checksum for a step (a result written before the column, a
     step whose checksum could not be carried exact) the count alone decides, and a redo over the wrong samples of
     the right count passes unseen. Counted from the data the ranks consumed, not from what the strategy says."""

@@ -6,7 +6,7 @@ on tuning seeds. A registry entry's ``failure_free`` carries these figures per w
     python -m workbench.campaigns.reproduce.failure_free gossipgrad --seeds 0 1 [--steps 150]
 
 The last stdout line is one JSON object: the key, the settings that differ from the registry's, and per world
-the final test accuracy of each seed (0-1). See docs/reproduce.md, "Ceilings".
+the final test accuracy of each seed (0-1). See docs/reproduce-rules.md, "Ceilings".
 """
 
 from __future__ import annotations

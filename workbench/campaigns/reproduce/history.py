@@ -4,7 +4,7 @@ ran under; ``files: "gone"`` with ``published_in`` where only the docs' figures 
 
 A paper-scale reporting run claims its attempt when its seeds are drawn (:func:`claim`), is decided at that
 attempt's alpha (:func:`spend`) and writes its record when its verdict is saved (:func:`archive`); :func:`records`,
-:func:`decided` and :func:`history_line` are what the report shows. Details: docs/reproduce.md, "The archive".
+:func:`decided` and :func:`history_line` are what the report shows. Details: docs/reproduce-rules.md, "The archive".
 """
 
 from __future__ import annotations
