@@ -51,7 +51,8 @@ cluster-up:
 cluster-down:
 	python3 tools/slurm_cluster.py down
 
-# The paper workflow in a few minutes: every recovery strategy x 2 seeds on 4 ranks, 300 steps, under a failure
+# The paper workflow in a few minutes: every recovery strategy x 2 seeds on 4 ranks, MNIST-1D's MLP for 400 steps (the
+# notebook's Adam, cosine, batch 100: an accepted workload, docs/workloads.md), under a failure
 # process (exponential gaps of mean 80 steps, up to 3 failures: the ANL failure-simulation framework; rollback and
 # forward also with regrow), then a small bit-flip campaign, then one HTML report whose trade-off figure shows
 # overhead in % of the failure-free run on the clock the runs call for (rank-time: 4 ranks share the cores), marks
@@ -60,8 +61,8 @@ cluster-down:
 DEMO ?= runs/demo
 demo: setup
 	-$(VENV)/bin/workbench sweep notebooks/permanent_faults.ipynb --out $(DEMO)/permanent_faults \
-		--grid notebooks/demo_strategies.yaml -p seed 0 1 \
-		-p world_size 4 -p steps 300 -p fault random:mtbf_steps=80,seed=1,max=3
+		--grid notebooks/demo_strategies.yaml -p seed 0 1 -p model mnist1d_mlp -p dataset mnist1d \
+		-p world_size 4 -p steps 400 -p fault random:mtbf_steps=80,seed=1,max=3
 	-$(VENV)/bin/workbench sweep notebooks/soft_errors.ipynb --out $(DEMO)/soft_errors -p flip_bit 30 22
 	$(VENV)/bin/workbench report $(DEMO)/permanent_faults $(DEMO)/soft_errors --out $(DEMO)/report.html
 

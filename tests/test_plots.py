@@ -141,3 +141,29 @@ def test_apoptosis_panels_and_removal_marks():
     (mark,) = [t for t in fig.data if t.mode == "markers"]
     assert list(mark.x) == [5] and list(mark.y) == [1000] and "6 units" in mark.hovertext[0]
     assert list(lines[0].y)[-1] == 400 and list(lines[3].y)[-1] == 1000
+
+
+def _tradeoff_frame(forward_loss: float) -> pd.DataFrame:
+    """Three seeds whose failure-free runs end at 60, 62 and 64 %; rollback loses nothing, forward ``forward_loss``."""
+    free = {0: 0.60, 1: 0.62, 2: 0.64}
+    rows = [{"config.strategy": strategy, "config.seed": s, "outcome": "completed", "baseline_accuracy": a,
+             "final_test_accuracy": a - loss / 100, "overhead_pct": 5.0 + s}
+            for strategy, loss in (("rollback", 0.0), ("forward", forward_loss)) for s, a in free.items()]
+    return pd.DataFrame(rows)
+
+
+def test_the_tradeoff_draws_95_percent_intervals_and_the_failure_free_band():
+    fig = plots.strategy_tradeoff(_tradeoff_frame(forward_loss=12.0))
+    forward = next(t for t in fig.data if t.name.startswith("forward"))
+    assert abs(forward.y[0] - 12.0) < 1e-9 and abs(forward.error_y.array[0]) < 1e-9  # the same loss every seed
+    rollback = next(t for t in fig.data if t.name.startswith("rollback"))
+    assert abs(rollback.error_x.array[0] - 4.303 * 1.0 / 3 ** 0.5) < 1e-6  # overheads 5, 6, 7: sd 1, t(2) = 4.303
+    band = fig.layout.shapes[0]
+    assert abs(band.y1 - 4.303 * 2.0 / 3 ** 0.5) < 1e-6 and band.y0 == -band.y1  # accuracies 60, 62, 64: sd 2
+    assert not any("within the failure-free" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_the_tradeoff_says_so_when_every_strategy_sits_inside_the_failure_free_band():
+    fig = plots.strategy_tradeoff(_tradeoff_frame(forward_loss=1.0))  # 1 pt, inside +-5.0
+    said = [a.text for a in fig.layout.annotations if "within the failure-free" in (a.text or "")]
+    assert len(said) == 1 and "±5.0 pt over 3 seeds" in said[0]

@@ -53,11 +53,14 @@ def _check_shown(config: RunConfig) -> None:
 
 
 class Lab:
-    """Build with any :class:`RunConfig` field as a default: ``Lab(world_size=4, strategy="shrink")``. A bad
+    """Build with any :class:`RunConfig` field as a default: ``Lab(world_size=4, strategy="shrink")``. Given
+    neither a model nor a dataset, it trains the demo's workload (``registry.DEMO_WORKLOAD``: MNIST-1D's MLP). A bad
     default, or one the panel cannot show (``SHOWN``: world_size up to 16), is a one-line ConfigError."""
 
     def __init__(self, **defaults: Any) -> None:
-        base = RunConfig.from_dict(defaults) if defaults else RunConfig()
+        if not {"model", "dataset"} & set(defaults):
+            defaults = {**registry.DEMO_WORKLOAD, **defaults}
+        base = RunConfig.from_dict(defaults)
         _check_shown(base)
         if base.spawn == "template":
             from workbench.launch.template import prewarm

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
@@ -176,12 +177,13 @@ def recovery_timeline(result: RunResult) -> go.Figure:
 
 def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhead: str | None = None,
                       strategy: str = "config.strategy", baseline: str = "baseline_accuracy",
-                      outcome: str = "outcome", clock: str | None = None) -> go.Figure:
-    """Accuracy loss (points) vs runtime overhead per strategy (the ANL paper's trade-off view): mean and standard
-    deviation over the completed runs of each strategy (seeds). Overhead is in % of the failure-free run
-    (``overhead_pct``; ``overhead_s`` in seconds for results that predate it). A run that failed is not a point
-    of the trade-off: failed runs are listed under the figure, per strategy. Strategies are told apart by colour
-    and marker in the legend, not by labels on the plot (which overlap where strategies sit together).
+                      outcome: str = "outcome", clock: str | None = None, seed: str = "config.seed") -> go.Figure:
+    """Accuracy loss (points) vs runtime overhead per strategy (the ANL paper's trade-off view): mean and 95 %
+    t interval over the completed runs of each strategy (seeds); the grey band is the failure-free runs' own 95 %
+    interval about zero loss, and a sentence under the figure says so where every strategy sits inside it.
+    Overhead is in % of the failure-free run (``overhead_pct``; ``overhead_s`` in seconds for results that predate
+    it). A run that failed is not a point of the trade-off: failed runs are listed under the figure, per strategy.
+    Strategies are told apart by colour and marker in the legend, not by labels on the plot (which overlap).
     ``frame``: :func:`workbench.load_results` rows whose summary was completed by ``RunResult.set_baseline``.
     ``clock``: ``wall`` or ``rank`` (:mod:`workbench.results.clock`; default: rank-time where a run was oversubscribed
     or the host stole CPU); the axis says which. A strategy whose runs changed the world size says so in its legend
@@ -201,14 +203,21 @@ def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhea
                                        overhead=(overhead, "mean"), overhead_sd=(overhead, "std"),
                                        runs=(accuracy, "size"), world_changed=("world_changed", "any")).reset_index()
     stats[["loss_sd", "overhead_sd"]] = stats[["loss_sd", "overhead_sd"]].fillna(0.0)  # one run: no spread
+    half = [t_quantile(n - 1) / math.sqrt(n) if n > 1 else 0.0 for n in stats.runs]  # sd -> 95 % half-width
+    stats["loss_ci"], stats["overhead_ci"] = stats.loss_sd * half, stats.overhead_sd * half
+    # the failure-free run of each seed (every point of a seed runs the same one)
+    free = 100 * data.drop_duplicates(subset=[seed if seed in data else baseline])[baseline]
+    band = float(free.std() * t_quantile(len(free) - 1) / math.sqrt(len(free))) if len(free) > 1 else 0.0
     fig = go.Figure()
+    if band > 0:
+        fig.add_hrect(y0=-band, y1=band, fillcolor="lightgrey", opacity=0.4, line_width=0)
     symbols = ["circle", "diamond", "square", "triangle-up", "cross", "x", "star", "hexagon"]
     for k, (_, row) in enumerate(stats.iterrows()):
         fig.add_trace(go.Scatter(
             x=[row.overhead], y=[row.loss], mode="markers",
             name=f"{row[strategy]} ({int(row.runs)} runs{'; world changed' if row.world_changed else ''})",
             marker={"size": 13, "symbol": symbols[k % len(symbols)] + ("-open" if row.world_changed else "")},
-            error_x={"type": "data", "array": [row.overhead_sd]}, error_y={"type": "data", "array": [row.loss_sd]}))
+            error_x={"type": "data", "array": [row.overhead_ci]}, error_y={"type": "data", "array": [row.loss_ci]}))
     unit = "% of the failure-free run" if overhead.endswith("overhead_pct") else "s"
     changed = list(stats[stats.world_changed][strategy])
     apart = [(f"runs that failed: {_tally(failed, strategy)}", failed),
@@ -217,15 +226,30 @@ def strategy_tradeoff(frame: Any, accuracy: str = "final_test_accuracy", overhea
     if listed:
         fig.add_annotation(text=f"not trade-off points: {listed}", xref="paper", yref="paper",
                            x=0, y=-0.22, showarrow=False, xanchor="left", font={"color": "crimson"})
+    if band > 0 and len(stats) and (stats.loss.abs() <= band).all():
+        fig.add_annotation(text=f"every strategy's mean accuracy loss lies within the failure-free runs' own 95 % "
+                           f"interval (±{band:.1f} pt over {len(free)} seeds, the grey band): here the failures cost "
+                           "no accuracy that this many seeds can tell", xref="paper", yref="paper", x=0, y=-0.38,
+                           showarrow=False, xanchor="left")
     if changed:
         fig.add_annotation(text=f"open markers: the world size changed ({', '.join(map(str, changed))}): their "
                            "steps ran on fewer ranks, which is not a cost or a saving of the recovery itself",
                            xref="paper", yref="paper", x=0, y=-0.3, showarrow=False, xanchor="left")
-    fig.update_layout(title="accuracy loss vs runtime overhead (completed runs; mean ± sd)",
+    fig.update_layout(title="accuracy loss vs runtime overhead (completed runs; mean and 95 % interval)",
                       xaxis_title=clocks.label(f"runtime overhead ({unit})", clock),
-                      yaxis_title="test accuracy lost (points)", template="plotly_white", margin={"b": 130},
+                      yaxis_title="test accuracy lost (points)", template="plotly_white", margin={"b": 150},
                       meta={"clock": clocks.NAMES[clock].removesuffix(" clock")})
     return fig
+
+
+# Student's t, 97.5th percentile, by degrees of freedom (a two-sided 95 % interval); 1.96 beyond 30
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile(df: int) -> float:
+    """Student's t 97.5th percentile for ``df`` degrees of freedom (>= 1)."""
+    return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
 def _clock_column(frame: Any, clock: str | None, name: str) -> tuple[str, str]:

@@ -69,7 +69,7 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
         if drawn.strategy_label.nunique() >= 2 and usable.n_failures.fillna(0).sum():
             fig = plots.strategy_tradeoff(usable, strategy="strategy_label")
             found.append((f"Strategy trade-off: accuracy lost vs runtime overhead on the {fig.layout.meta['clock']} "
-                          "clock (mean ± sd over points; failed runs listed apart)", fig))
+                          "clock (mean and 95 % interval over points; failed runs listed apart)", fig))
     if "config.strategy" in done.columns and "n_failures" in done.columns:
         faulty = done[done.n_failures.fillna(0) > 0].copy()
         faulty["strategy_label"] = [strategy_label(r) for _, r in faulty.iterrows()]
