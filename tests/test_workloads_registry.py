@@ -31,7 +31,7 @@ ABOUT = ("model", "dataset", "spec")  # a comparison counts where the other side
 def test_the_lists_are_read_from_the_entries():
     assert config_module.MODELS == registry.model_names() == (
         "mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18", "mnist1d_logistic", "mnist1d_mlp",
-        "mnist1d_cnn", "mnist1d_cnn_bn", "mnist1d_gru")
+        "mnist1d_cnn", "mnist1d_cnn_bn", "mnist1d_gru", "mnist1d_reference")
     assert config_module.DATASETS == ("digits", "synthetic", "synthetic_image", "synthetic_noisy", "synthetic_faint",
                                       "mnist1d")
     assert registry.dataset_forms() == config_module.DATASETS + config_module.DATASET_FORMS

@@ -103,3 +103,20 @@ def gru(input_shape: tuple[int, ...], num_classes: int, hidden: int = 6) -> nn.S
     """The paper's ``GRUBase``: a bidirectional GRU of 6 over the 40 points, a linear layer on all its outputs."""
     length = _length(input_shape, "mnist1d_gru")
     return nn.Sequential(OrderedDict(gru=GRUFeatures(hidden), linear=nn.Linear(2 * hidden * length, num_classes)))
+
+
+def reference(input_shape: tuple[int, ...], num_classes: int, channels: int = 64) -> nn.Sequential:
+    """A larger model that measures MNIST-1D's ceiling (benchmarks/mnist1d_ceiling.py), not one of the paper's:
+    four convolutions of 64 (kernel 5, same padding) with batch norm, max pooling after the second and fourth."""
+    length = _length(input_shape, "mnist1d_reference")
+    layers: OrderedDict[str, nn.Module] = OrderedDict(signal=nn.Unflatten(1, (1, length)))
+    for i in range(1, 5):
+        layers[f"conv{i}"] = nn.Conv1d(1 if i == 1 else channels, channels, 5, padding=2)
+        layers[f"bn{i}"] = nn.BatchNorm1d(channels)
+        layers[f"relu{i}"] = nn.ReLU()
+        if i % 2 == 0:
+            layers[f"pool{i // 2}"] = nn.MaxPool1d(2)
+            length //= 2
+    layers["flatten"] = nn.Flatten()
+    layers["linear"] = nn.Linear(channels * length, num_classes)
+    return nn.Sequential(layers)
