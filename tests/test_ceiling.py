@@ -168,3 +168,19 @@ def test_the_failure_free_measurement_runs_each_world_on_tuning_seeds_only(monke
     assert not registry.MEASURING.get()
     with pytest.raises(ValueError, match="give tuning seeds, 0-29"):
         failure_free.measure("gossipgrad", [1234567])
+
+
+def test_mnist1ds_ceiling_is_the_measured_one_everywhere_it_is_said():
+    """The reference model's mean accuracy (benchmarks/mnist1d_ceiling.py's JSON) is what ceiling.py returns and
+    what the registry registers; being a floor under the true ceiling, it is above every paper model's figure."""
+    import json
+    from pathlib import Path
+
+    measured = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" /
+                           "mnist1d_ceiling.json").read_text())
+    assert len(measured["seeds"]) >= 3 and measured["steps"] == ceiling.MNIST1D_REFERENCE["steps"]
+    assert ceiling.MNIST1D_REFERENCE["accuracy"] == pytest.approx(measured["accuracy"], abs=5e-4)
+    found = workloads.DATASETS["mnist1d"].ceiling_of()
+    assert found.method == "reference" and found.accuracy == pytest.approx(measured["accuracy"], abs=5e-4)
+    assert registry.load().ceilings["mnist1d"]["accuracy"] == pytest.approx(found.accuracy, abs=5e-4)
+    assert found.low < found.accuracy < found.high and found.accuracy > 0.95  # above the paper's CNN, 94 %

@@ -52,15 +52,18 @@ def _check_shown(config: RunConfig) -> None:
             raise ConfigError(name, f"{value} is beyond what the lab panel shows: allowed {low}..{high}{more}")
 
 
+def _with_workload(defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults``, with the demo's workload where they name neither a model nor a dataset."""
+    return defaults if {"model", "dataset"} & set(defaults) else {**registry.DEMO_WORKLOAD, **defaults}
+
+
 class Lab:
     """Build with any :class:`RunConfig` field as a default: ``Lab(world_size=4, strategy="shrink")``. Given
     neither a model nor a dataset, it trains the demo's workload (``registry.DEMO_WORKLOAD``: MNIST-1D's MLP). A bad
     default, or one the panel cannot show (``SHOWN``: world_size up to 16), is a one-line ConfigError."""
 
     def __init__(self, **defaults: Any) -> None:
-        if not {"model", "dataset"} & set(defaults):
-            defaults = {**registry.DEMO_WORKLOAD, **defaults}
-        base = RunConfig.from_dict(defaults)
+        base = RunConfig.from_dict(defaults := _with_workload(defaults))
         _check_shown(base)
         if base.spawn == "template":
             from workbench.launch.template import prewarm

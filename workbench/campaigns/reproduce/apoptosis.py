@@ -6,8 +6,7 @@ in accuracy. The campaign: per seed and world size, runs without apoptosis, with
 threshold rule alone (``lasso=0``), every arm flushing subnormals alike and training on the same data (the run
 without apoptosis holds out and folds back the rule's validation split as the others do: :func:`arm_setting`); the
 rule decides on a validation split, the accuracy is the test set's. The paper scale is the registry's workload (or
-its replication's, ``entry``), on reporting seeds drawn at run time; the registered findings decide. Details:
-docs/reproduce.md, docs/apoptosis.md.
+its replication's, ``entry``), on reporting seeds drawn at run time; the registered findings decide (docs/apoptosis.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """The pre-registration of the reproductions (``registry.yaml`` beside this module): each finding's test, margin
 and alpha, fixed before any reporting run, and the rule that turns a measured effect into a verdict.
 
-:func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field); :func:`decide`
-gives *holds*, *does not hold* or *inconclusive* from an effect's interval; :func:`paired_decision` computes that
-interval over seeds, :func:`share_decision` a share's over trials, :func:`redecide` either at an attempt's alpha
-(:meth:`Registry.attempt_alpha`); :func:`ceiling_status` turns a *holds* made near its data set's ceiling into
-*holds at the ceiling: not evidence*, and :func:`overall` gives a verdict from its findings' statuses;
-:func:`provenance` says which commit registered it and which deviations followed.
-A replication (``replicates``) is a paper's design, unchanged, on a second workload. Details: docs/reproduce.md.
+:func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field), the accepted
+workloads included (:mod:`~.acceptance`); :func:`decide` gives *holds*, *does not hold* or *inconclusive* from an
+effect's interval, :func:`paired_decision` and :func:`share_decision` compute it, :func:`redecide` at an attempt's
+alpha; :func:`ceiling_status` turns a *holds* near the ceiling into *holds at the ceiling: not evidence*,
+:func:`overall` gives a verdict from its findings; :func:`provenance` names the registering commit. A replication
+(``replicates``) is a paper's design, unchanged, on a second workload. Details: docs/reproduce-rules.md.
 """
 
 from __future__ import annotations
@@ -112,6 +111,7 @@ class Registry:
     deviations: list[dict[str, Any]] = field(default_factory=list)
     attempts: dict[str, Any] = field(default_factory=lambda: {"budget": 1, "spending": [0.025]})
     ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)  # dataset -> its registered ceiling
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # accepted workloads (acceptance.py)
 
     def ceiling(self, paper: str) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
         """``paper``'s workload's dataset, its registered ceiling and the failure-free accuracy registered beside
@@ -185,7 +185,8 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
                                                    <= set(d) for d in deviations):
         raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
     reg = Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
-                   _attempts(path, data.get("attempts"), alpha), _ceilings(path, data.get("ceilings")))
+                   _attempts(path, data.get("attempts"), alpha), _ceilings(path, data.get("ceilings")),
+                   _workloads(path, data.get("workloads"), data.get("ceilings") or {}))
     for finding in findings.values():
         if finding.compares_accuracy:
             _check_ceiling(path, reg, finding)
@@ -235,6 +236,24 @@ def _ceilings(path: Path, value: Any) -> dict[str, dict[str, Any]]:
                 and 0 < ceiling["accuracy"] <= 1 and ceiling.get("method") and ceiling.get("source")):
             raise RegistryError(f"{path}: ceilings: {name!r} needs an accuracy (0-1), its method and its source")
     return dict(value)
+
+
+def _workloads(path: Path, value: Any, ceilings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The accepted workloads: each must be able to show an effect (acceptance.check: converged, 5 pt below its
+    ceiling, a small seed spread, a campaign within the hour); while one is being measured, only its settings."""
+    from workbench.campaigns.reproduce import acceptance
+
+    if value is not None and not isinstance(value, dict):
+        raise RegistryError(f"{path}: workloads must map a name to its settings and measured figures")
+    for name, entry in (value or {}).items():
+        try:
+            if MEASURING.get():
+                acceptance.check_settings(name, entry, str(path))
+            else:
+                acceptance.check(name, entry, ceilings, str(path))
+        except acceptance.WorkloadRefused as exc:
+            raise RegistryError(str(exc)) from None
+    return dict(value or {})
 
 
 def _check_ceiling(path: Path, reg: Registry, finding: Finding) -> None:
