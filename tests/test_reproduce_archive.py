@@ -231,3 +231,14 @@ def test_a_replications_run_is_archived_under_its_own_key_and_reported_whatever_
     assert history.records("gossipgrad", archive) == []
     page = write_report(tmp_path / "runs", archive=archive).read_text()
     assert f"{key}: does not hold (design 1)" in page and "apoptosis_replication: registered 2026-11-28" in page
+
+
+def test_europmpi17s_record_says_its_pipeline_check_is_a_mechanism_not_a_finding():
+    """The record's claim calls the pipeline check "holds, 5 of 5"; the check passes by construction, so the
+    record carries an erratum and the report prints it beside the claim, the claim itself kept as written."""
+    from workbench.campaigns.reproduce import report
+
+    (record,) = history.records("europmpi17")
+    assert "holds, 5 of 5" in record["claim"] and "mechanism check, not a finding" in record["erratum"]
+    page = report._archived(history.ARCHIVE_DIR)
+    assert "<i>Erratum:</i> the claim&#x27;s &#x27;holds, 5 of 5&#x27; is a mechanism check" in page

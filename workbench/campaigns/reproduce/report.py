@@ -178,6 +178,7 @@ def _attempt(record: dict) -> str:
     what = f": {esc(record['description'])}" if record.get("description") else ""
     files += _ceiling_of(record)
     claim = f"<br><i>Claim:</i> {esc(record['claim'])}" if record.get("claim") else ""
+    claim += f"<br><i>Erratum:</i> {esc(record['erratum'])}" if record.get("erratum") else ""
     return (f"<p><b>attempt {record['attempt']}, design {record.get('design')}</b> ({esc(str(record.get('date')))}"
             f"{what}): "
             f"<b>{esc(history.status(record))}</b>; {spent}; registry {esc(str(record.get('registry_commit')))}, "
