@@ -242,3 +242,15 @@ def test_europmpi17s_record_says_its_pipeline_check_is_a_mechanism_not_a_finding
     assert "holds, 5 of 5" in record["claim"] and "mechanism check, not a finding" in record["erratum"]
     page = report._archived(history.ARCHIVE_DIR)
     assert "<i>Erratum:</i> the claim&#x27;s &#x27;holds, 5 of 5&#x27; is a mechanism check" in page
+
+
+def test_a_row_copied_rather_than_measured_decides_nothing():
+    """JPDC'24's pipeline row of more_flips_more_damage repeats the data-parallel figures (one sentence of the docs
+    gave both): marked unmeasured, it reads inconclusive whatever it says, and the data row keeps its decision."""
+    (record,) = history.records("jpdc24")
+    rows = {f["label"]: f for f in history.decided(record) if f["key"] == "jpdc24.more_flips_more_damage"}
+    assert rows["pipeline: 100 vs 1 flips"]["status"] == registry.INCONCLUSIVE
+    assert rows["pipeline: 100 vs 1 flips"]["detail"].startswith("not measured: copied")
+    assert rows["data: 100 vs 1 flips"]["status"] == registry.HOLDS
+    planted = {**record, "findings": [{**f, "unmeasured": "planted"} for f in record["findings"]]}
+    assert {f["status"] for f in history.decided(planted)} == {registry.INCONCLUSIVE}

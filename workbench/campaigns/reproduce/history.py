@@ -43,7 +43,7 @@ def decided(record: dict[str, Any]) -> list[dict[str, Any]]:
     (``record["alpha"]``; those decided at another alpha when they ran, the runs before the attempt budget, are
     decided again from their recorded figures: :func:`workbench.campaigns.reproduce.registry.redecide`), then an
     accuracy comparison beside the ceiling of the data set it ran on (:func:`ceiling_rule`); ``status_run`` keeps
-    the status as run."""
+    the status as run; a row marked ``unmeasured`` (figures copied, not measured) is inconclusive."""
     reg = _rules()
     dataset = dataset_of(record, reg.ceilings)
     out = []
@@ -57,6 +57,8 @@ def decided(record: dict[str, Any]) -> list[dict[str, Any]]:
             again = registry.redecide(finding, f, alpha)
             f.update(status=again.status, mean=again.mean, low=again.low, high=again.high, alpha=again.alpha,
                      detail=again.detail)
+        if f.get("unmeasured"):  # a row whose figures were never measured for it decides nothing
+            f.update(status=registry.INCONCLUSIVE, detail=f"not measured: {f['unmeasured']}")
         out.append(ceiling_rule(reg, f, dataset))
     return out
 
