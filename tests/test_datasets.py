@@ -237,7 +237,7 @@ def test_runconfig_rejects_missing_directories_before_any_process(tmp_path):
     with pytest.raises(ConfigError, match=r"'mnist' names no directory: use mnist:DIR"):
         RunConfig(dataset="mnist")
     with pytest.raises(ConfigError, match=r"allowed digits, synthetic, synthetic_image, synthetic_noisy, "
-                       r"synthetic_faint, cifar10:DIR, "
+                       r"synthetic_faint, mnist1d, cifar10:DIR, "
                        r"cifar100:DIR, "
                        r"mnist:DIR, fashion_mnist:DIR, imagefolder:DIR or an import path"):
         RunConfig(dataset="imagenet")

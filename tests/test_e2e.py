@@ -199,7 +199,8 @@ def test_the_lab_panels_kill_hang_stall_and_flip_buttons_hit_a_live_run():
         (flip,) = [e for e in run.events if e["kind"] == "flip"]
         head, values = flip["detail"].split(": ")
         old, new = (float(v) for v in values.split(" -> "))
-        assert (flip["rank"], head, new) == (0, "weight fc1.weight[3] bit 23", ieee_flip(old, 23))
+        # a Lab() given no model trains the demo's workload, MNIST-1D's MLP: its first layer is linear1
+        assert (flip["rank"], head, new) == (0, "weight linear1.weight[3] bit 23", ieee_flip(old, 23))
         causes = {"Kill 3": "died (SIGKILL)", "Hang 2": "froze (no heartbeat for 2 s)",
                   "Stall 1": f"stalled (alive, but no step committed for {FLOOR_S:g} s)"}
         for n, (column, button) in enumerate([(3, 0), (2, 1), (1, 2)], start=1):

@@ -42,7 +42,7 @@ def test_panel_runs_kills_and_shows_it():
     try:
         lab.start_button.click()
         wait_for(lambda: len(trace(lab, "training loss").x) > 20)  # the curve moves
-        assert lab.flip_tensor.options[0] == "fc1.weight" and len(lab.rank_buttons.children) == 3
+        assert lab.flip_tensor.options[0] == "linear1.weight" and len(lab.rank_buttons.children) == 3  # MNIST-1D MLP
         lab.rank_buttons.children[1].children[0].click()  # "Kill 1"
         wait_for(lambda: "generation 1" in lab.status.value and len(trace(lab, "kill").x) == 1)
         assert "rank 1" in trace(lab, "kill").hovertext[0]
@@ -53,7 +53,7 @@ def test_panel_runs_kills_and_shows_it():
         lab.flip_rank.value, lab.flip_index.value = 2, 3
         lab.flip_button.click()
         wait_for(lambda: len(trace(lab, "flip").x) == 1)
-        check_flip_event(lab, 2, "weight", "fc1.weight", 3, 23)
+        check_flip_event(lab, 2, "weight", "linear1.weight", 3, 23)
     finally:
         lab.stop_button.click()
     wait_for(lambda: lab.run.result is not None and "stopped" in lab.status.value)
