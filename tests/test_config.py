@@ -13,7 +13,8 @@ def test_defaults_are_valid():
     ("world_size", 65, "1..64"),
     ("steps", -1, "steps"),
     ("lr", 0, "lr: 0 must be a number > 0"),
-    ("model", "resnet999", "allowed mlp, cnn, lenet5, alexnet, vgg11, resnet20, resnet18 or an import path"),
+    ("model", "resnet999", "allowed mlp, cnn, lenet5, alexnet, vgg11, resnet20, resnet18, mnist1d_logistic, "
+     "mnist1d_mlp, mnist1d_cnn, mnist1d_cnn_bn, mnist1d_gru, mnist1d_reference or an import path"),
     ("dataset", "imagenet", "allowed digits, synthetic"),
     ("strategy", "pray", "strategy: 'pray' is not known"),
     ("optimizer", "lbfgs", "allowed sgd, adam"),
