@@ -68,3 +68,44 @@ def unsaveable_model(input_shape, num_classes):
     model = tiny_model(input_shape, num_classes)
     model.register_buffer("scale", torch.ones(1, dtype=torch.bfloat16))
     return model
+
+
+# loaders that return bad data (tests/test_user_data.py): each must be a one-line settings error before any rank
+def all_nan():
+    x_train, y_train, x_test, y_test = blobs()
+    return np.full_like(x_train, np.nan), y_train, x_test, y_test
+
+
+def nan_rows():
+    x_train, y_train, x_test, y_test = blobs()
+    x_train = x_train.copy()
+    x_train[[3, 7]] = np.inf
+    return x_train, y_train, x_test, y_test
+
+
+def more_inputs_than_labels():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(512, 5)), rng.integers(0, 3, 100), rng.normal(size=(64, 5)), rng.integers(0, 3, 64)
+
+
+def three_arrays():
+    return blobs()[:3]
+
+
+def negative_labels():
+    x_train, y_train, x_test, y_test = blobs()
+    return x_train, y_train - 1, x_test, y_test
+
+
+def other_test_shape():
+    x_train, y_train, x_test, y_test = blobs()
+    return x_train, y_train, x_test[:, :4], y_test
+
+
+def raising():
+    raise FileNotFoundError("/data/mine.npz")
+
+
+def fixed_64_inputs(input_shape, num_classes):
+    """A model written for 8x8 digits whatever the data: it takes 64 inputs."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))

@@ -26,7 +26,7 @@ from workbench.config.run import RunConfig
 from workbench.faults import kinds
 from workbench.launch import machine
 from workbench.workloads import registry
-from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset
+from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset, user_arrays
 
 # scikit-learn's 1797 digits less the fixed 20 % test split (workbench.workloads.data.digits): its registry entry's
 DIGITS_TRAIN = registry.DATASETS["digits"].train_size
@@ -40,6 +40,7 @@ class DatasetInfo:
     n_train: int | None
     input_shape: tuple[int, ...] | None
     num_classes: int | None  # None where only reading every label would tell (a subset may lack classes)
+    user: bool = False  # read from the user's loader: the model is tried on its inputs before any rank starts
 
 
 def check(config: Any) -> None:
@@ -51,10 +52,21 @@ def check(config: Any) -> None:
         raise ConfigError("environment", str(exc)) from None
     info = dataset_info(config.dataset, config.synthetic_size)
     check_batch(config, info)
+    check_takes(config, info)
     if config.resume is not None:
         check_resume(config, info)
-    if IMPORT_PATH.match(config.model) and info.input_shape is not None:
-        build(config, info)
+    if (IMPORT_PATH.match(config.model) or info.user) and info.input_shape is not None:
+        fits(config, info, build(config, info))
+
+
+def check_takes(config: Any, info: DatasetInfo) -> None:
+    """A registered model takes the dataset's samples: signals (length,) or images (C, H, W), as its entry says."""
+    entry = registry.model(config.model)
+    if entry is None or not entry.takes or info.input_shape is None or len(info.input_shape) in entry.takes:
+        return
+    kinds = {1: "1-D signals (length,)", 2: "2-D inputs (H, W)", 3: "images (C, H, W)"}
+    raise ConfigError("model", f"{config.model!r} takes {' or '.join(kinds[n] for n in entry.takes)}; "
+                               f"{config.dataset!r} gives samples of shape {tuple(info.input_shape)}")
 
 
 def finite_floats(config: Any) -> None:
@@ -73,8 +85,10 @@ def dataset_info(spec: str, synthetic_size: int) -> DatasetInfo:
         if entry.sized:  # the synthetic sets draw labels at random: a small one may lack a class (fewer outputs)
             return DatasetInfo(synthetic_size, entry.input_shape, entry.classes if synthetic_size >= 1000 else None)
         return DatasetInfo(entry.train_size, entry.input_shape, entry.classes)
-    if entry is None:
-        return DatasetInfo(None, None, None)  # the user's loader: its ranks check it
+    if entry is None:  # the user's loader: called once here, its arrays checked (dataset_files.user_arrays)
+        x_train, y_train, _, y_test = user_arrays(spec)
+        return DatasetInfo(len(x_train), tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1,
+                           user=True)
     name, _, where = spec.partition(":")
     if name in CIFAR:
         return _cifar(name, Path(where))
@@ -244,6 +258,22 @@ def build(config: Any, info: DatasetInfo) -> Any:
     except Exception as exc:  # noqa: BLE001 - the user's factory: whatever it raises is one line
         text = " ".join(str(exc).split())
         raise ConfigError("model", f"{config.model!r} raised {type(exc).__name__}: {text}") from None
+
+
+def fits(config: Any, info: DatasetInfo, model: Any) -> None:
+    """The model takes two of the dataset's inputs and gives one score per class (ConfigError otherwise)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros(2, *info.input_shape))
+    except Exception as exc:  # noqa: BLE001 - a model that does not take these inputs: whatever it raises
+        text = " ".join(str(exc).split())
+        raise ConfigError("model", f"{config.model!r} does not take {config.dataset!r}'s inputs of shape "
+                                   f"{info.input_shape}: {type(exc).__name__}: {text}") from None
+    if info.num_classes is not None and tuple(getattr(out, "shape", ())) != (2, info.num_classes):
+        raise ConfigError("model", f"{config.model!r} gives outputs of shape {tuple(getattr(out, 'shape', ()))} for "
+                                   f"2 inputs; {config.dataset!r} has {info.num_classes} classes")
 
 
 # a prepared configuration's mark: its values when prepare() gave it back (the CLI prepares before it starts the

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 
 from workbench import strategies
 from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.config.preflight import prepare
 from workbench.config.resize_rule import RULES
 from workbench.config.run import PARALLELISMS, STRATEGIES, RunConfig
 from workbench.faults import kinds
@@ -171,7 +172,7 @@ class Lab:
         if self.run is not None and not self.run.done:
             return self.run
         try:
-            config = self.config()
+            config = prepare(self.config())  # the data, the model and a resumed file checked before any rank
         except WorkbenchError as exc:
             self.status.value = f"<b style='color:crimson'>{exc}</b>"
             return None

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from workbench.config.errors import ConfigError
-from workbench.config.run import RunConfig, resolve_callable
+from workbench.config.run import RunConfig
 from workbench.workloads import registry
-from workbench.workloads.dataset_files import bundled_file
+from workbench.workloads.dataset_files import bundled_file, user_arrays
 from workbench.workloads.datasets import Dataset
 
 _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
@@ -74,13 +74,7 @@ def synthetic(size: int, num_classes: int = 10, side: int = 8) -> Dataset:
 
 
 def _user_dataset(path: str) -> Dataset:
-    loader = resolve_callable("dataset", path)
-    parts = loader()
-    if isinstance(parts, dict):
-        parts = tuple(parts.get(k) for k in ("x_train", "y_train", "x_test", "y_test"))
-    if not isinstance(parts, (tuple, list)) or len(parts) != 4:
-        raise ConfigError("dataset", f"{path!r} must return (x_train, y_train, x_test, y_test)")
-    return tensors(*parts)
+    return tensors(*user_arrays(path))  # checked as before the run started (dataset_files.user_arrays)
 
 
 def tensors(x_train, y_train, x_test, y_test) -> Dataset:  # noqa: ANN001 - array-likes of any kind

@@ -146,3 +146,48 @@ def class_names(folder: Path) -> list[str]:
 
 def images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def user_arrays(spec: str) -> tuple:
+    """The four arrays a user's loader ``spec`` (``package.module:callable``) returns, as numpy arrays, checked
+    before any rank starts: four array-likes (a tuple or a dict of x_train, y_train, x_test, y_test), matching
+    lengths, at least one sample each, the same sample shape in both splits, finite numeric inputs, and labels that
+    are whole numbers from 0 up (the classes: the largest label + 1). Each miss is a one-line ConfigError."""
+    import numpy as np
+
+    loader = resolve_callable("dataset", spec)
+    try:
+        parts = loader()
+    except Exception as exc:  # noqa: BLE001 - the user's loader: whatever it raises is one line
+        raise ConfigError("dataset", f"{spec!r} raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    names = ("x_train", "y_train", "x_test", "y_test")
+    if isinstance(parts, dict):
+        parts = tuple(parts.get(k) for k in names)
+    if not isinstance(parts, (tuple, list)) or len(parts) != 4 or any(p is None for p in parts):
+        got = f"{len(parts)} values" if isinstance(parts, (tuple, list)) else type(parts).__name__
+        raise ConfigError("dataset", f"{spec!r} returned {got}: it must return (x_train, y_train, x_test, y_test) "
+                                     "or a dict of those four")
+    try:
+        arrays = [np.asarray(p) for p in parts]
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("dataset", f"{spec!r} returned values that are not arrays: {exc}") from None
+    for x, y, split in ((arrays[0], arrays[1], "train"), (arrays[2], arrays[3], "test")):
+        if x.ndim < 1 or y.ndim != 1 or len(x) != len(y) or not len(y):
+            raise ConfigError("dataset", f"{spec!r}: x_{split} has {len(x) if x.ndim else 0} samples and y_{split} "
+                                         f"{len(y) if y.ndim else 0} labels of shape {y.shape}: they must be equal in "
+                                         "number, at least 1, and the labels one per sample")
+        if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+            raise ConfigError("dataset", f"{spec!r}: x_{split} is of type {x.dtype}, not real numbers")
+        bad = int(np.count_nonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1)))
+        if bad:
+            raise ConfigError("dataset", f"{spec!r}: {bad} of the {len(x)} x_{split} samples hold NaN or infinite "
+                                         "values: inputs must be finite")
+        whole = np.issubdtype(y.dtype, np.integer) or (np.issubdtype(y.dtype, np.floating)
+                                                      and np.isfinite(y).all() and (y == np.round(y)).all())
+        if not whole or y.min() < 0:
+            raise ConfigError("dataset", f"{spec!r}: y_{split} must hold whole-number class labels from 0 up "
+                                         f"(found {y.dtype}, smallest {y.min()!r})")
+    if arrays[0].shape[1:] != arrays[2].shape[1:]:
+        raise ConfigError("dataset", f"{spec!r}: a training sample is of shape {arrays[0].shape[1:]}, a test sample "
+                                     f"{arrays[2].shape[1:]}: they must match")
+    return tuple(arrays)

@@ -24,6 +24,7 @@ class Model:
     builder: str  # "package.module:callable"
     summary: str
     knobs: tuple[str, ...] = ()  # of "hidden" (the MLP's widths), "width" (a channel multiplier)
+    takes: tuple[int, ...] = ()  # the sample ranks it takes: (1,) signals, (3,) images (C, H, W); (): any
 
     def build(self, input_shape: tuple[int, ...], num_classes: int, config: Any) -> Any:
         kwargs = {knob: KNOBS[knob](getattr(config, knob)) for knob in self.knobs}
@@ -132,18 +133,22 @@ _CEILING = "workbench.workloads.ceiling"
 _M1D = "workbench.workloads.mnist1d"
 for _entry in (
     Model("mlp", f"{_MODELS}:mlp", "fully connected; hidden widths from --hidden", knobs=("hidden",)),
-    Model("cnn", f"{_MODELS}:cnn", "two convolutions and two linear layers, sized for 8x8 digits"),
-    Model("lenet5", f"{_ARCH}:lenet5", "LeNet-5 with batch norm"),
-    Model("alexnet", f"{_ARCH}:alexnet", "AlexNet with batch norm; --width scales its channels", knobs=("width",)),
-    Model("vgg11", f"{_ARCH}:vgg11", "VGG-11 with batch norm; --width scales its channels", knobs=("width",)),
-    Model("resnet20", f"{_ARCH}:resnet20", "ResNet-20 (CIFAR, option A shortcuts)"),
-    Model("resnet18", f"{_ARCH}:resnet18", "ResNet-18 (option B shortcuts)"),
-    Model("mnist1d_logistic", f"{_M1D}:logistic", "MNIST-1D's logistic regression (410 parameters)"),
-    Model("mnist1d_mlp", f"{_M1D}:mlp", "MNIST-1D's MLP: 100 wide, one residual layer (15,210 parameters)"),
-    Model("mnist1d_cnn", f"{_M1D}:cnn", "MNIST-1D's 1-D CNN: three stride-2 convolutions of 25 (5,210 parameters)"),
-    Model("mnist1d_cnn_bn", f"{_M1D}:cnn_bn", "MNIST-1D's CNN with batch norm after each convolution"),
-    Model("mnist1d_gru", f"{_M1D}:gru", "MNIST-1D's bidirectional GRU, 6 wide (5,134 parameters)"),
-    Model("mnist1d_reference", f"{_M1D}:reference", "a larger CNN that measures MNIST-1D's ceiling (not the paper's)"),
+    Model("cnn", f"{_MODELS}:cnn", "two convolutions and two linear layers, sized for 8x8 digits", takes=(2, 3)),
+    Model("lenet5", f"{_ARCH}:lenet5", "LeNet-5 with batch norm", takes=(3,)),
+    Model("alexnet", f"{_ARCH}:alexnet", "AlexNet with batch norm; --width scales its channels", knobs=("width",),
+          takes=(3,)),
+    Model("vgg11", f"{_ARCH}:vgg11", "VGG-11 with batch norm; --width scales its channels", knobs=("width",),
+          takes=(3,)),
+    Model("resnet20", f"{_ARCH}:resnet20", "ResNet-20 (CIFAR, option A shortcuts)", takes=(3,)),
+    Model("resnet18", f"{_ARCH}:resnet18", "ResNet-18 (option B shortcuts)", takes=(3,)),
+    Model("mnist1d_logistic", f"{_M1D}:logistic", "MNIST-1D's logistic regression (410 parameters)", takes=(1,)),
+    Model("mnist1d_mlp", f"{_M1D}:mlp", "MNIST-1D's MLP: 100 wide, one residual layer (15,210 parameters)", takes=(1,)),
+    Model("mnist1d_cnn", f"{_M1D}:cnn", "MNIST-1D's 1-D CNN: three stride-2 convolutions of 25 (5,210 parameters)",
+          takes=(1,)),
+    Model("mnist1d_cnn_bn", f"{_M1D}:cnn_bn", "MNIST-1D's CNN with batch norm after each convolution", takes=(1,)),
+    Model("mnist1d_gru", f"{_M1D}:gru", "MNIST-1D's bidirectional GRU, 6 wide (5,134 parameters)", takes=(1,)),
+    Model("mnist1d_reference", f"{_M1D}:reference", "a larger CNN that measures MNIST-1D's ceiling (not the paper's)",
+          takes=(1,)),
     Dataset("digits", "workbench.workloads.data:digits", "scikit-learn's 8x8 digits, 1438 training images",
             (1, 8, 8), 10, train_size=1438, bundled="digits.npz", crops=False, ceiling=f"{_CEILING}:digits_ceiling"),
     Dataset("synthetic", "workbench.workloads.data:synthetic", "Gaussian class clusters as 1x8x8 images",
