@@ -56,7 +56,9 @@ def check(config: Any) -> None:
     if config.resume is not None:
         check_resume(config, info)
     if (IMPORT_PATH.match(config.model) or info.user) and info.input_shape is not None:
-        fits(config, info, build(config, info))
+        model = build(config, info)
+        if info.user:  # the user's data: the model is tried on two of its inputs
+            fits(config, info, model)
 
 
 def check_takes(config: Any, info: DatasetInfo) -> None:
