@@ -334,12 +334,21 @@ def run_gate(figures: list[Figure], history: Path | None) -> int:
 
 
 def table(history: Path) -> str:
-    """The newest recorded run of each figure, as the docs' markdown table."""
+    """The newest recorded run of each figure, as the docs' markdown table; a history that cannot be read (missing,
+    a directory, a line that is no gate record) ends the gate with one line, exit 2."""
     newest: dict[str, dict] = {}
-    for line in history.read_text().splitlines():
+    try:
+        lines = history.read_text().splitlines()
+    except OSError as exc:
+        _refuse(f"gate: --history {history}: cannot be read ({exc.strerror}): give the JSON-lines file the gate "
+                "appends to (benchmarks/results/gate_history.jsonl)")
+    for number, line in enumerate(lines, start=1):
         if line.strip():
-            row = json.loads(line)
-            newest[row["figure"]] = row
+            try:
+                row = json.loads(line)
+                newest[row["figure"]] = row
+            except (ValueError, KeyError, TypeError):
+                _refuse(f"gate: --history {history}: line {number} is not a gate record")
     lines = ["| figure | value | reference | ratio | budget | verdict | date, commit, machine (load) |",
              "|---|---|---|---|---|---|---|"]
     for figure in FIGURES:
@@ -351,6 +360,12 @@ def table(history: Path) -> str:
                      f"{_num(row['reference'])} | {_num(row['ratio'])} | {row['budget']} | {row['verdict']} | "
                      f"{row['date']}, `{row['commit']}`, {m['cores']} cores, {m['cpu']} ({row['load_1min']}) |")
     return "\n".join(lines)
+
+
+def _refuse(line: str) -> None:
+    """Bad input: one line on stderr, exit 2."""
+    print(line, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _num(value: float | None) -> str:

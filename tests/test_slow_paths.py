@@ -144,3 +144,15 @@ def test_the_docs_gate_table_is_the_newest_run_in_the_history():
     assert {f.name for f in gate.FIGURES} <= {row["figure"] for row in rows}, "a figure was never recorded"
     for row in rows:
         assert {"date", "commit", "machine", "value", "reference", "ratio", "budget", "verdict"} <= set(row), row
+
+
+def test_the_gates_table_refuses_a_history_it_cannot_read_in_one_line(tmp_path):
+    """``--table --history`` on a missing file, a directory or a line that is no record: one line, exit 2."""
+    (tmp_path / "bad.jsonl").write_text('{"figure": "x"}\nnot json\n')
+    for history, says in ((tmp_path / "missing.jsonl", "cannot be read (No such file or directory)"),
+                          (tmp_path, "cannot be read (Is a directory)"),
+                          (tmp_path / "bad.jsonl", "line 2 is not a gate record")):
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gate.py"), "--table", "--history",
+                               str(history)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

@@ -72,3 +72,12 @@ def test_the_lab_panel_says_so_before_start():
         assert "2 of the 480 x_train samples hold NaN" in lab.status.value
     finally:
         lab.close()
+
+
+def test_a_model_factory_that_raises_is_the_lab_panels_status_line_not_a_traceback():
+    lab = Lab(world_size=2, steps=5, model="user_code:raising_factory")
+    try:
+        assert lab.start() is None and lab.run is None
+        assert "'user_code:raising_factory' raised RuntimeError: no weights for you" in lab.status.value
+    finally:
+        lab.close()
