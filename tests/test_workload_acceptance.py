@@ -94,3 +94,13 @@ def test_the_measuring_command_refuses_bad_input_in_one_line(capsys):
     assert measure_workload.main([name, "--seeds", "2000-2005"]) == 2  # reporting seeds lie outside the tuning range
     assert "never a reporting seed" in capsys.readouterr().err
     assert measure_workload.main([name, "--seeds", "x"]) == 2
+
+
+def test_an_accepted_workloads_training_settings_reach_a_campaigns_runs():
+    """Every setting an accepted workload names besides its model, data, world and budget (Adam, its learning rate,
+    schedule and batch) is one a campaign passes to its runs: a study registered on it trains as it was measured."""
+    from workbench.campaigns.reproduce.common import RUN_KEYS, run_extras
+
+    for entry in registry.load().workloads.values():
+        training = {k: v for k, v in entry["settings"].items() if k not in acceptance.SETTINGS}
+        assert set(training) <= set(RUN_KEYS) and run_extras(entry["settings"]) == training
