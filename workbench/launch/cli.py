@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "while it runs: one another run holds, or one holding an earlier run, is refused (exit 2; the "
                      "latter unless --overwrite)")
     run.add_argument("--overwrite", action="store_true", help="replace the run in --out (its result.h5, checkpoints "
-                     "and logs are removed first; nothing else there)")
+                     "and logs are removed as the new run starts, but for the checkpoint --resume names; nothing "
+                     "else there)")
     run.add_argument("--json", action="store_true", help="print the JSON summary as the last stdout line")
     run.add_argument("--track", metavar="URI",
                      help="log the run to MLflow (http://HOST:PORT, sqlite:///mlflow.db) once it ended")

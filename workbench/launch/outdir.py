@@ -3,8 +3,9 @@
 A run writes ``out/result.h5``, ``out/checkpoints/`` and ``out/logs/``. :func:`claim` takes the directory for one
 run for its whole life (an exclusive ``flock`` on ``out/.workbench.lock``, which names the holder) and refuses,
 with a :class:`~workbench.config.errors.ConfigError` before any process starts, an ``out`` another live run holds or one
-that already holds a run's files; with ``overwrite`` it removes only those files. A run without ``out`` keeps its
-checkpoints in a :func:`scratch` directory. Details: docs/internals.md.
+that already holds a run's files; with ``overwrite`` the run removes only those files, once nothing can refuse its
+start, and never the checkpoint it resumes from. A run without ``out`` keeps its checkpoints in a :func:`scratch`
+directory. Details: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -57,10 +58,20 @@ class Claim:
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path, self._fd = path, fd
+        self.earlier: list[Path] = []  # an earlier run's files that ``overwrite`` replaces: removed by clear()
 
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+    def clear(self) -> None:
+        """Remove the earlier run's files (:attr:`earlier`): when the new run starts, so that a start refused or
+        failed before it leaves them all. ConfigError naming ``out`` if they cannot be removed."""
+        try:
+            clear(self.path, self.earlier)
+        except OSError as exc:
+            raise ConfigError("out", f"{self.path} cannot be written: {reason(exc)}") from None
+        self.earlier = []
 
     def release(self) -> None:
         """Remove the lock file (while still holding it: a run that opened it meanwhile sees it gone and takes the
@@ -80,10 +91,11 @@ class Claim:
         return f"Claim({str(self.path)!r}, held={self.held})"
 
 
-def claim(out: str | os.PathLike, overwrite: bool = False) -> Claim:
+def claim(out: str | os.PathLike, overwrite: bool = False, keep: str | os.PathLike | None = None) -> Claim:
     """Take ``out`` for a new run, for as long as the returned :class:`Claim` is held: refuse it (ConfigError) when
-    another live run holds it, when it holds a run's files and not ``overwrite`` (else remove those), when it is
-    empty, a file or a dangling link; make it, and check it can be written (ConfigError naming it if not)."""
+    another live run holds it, when it holds a run's files and not ``overwrite`` (else the claim's :meth:`~Claim.clear`
+    removes them, all but ``keep``: the checkpoint the new run resumes from), when it is empty, a file or a dangling
+    link; make it, and check it can be written (ConfigError naming it if not)."""
     if not str(out).strip():
         raise ConfigError("out", "an empty path is not allowed: give a directory ('.' for the current one)")
     out = Path(out)
@@ -102,14 +114,20 @@ def claim(out: str | os.PathLike, overwrite: bool = False) -> Claim:
         if found and not overwrite:
             raise ConfigError("out", f"{out} already holds a run ({describe(found, out)}): give another directory, "
                               "or overwrite it (--overwrite, overwrite=True) to replace that run")
-        try:
-            clear(out, found)
-        except OSError as exc:
-            raise ConfigError("out", f"{out} cannot be written: {reason(exc)}") from None
+        kept = _resolved(keep) if keep is not None else None
+        held.earlier = [p for p in found if kept is None or _resolved(p) != kept]
     except BaseException:
         held.release()
         raise
     return held
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    """``path`` absolute, through every link (a link to the file names the file); as it is when that fails."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
 
 
 def _lock(out: Path) -> int:

@@ -57,6 +57,8 @@ class Run:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"workbench-run-{uuid.uuid4().hex[:6]}", daemon=True)
+        if self._claim is not None:  # nothing can refuse the start any more: an overwritten run's files go now
+            self._claim.clear()
         _live_runs.add(self)
         self._thread.start()
 
@@ -280,8 +282,9 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
 
     ``out``: the run's directory (``result.h5``, ``checkpoints/``, ``logs/``), this run's alone until it ends: one
     that another live run holds is refused (ConfigError naming that run), and so is one that holds an earlier run's
-    files unless ``overwrite``, which removes those files first (only the run's: :mod:`workbench.launch.outdir`); one
-    that cannot be written, an empty path and a dangling link are refused too.
+    files unless ``overwrite``, which removes those files as the run starts (only the run's, and never the checkpoint
+    ``resume`` names: :mod:`workbench.launch.outdir`; a start refused or failed before leaves them all); one that
+    cannot be written, an empty path and a dangling link are refused too.
 
     ``track``: an MLflow tracking URI (``sqlite:///mlflow.db``) or directory: the run is logged there once it ended
     (:mod:`workbench.results.tracking`; a logging failure is a warning, recorded in ``result.summary["tracking"]``).
@@ -304,7 +307,8 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     kept = place.resume_from() if place is not None else None
     if kept:  # an earlier attempt of this sweep point was preempted here
         config = prepare(config, resume=kept)
-    held = claim(out, overwrite) if out is not None else None  # this run's until it ends: another is refused
+    # this run's until it ends (another is refused); the checkpoint it resumes from stays, even in an overwritten out
+    held = claim(out, overwrite, keep=config.resume) if out is not None else None
     try:
         run = Run(config, out=held, on_event=on_event, track=track, point=place)
     except BaseException:
