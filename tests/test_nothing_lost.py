@@ -1,22 +1,31 @@
 """Nothing the user saved is lost: ``--resume`` with ``--overwrite`` on the run it resumes keeps the checkpoint it
 resumes from, and a start that is refused or fails leaves the earlier run's files as they were, from the command
-line and from Python."""
+line and from Python; a closed terminal (SIGHUP) ends a run as SIGTERM does: every rank stopped, ``result.h5``
+written, no temporary file and no lock left, exit 129 with a one-line reason."""
 
+import glob
 import hashlib
 import json
+import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
+import leaks
 import pytest
+from conftest import TAG
 
 import workbench
 from workbench.config.errors import ConfigError, WorkbenchError
 from workbench.launch import session
 from workbench.launch.cli import main
 from workbench.launch.outdir import LOCK_FILE, claim
+from workbench.launch.processes import HangUp, interrupted_once
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "workbench", "run"]
@@ -25,6 +34,7 @@ EARLIER = dict(dataset="synthetic", world_size=2, steps=40, strategy="checkpoint
 EARLIER_FILES = ["checkpoints/final.h5", "checkpoints/step_000010.h5", "checkpoints/step_000020.h5",
                  "checkpoints/step_000030.h5", "checkpoints/step_000040.h5", "logs/spawn0.log", "logs/spawn1.log",
                  "result.h5"]
+HANGUP_LINE = "workbench: hangup (SIGHUP: the terminal closed); all ranks stopped"
 
 
 def contents(out):
@@ -156,3 +166,95 @@ def test_a_start_that_fails_after_the_claim_leaves_the_earlier_run_whole(earlier
         workbench.run(dataset="synthetic", world_size=2, hidden=[16], steps=60, resume=resume, out=out,
                       overwrite=True)
     assert contents(out) == before
+
+
+# -- SIGHUP ----------------------------------------------------------------------------------------------------------
+def training(out, proc, reader=None, timeout=90.0):
+    """Wait (bounded) until the run in ``out`` has written two checkpoints; ``reader``: drained meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if reader is not None and select.select([reader], [], [], 0)[0]:
+            try:
+                os.read(reader, 65536)
+            except OSError:
+                pass
+        if len(glob.glob(f"{out}/checkpoints/step_*.h5")) >= 2:
+            return
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail(f"the run never trained within {timeout:g} s (exit {proc.poll()})")
+
+
+def judge_hangup(out, before):
+    result = workbench.RunResult.load(out)
+    assert result.outcome == "stopped" and result.summary["reason"].startswith("interrupted: hangup (SIGHUP"), \
+        result.summary["reason"]
+    assert glob.glob(f"{out}/**/.*tmp", recursive=True) == [] and not (out / LOCK_FILE).exists()
+    assert leaks.wait_gone(before, TAG) == []  # every rank, the template and the CLI are gone
+
+
+RUN = ["--dataset", "synthetic", "--world-size", "2", "--hidden", "512,512", "--steps", "100000", "--eval-interval",
+       "100000", "--strategy", "checkpoint_restart", "--checkpoint-every", "1"]
+
+
+def test_sighup_stops_every_rank_writes_the_result_and_exits_129(tmp_path):
+    out = tmp_path / "x"
+    before = {p.key for p in leaks.project_processes(TAG)}
+    proc = subprocess.Popen([*CLI, *RUN, "--json", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        training(out, proc)
+        proc.send_signal(signal.SIGHUP)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 129 and stdout == "" and stderr == HANGUP_LINE + "\n", (proc.returncode, stderr[-2000:])
+    judge_hangup(out, before)
+
+
+def test_a_closed_terminal_ends_the_run_cleanly(tmp_path):
+    """The run's terminal is a pseudo-terminal it controls; closing its far end is a real hangup: the kernel sends
+    SIGHUP and every later write to the terminal fails, the last line included."""
+    import fcntl
+    import termios
+
+    out = tmp_path / "x"
+    before = {p.key for p in leaks.project_processes(TAG)}
+    master, slave = os.openpty()
+    proc = subprocess.Popen([*CLI, *RUN, "--out", str(out)], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    try:
+        training(out, proc, reader=master)
+        os.close(master)
+        master = None
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        if master is not None:
+            os.close(master)
+    assert code == 129
+    judge_hangup(out, before)
+
+
+def test_a_sighup_ignored_before_stays_ignored_and_one_caught_exits_129():
+    """``nohup``: the run goes on after a hangup. Otherwise the first SIGHUP is a :class:`HangUp`, exit code 129."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with interrupted_once() as seen:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert not seen.signalled
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with pytest.raises(HangUp), interrupted_once() as seen:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # the handler raises before this ends
+        assert seen.signalled and seen.code == 129
+        with pytest.raises(KeyboardInterrupt) as caught, interrupted_once() as seen:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert type(caught.value) is KeyboardInterrupt and seen.code == 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -307,9 +307,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``workbench ARGV`` (None: this process's command line, whose exit code this is: a SIGINT or SIGTERM while
-    it ends is then ignored). The first SIGINT or SIGTERM stops the run (every rank, a checkpoint being written
-    finished or removed) and makes the exit code 130, whatever comes after; more are ignored."""
+    """``workbench ARGV`` (None: this process's command line, whose exit code this is: a signal while it ends is
+    then ignored). The first SIGINT, SIGTERM or SIGHUP (a closed terminal) stops the run (every rank, a checkpoint
+    being written finished or removed) and makes the exit code 130 (129 for SIGHUP), whatever comes after; more are
+    ignored. SIGQUIT (Ctrl-\\) keeps its default: the process aborts at once."""
     parser = build_parser()
     args = parser.parse_args(argv)
     with interrupted_once(process=argv is None) as interrupts:  # run.wait() stops the run on the way out
@@ -324,12 +325,32 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             code = None  # said below
         if interrupts.signalled or code is None:
+            from workbench.launch.processes import HangUp
+
+            hangup = interrupts.code == 129
             if "workbench.launch.session" in sys.modules:  # a run started before the interrupt reached its wait()
-                sys.modules["workbench.launch.session"].stop_all("interrupted", wait=30.0)
+                session = sys.modules["workbench.launch.session"]
+                session.stop_all(session.interrupt_reason(HangUp() if hangup else None), wait=30.0)
             if code != 130:  # 130: the command said why itself (workbench rank)
-                print("workbench: interrupted; all ranks stopped", file=sys.stderr)
-            code = 130
+                _tell("workbench: hangup (SIGHUP: the terminal closed); all ranks stopped" if hangup
+                      else "workbench: interrupted; all ranks stopped")
+            code = interrupts.code if interrupts.signalled else 130
     return code
+
+
+def _tell(line: str) -> None:
+    """``line`` on stderr; one that cannot be written (the terminal of a SIGHUP is gone) is lost, and stdout and
+    stderr then go to /dev/null, so that the exit's flush cannot fail and change the exit code."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            for stream in (sys.stdout, sys.stderr):
+                os.dup2(null, stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # a stream without a descriptor (captured)
+            pass
 
 
 if __name__ == "__main__":

@@ -204,8 +204,8 @@ class Run:
                         self.notice()
                     if deadline is not None and time.monotonic() > deadline:
                         raise TimeoutError(f"run still going after {timeout:g} s")
-        except KeyboardInterrupt:
-            self.stop("interrupted")
+        except KeyboardInterrupt as exc:
+            self.stop(interrupt_reason(exc))
             self._done.wait(30)
             raise
         if self._result is None:  # the monitor thread raised (a supervisor's bug: it ends every run in a result)
@@ -329,6 +329,13 @@ def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None
     ``summary["result_error"]`` saying why."""
     return start(config, out=out, on_event=on_event, track=track, overwrite=overwrite, point=point,
                  **overrides).wait()
+
+
+def interrupt_reason(exc: BaseException | None = None) -> str:
+    """The reason a run stopped by an interrupt records: ``interrupted``, naming a SIGHUP's hangup."""
+    from workbench.launch.processes import HangUp
+
+    return "interrupted: hangup (SIGHUP: the terminal closed)" if isinstance(exc, HangUp) else "interrupted"
 
 
 @atexit.register

@@ -33,10 +33,12 @@ from workbench.results.h5files import OutputError
 def start_rank_process() -> None:
     """What every rank process does first (ours and the peers'): die with its parent; a launcher that stops it
     (torchrun stops a node's workers when one fails, a batch system cancels a job) makes it a dead rank like any
-    other, for the strategy to handle, not an error of the run; one thread (gloo on CPU)."""
+    other, for the strategy to handle, not an error of the run (a SIGHUP too, unless ignored: ``nohup``); one thread
+    (gloo on CPU)."""
     die_with_parent()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
     torch.set_num_threads(1)
 
 
