@@ -1,12 +1,15 @@
 """Every fault strategy that applies to the pipeline, hybrid and gossip modes, on small multi-process runs."""
 
+import json
 import math
 
 import pytest
+from planting import run_planted, sitecustomize
 
 import workbench
 from workbench.config.run import RunConfig
 from workbench.results import checkpoint
+from workbench.results.run_result import RunResult
 from workbench.workloads.models import build_model
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -133,9 +136,58 @@ def test_gossip_shrink_goes_on_with_three_and_says_how(gossip_golden, tmp_path):
     assert {r["messages"] for r in result.metrics} <= {1, 3}
 
 
-def test_gossip_regrow_gives_the_replacement_a_peer_s_state(gossip_golden, tmp_path):
-    result = completed(tmp_path, world_size=4, parallelism="gossip", strategy="shrink", regrow=True,
-                       faults=["kill:rank=1,step=30"])
+JOINS = sitecustomize('''\
+"""Put by tests/test_parallel_runs.py into every gossip rank: after each join, a line per member to
+$WORKBENCH_TEST_JOINS/<pid>.jsonl with its label, generation, step and state before and after the join (SHA-256
+of every tensor the join compares and moves: parameters, buffers, optimizer history), whether it had trained."""
+import hashlib, json, os
+
+TARGET = "workbench.rank.gossip"
+
+
+def digest(trainer):
+    sha = hashlib.sha256()
+    for name, tensor in trainer._named_state():
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()
+
+
+def plant(module):
+    join = module.GossipTrainer.join
+
+    def observed_join(self, a):
+        before, step, trained = digest(self), self.step, self.trained
+        join(self, a)
+        record = {"label": a["members"][self.comm.rank], "rank": self.comm.rank, "gen": self.comm.gen,
+                  "trained": trained, "step_before": step, "step": self.step, "before": before, "after": digest(self)}
+        with open(os.path.join(os.environ["WORKBENCH_TEST_JOINS"], f"{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\\n")
+
+    module.GossipTrainer.join = observed_join
+''')
+
+GOSSIP_REGROW = f"""\
+import json, sys
+import workbench
+result = workbench.run(world_size=4, steps={STEPS}, eval_interval=30, parallelism="gossip", strategy="shrink",
+                       regrow=True, faults=["kill:rank=1,step=30"], out=sys.argv[1])
+print(json.dumps({{"reason": result.summary["reason"]}}))
+"""
+
+
+def test_gossip_regrow_gives_the_replacement_a_peer_s_state(gossip_golden, tmp_path, monkeypatch):
+    """The replacement of a gossip member takes the state of one survivor, the one the agreement names (the most
+    advanced, the lowest rank on ties), bitwise: parameters, buffers and optimizer history; the survivors keep
+    their own replicas, which differ from each other (so a copy of another, an average or a fresh state fails).
+    Each member's state before and after the join is read in the ranks themselves (the run records no
+    replica but rank 0's)."""
+    joins = tmp_path / "joins"
+    joins.mkdir()
+    monkeypatch.setenv("WORKBENCH_TEST_JOINS", str(joins))
+    run_planted(GOSSIP_REGROW, tmp_path, JOINS, timeout=240)
+    result = RunResult.load(tmp_path / "runs")
+    assert result.completed, result.summary["reason"]
     assert result.summary["world_size_final"] == 4
     assert before(result, 30) == before(gossip_golden[4], 30) and len(before(result, 30)) == 30
     assert result.failures[0]["steps_redone"] == 0 and result.failures[0]["samples_lost"] == 64 // 4
@@ -143,6 +195,24 @@ def test_gossip_regrow_gives_the_replacement_a_peer_s_state(gossip_golden, tmp_p
     # raw buffers to the newcomer only: one replica's parameters and momentum (fp32), no pickle, no survivor
     params = sum(p.numel() for p in build_model(RunConfig(), (64,), 10).parameters())  # the digits MLP
     assert result.failures[0]["bytes_moved"] == 2 * 4 * params
+
+    records = [json.loads(line) for path in joins.glob("*.jsonl") for line in path.read_text().splitlines()]
+    (gen,) = {r["gen"] for r in records if r["gen"] > 0 and not r["trained"]}  # the one join with a newcomer
+    members = sorted((r for r in records if r["gen"] == gen), key=lambda r: r["rank"])
+    assert [r["label"] for r in members] == [0, 1, 2, 3], members
+    (newcomer,) = [r for r in members if not r["trained"]]
+    survivors = [r for r in members if r["trained"]]
+    assert newcomer["label"] == 1 and len(survivors) == 3
+    # the agreement's source: the highest score (a survivor's step + 1; a newcomer's 0), the lowest rank on ties
+    source = max(survivors, key=lambda r: (r["step_before"], -r["rank"]))
+    assert newcomer["after"] == source["after"] and newcomer["before"] != source["after"]
+    assert all(r["after"] == r["before"] for r in survivors)  # the survivors keep their replicas ...
+    assert len({r["after"] for r in survivors}) == 3  # ... which differ: only one of them is the newcomer's
+    assert {r["step"] for r in members} == {source["step_before"]}  # every member at the source's step
+    # the run's own record: the newcomer said it joined that generation at that step, having received the state
+    (joined,) = [e for e in result.events if e["kind"] == "joined" and e["rank"] == 1
+                 and e["detail"].startswith(f"generation {gen}:")]
+    assert joined["step"] == source["step_before"] and "received" in joined["detail"], joined
 
 
 @pytest.mark.parametrize("strategy", ["checkpoint_restart", "reinit"])
