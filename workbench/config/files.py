@@ -1,13 +1,32 @@
-"""Run settings that come from files: a YAML file of settings (:func:`read_settings`; a key given twice is an
-error, not the last value taken silently) and the one line for a ``resume`` path that is no checkpoint file
+"""Run settings that come from files: the one YAML reader of the package (:func:`load_yaml`: a key given twice in
+a mapping, block or flow style, is an error, not the last value taken silently), a YAML file of settings
+(:func:`read_settings`) and the one line for a ``resume`` path that is no checkpoint file
 (:func:`missing_checkpoint`: a directory is named as one, with the newest checkpoint it holds)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 from workbench.config.errors import ConfigError
+
+
+class DuplicateKeyError(ValueError):
+    """A mapping of a YAML document names a key twice; ``key`` and ``lines`` (1-based) say which and where."""
+
+    def __init__(self, key: Any, lines: tuple[int, int]) -> None:
+        self.key, self.lines = key, lines
+        where = f"both on line {lines[0]}" if lines[0] == lines[1] else f"lines {lines[0]} and {lines[1]}"
+        super().__init__(f"names {key!r} twice ({where})")
+
+
+def load_yaml(text: str) -> Any:
+    """The YAML document ``text``, read as ``yaml.safe_load`` reads it except that a mapping naming a key twice
+    raises :class:`DuplicateKeyError`; invalid YAML raises ``yaml.YAMLError``."""
+    import yaml
+
+    return yaml.load(text, Loader=_strict_loader())  # a SafeLoader
 
 
 def read_settings(path: str | Path) -> dict[str, Any]:
@@ -17,9 +36,11 @@ def read_settings(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        values = yaml.load(path.read_text(), Loader=_loader(str(path)))  # a SafeLoader
+        values = load_yaml(path.read_text())
     except FileNotFoundError:
         raise ConfigError("config", f"file {str(path)!r} does not exist") from None
+    except DuplicateKeyError as exc:
+        raise ConfigError("config", f"{str(path)!r} {exc}: give each setting once") from None
     except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not text
         raise ConfigError("config", f"cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     except yaml.YAMLError as exc:
@@ -31,28 +52,32 @@ def read_settings(path: str | Path) -> dict[str, Any]:
     return values
 
 
-def _loader(name: str) -> type:
-    """A SafeLoader whose mappings refuse a key they already hold (PyYAML keeps the last one silently)."""
+@functools.cache
+def _strict_loader() -> type:
+    """A SafeLoader whose mappings, block or flow style, refuse a key they already hold (PyYAML keeps the last one
+    silently)."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    class StrictLoader(yaml.SafeLoader):
         pass
 
     def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *anchor': explicit keys override merged ones, as YAML means
             key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
             try:
-                first = lines.setdefault(key, key_node.start_mark.line + 1)
+                if key in lines:
+                    raise DuplicateKeyError(key, (lines[key], line))
+                lines[key] = line
             except TypeError:
                 continue  # an unhashable key: SafeLoader's own error names it
-            if first != key_node.start_mark.line + 1:
-                raise ConfigError("config", f"{name!r} names {key!r} twice (lines {first} and "
-                                  f"{key_node.start_mark.line + 1}): give each setting once")
         return yaml.SafeLoader.construct_mapping(loader, node, deep)
 
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    return Loader
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return StrictLoader
 
 
 def missing_checkpoint(resume: str) -> str:

@@ -103,6 +103,8 @@ class FaultSpec:
                 raise ConfigError("fault", f"{item!r} in {text!r} is not one of "
                                   + ", ".join(f"{k}={k[0].upper()}" if k in ("rank", "step", "time") else f"{k}="
                                               for k in allowed))
+            if key in values:
+                raise ConfigError("fault", f"{key}= is given twice in {text!r}: give each key once")
             try:
                 values[key] = float(value) if key in _FLOAT_KEYS else value.strip() if key in ("target", "tensor") \
                     else _int_or_float(value) if key == "until" else int(value)
@@ -191,6 +193,8 @@ class RandomFailures:
             key = key.strip()
             if not eq or key not in types:
                 raise ConfigError("fault", f"{item!r} in {text!r} is not one of {', '.join(f'{k}=' for k in types)}")
+            if key in values:
+                raise ConfigError("fault", f"{key}= is given twice in {text!r}: give each key once")
             try:
                 values[key] = types[key](value.strip())
             except ValueError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.errors import SweepError
+from workbench.config.files import DuplicateKeyError, load_yaml
 from workbench.results.fallbacks import taken
 from workbench.results.h5files import FileKindError, make_directory, read_json, remove_directories
 from workbench.sweeps.point import write_json
@@ -48,7 +49,9 @@ def parse_value(text: str) -> Any:
     import yaml
 
     try:
-        value = yaml.safe_load(text) if text.strip() else text
+        value = load_yaml(text) if text.strip() else text
+    except DuplicateKeyError as exc:
+        raise SweepError(f"value {text!r} {exc}: give each key once") from None
     except yaml.YAMLError:
         return text
     if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value):
@@ -101,7 +104,9 @@ def _grid_file_points(grid: str | os.PathLike | list[dict[str, Any]] | dict[str,
         if not path.is_file():
             raise SweepError(f"grid file {str(path)!r} does not exist")
         try:
-            grid = yaml.safe_load(path.read_text())
+            grid = load_yaml(path.read_text())
+        except DuplicateKeyError as exc:
+            raise SweepError(f"grid file {str(path)!r} {exc}: give each key once") from None
         except yaml.YAMLError as exc:
             raise SweepError(f"grid file {str(path)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
     if isinstance(grid, dict) and set(grid) == {"points"}:

@@ -22,6 +22,7 @@ from typing import Any
 
 from workbench.campaigns.reproduce.stats import mean_interval
 from workbench.config.errors import WorkbenchError
+from workbench.config.files import DuplicateKeyError, load_yaml
 
 REGISTRY_FILE = Path(__file__).resolve().with_name("registry.yaml")
 HOLDS, FAILS, INCONCLUSIVE = "holds", "does not hold", "inconclusive"
@@ -159,8 +160,10 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        data = load_yaml(path.read_text())
+    except DuplicateKeyError as exc:
+        raise RegistryError(f"{path}: {exc}: give each key once") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RegistryError(f"{path}: cannot be read as YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("papers"), dict):
         raise RegistryError(f"{path}: needs a mapping with 'papers'")
@@ -519,8 +522,8 @@ def section_at(paper: str, commit: str | None, path: str | os.PathLike = REGISTR
             if shown.returncode != 0:
                 return None
             text = shown.stdout
-        data = yaml.safe_load(text) or {}
-    except (OSError, subprocess.TimeoutExpired, yaml.YAMLError):
+        data = load_yaml(text) or {}
+    except (OSError, subprocess.TimeoutExpired, yaml.YAMLError, DuplicateKeyError):
         return None
     part = {"paper": (data.get("papers") or {}).get(paper)}
     if shared:

@@ -101,6 +101,8 @@ class ApoptosisConfig:
                 if not eq:
                     raise ConfigError("apoptosis", f"{item.strip()!r} in {value!r} is not key=value: use on, off or "
                                       f"{', '.join(f'{k}=' for k in fields)}")
+                if key.strip() in items:
+                    raise ConfigError("apoptosis", f"{key.strip()}= is given twice in {value!r}: give each key once")
                 items[key.strip()] = text.strip()
         else:
             raise ConfigError("apoptosis", f"{value!r} is neither on, off, a dict nor 'tol=..,window=..,delta=..'")
