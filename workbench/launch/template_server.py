@@ -268,8 +268,11 @@ def _set_title(title: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Import, then serve fork requests on stdin (and on the socket of ``--listen-fd N``) until stdin ends."""
-    argv = sys.argv[1:] if argv is None else argv
-    listen_fd = int(argv[argv.index("--listen-fd") + 1]) if "--listen-fd" in argv else None
+    from workbench.config.entry import OneLineParser, open_fd
+
+    parser = OneLineParser(prog="python -m workbench.launch.template", description="A rank template process.")
+    parser.add_argument("--listen-fd", type=open_fd, metavar="N", help="a listening socket it serves too")
+    listen_fd = parser.parse_args(argv).listen_fd
     die_with_parent()
     os.environ[IN_TEMPLATE] = "1"  # its forks clear it: a rank's environment is its owner's
     server = Server(listen_fd)  # the socket listens from the start: a process connecting now waits for "ready"

@@ -9,7 +9,6 @@ the run's parallel mode). The process always ends with ``os._exit``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -21,12 +20,14 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from workbench.config.entry import OneLineParser
+from workbench.config.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.launch.processes import die_with_parent
 from workbench.rank import protocol
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
-from workbench.rank.join import Joined, join_or_exit
+from workbench.rank.join import Joined, join_or_exit, parse_address
 from workbench.results.h5files import OutputError
 
 
@@ -98,7 +99,7 @@ def join_from_store(address: str, rank_hint: int | None, timeout: float,
 
 def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
     """``joined``: the run already found by the caller (``workbench rank`` waits for it before importing torch)."""
-    parser = argparse.ArgumentParser(prog="python -m workbench.rank")
+    parser = OneLineParser(prog="python -m workbench.rank")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--control", help="HOST:PORT of the supervisor's control channel (spawned ranks)")
     where.add_argument("--store", help="HOST:PORT of a run's store: join a run started elsewhere")
@@ -108,14 +109,18 @@ def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
     args = parser.parse_args(argv)
     if args.control and args.id is None:
         parser.error("--control needs --id")
+    if args.control:
+        try:
+            control = parse_address(args.control, "--control")
+        except ConfigError as exc:
+            parser.error(str(exc))
     if args.store and joined is None:  # before the signal handlers of a rank: Ctrl-C ends the wait in one line
         joined = join_or_exit(args.store, args.connect_timeout, args.rank_hint)
     start_rank_process()
     if args.store:
         channel, _ = join_from_store(args.store, None, 0.0, joined)
     else:
-        host, _, port = args.control.rpartition(":")
-        channel = Channel(host, int(port), args.id)
+        channel = Channel(*control, args.id)
 
     def train(start: dict[str, Any]) -> None:
         config = protocol.config_from_wire(start["config"])  # checked by the supervisor

@@ -51,5 +51,22 @@ def calibrate(rounds: int = 300) -> float:
     return lower_quartile([probe() for _ in range(rounds)]) * 1e6
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workbench.rank.speed [ROUNDS]``: print :func:`calibrate`'s microseconds; a ROUNDS that is no
+    integer >= 1 is refused in one line, exit 2; Ctrl-C exits 130."""
+    from workbench.config.entry import OneLineParser, answer, positive_int
+
+    parser = OneLineParser(prog="python -m workbench.rank.speed", description="Microseconds of one speed probe "
+                           "on this core (run it pinned to an idle one).")
+    parser.add_argument("rounds", nargs="?", type=positive_int, default=300, help="probes to take (default 300)")
+    args = parser.parse_args(argv)
+
+    def work() -> int:
+        print(round(calibrate(args.rounds), 2))
+        return 0
+
+    return answer("speed", work, process=argv is None)
+
+
 if __name__ == "__main__":
-    print(round(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 300), 2))
+    sys.exit(main())

@@ -311,9 +311,15 @@ def _die_with_parent(parent: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parent = int(argv[argv.index("--parent") + 1]) if "--parent" in argv else None
-    Worker(int(argv[argv.index("--events") + 1])).serve(parent)
+    """``python -m workbench.sweeps.point --events FD [--parent PID]``, started by a sweep; bad arguments are one
+    line, exit 2."""
+    from workbench.config.entry import OneLineParser, open_fd
+
+    parser = OneLineParser(prog="python -m workbench.sweeps.point", description="A sweep's worker process.")
+    parser.add_argument("--events", type=open_fd, required=True, metavar="FD", help="the pipe events are written to")
+    parser.add_argument("--parent", type=int, metavar="PID", help="the sweep's process (the worker ends with it)")
+    args = parser.parse_args(argv)
+    Worker(args.events).serve(args.parent)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,12 @@ The data is the ``mnist1d`` package's ``make_dataset(get_dataset_args())`` (vers
 to the ``mnist1d_data.pkl`` its repository publishes, to 1e-15), committed as ``data/mnist1d.npz`` (float32) and
 checked against :data:`CHECKSUM` before any process starts and at every load: a missing or altered file is an
 error, never a rebuild. Regenerate it (the ``dev`` extra installs the package) with
-``python -m workbench.workloads.mnist1d_file --write data/mnist1d.npz``. No torch here: the starting process reads it.
+``python -m workbench.workloads.mnist1d_file --write data/mnist1d.npz`` (a path that cannot be written is refused in
+one line, exit 2, before the data is made). No torch here: the starting process reads it.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import sys
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from workbench.config.entry import OneLineParser, answer
 from workbench.config.errors import ConfigError
 
 LENGTH = 40  # points per signal
@@ -75,27 +76,39 @@ def write(arrays: dict[str, np.ndarray], path: Path) -> None:
             np.save(member, np.ascontiguousarray(arrays[key]), allow_pickle=False)
             archive.writestr(zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0)), member.getvalue())
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    tmp.replace(path)
+    try:
+        tmp.write_bytes(buffer.getvalue())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.workloads.mnist1d_file",
-                                     description=f"Regenerate MNIST-1D from {PACKAGE} and check it.")
+    parser = OneLineParser(prog="python -m workbench.workloads.mnist1d_file",
+                           description=f"Regenerate MNIST-1D from {PACKAGE} and check it.")
     parser.add_argument("--write", metavar="PATH", required=True, help="where to write the .npz (data/mnist1d.npz)")
     args = parser.parse_args(argv)
-    try:
-        arrays = generate()
-    except ConfigError as exc:
-        print(f"mnist1d: {exc}", file=sys.stderr)
-        return 2
+    return answer("mnist1d", lambda: _regenerate(args.write), process=argv is None)
+
+
+def _regenerate(where: str) -> int:
+    path = Path(where)
+    if not where.strip() or path.is_dir() or not path.parent.is_dir():
+        why = "an empty path" if not where.strip() else "a directory" if path.is_dir() else \
+            f"in no directory ({path.parent} is {'a file' if path.parent.exists() else 'missing'})"
+        raise ConfigError("--write", f"{where!r} is {why}: give a file path in an existing directory, e.g. "
+                          "data/mnist1d.npz")
+    arrays = generate()
     made = checksum(arrays)
     if made != CHECKSUM:
         print(f"mnist1d: the package made other data (checksum {made}, expected {CHECKSUM}): is it {PACKAGE}?",
               file=sys.stderr)
         return 1
-    write(arrays, Path(args.write))
-    print(f"wrote {args.write}: {TRAIN} + {TEST} signals of {LENGTH}, checksum {made}")
+    try:
+        write(arrays, path)
+    except OSError as exc:
+        raise ConfigError("--write", f"cannot write {where!r}: {exc.strerror or exc}") from None
+    print(f"wrote {where}: {TRAIN} + {TEST} signals of {LENGTH}, checksum {made}")
     return 0
 
 

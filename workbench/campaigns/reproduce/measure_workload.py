@@ -9,40 +9,36 @@ Bad input (an unknown workload, a seed outside the tuning range) is one line and
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
 from workbench.campaigns.reproduce import registry
 from workbench.campaigns.reproduce.acceptance import WorkloadRefused, measure
-from workbench.config.errors import WorkbenchError
+from workbench.config.entry import OneLineParser, answer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.campaigns.reproduce.measure_workload",
-                                     description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m workbench.campaigns.reproduce.measure_workload",
+                           description=__doc__.split("\n")[0])
     parser.add_argument("name", help="a workload of the registry's workloads")
     parser.add_argument("--seeds", default="0-5", help="tuning seeds, FIRST-LAST (default 0-5)")
     args = parser.parse_args(argv)
+    return answer("measure_workload", lambda: _measure(args.name, args.seeds), process=argv is None)
+
+
+def _measure(name: str, seeds_text: str) -> int:
     token = registry.MEASURING.set(True)  # the entry being measured has no figures yet
     try:
         reg = registry.load()
-        if args.name not in reg.workloads:
-            raise WorkloadRefused(f"no workload {args.name!r}; registered: {', '.join(reg.workloads) or 'none'}")
-        low, _, high = args.seeds.partition("-")
+        if name not in reg.workloads:
+            raise WorkloadRefused(f"no workload {name!r}; registered: {', '.join(reg.workloads) or 'none'}")
+        low, _, high = seeds_text.partition("-")
         if not (low.isdigit() and (high.isdigit() or not high)):
-            raise WorkloadRefused(f"--seeds {args.seeds!r}: give FIRST-LAST, e.g. 0-5")
+            raise WorkloadRefused(f"--seeds {seeds_text!r}: give FIRST-LAST, e.g. 0-5")
         seeds = list(range(int(low), int(high or low) + 1))
-        measured = measure(reg.workloads[args.name]["settings"], seeds, reg.tuning_seeds)
-    except WorkbenchError as exc:
-        print(f"measure_workload: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("measure_workload: interrupted", file=sys.stderr)
-        return 130
+        measured = measure(reg.workloads[name]["settings"], seeds, reg.tuning_seeds)
     finally:
         registry.MEASURING.reset(token)
-    print(json.dumps({"workload": args.name, "measured": measured}))
+    print(json.dumps({"workload": name, "measured": measured}))
     return 0
 
 

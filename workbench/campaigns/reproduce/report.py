@@ -7,11 +7,10 @@ whether the archive holds records not committed.
 Reads what the reproduction notebooks save under ``ROOT/<key>/`` (or in a sweep point directory below it):
 ``verdict.json``, ``figures/*.json`` and ``table.csv``; a finding without a verdict is *not run*. Self-contained.
 ``python -m workbench.campaigns.reproduce.report [ROOT] [--out FILE]`` (``make reproduce``'s end): exit 1 when a finding
-does not hold or was not run."""
+does not hold or was not run; exit 2 in one line for a ROOT that is a file or an ``--out`` that cannot be written."""
 
 from __future__ import annotations
 
-import argparse
 import html
 import os
 import sys
@@ -29,6 +28,8 @@ from workbench.campaigns.reproduce.common import (
     Verdict,
 )
 from workbench.campaigns.reproduce.registry import AT_CEILING, CEILING_GAP
+from workbench.config.entry import OneLineParser, answer
+from workbench.config.errors import WorkbenchError
 
 # key -> notebook, in the order of the report
 NOTEBOOKS = {
@@ -203,16 +204,34 @@ def _ceiling_of(record: dict) -> str:
             f"({html.escape(ceiling['method'])})")
 
 
+class ReportRefused(WorkbenchError):
+    """A ROOT that is no directory, or an ``--out`` the page cannot be written to."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.campaigns.reproduce.report",
-                                     description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m workbench.campaigns.reproduce.report",
+                           description=__doc__.split("\n")[0])
     parser.add_argument("root", nargs="?", default="runs/reproduce")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    path = write_report(args.root, args.out)
+    return answer("report", lambda: _report(args.root, args.out), process=argv is None)
+
+
+def _report(root: str, out: str | None) -> int:
+    if not root.strip() or (Path(root).exists() and not Path(root).is_dir()):
+        raise ReportRefused(f"ROOT {root!r} is not a directory: give the campaigns' output directory "
+                            "(default runs/reproduce)")
+    if out is not None and (not out.strip() or Path(out).is_dir()):
+        raise ReportRefused(f"--out {out!r} is not allowed: give an HTML file to write (default ROOT/report.html)")
+    try:
+        path = write_report(root, out)
+    except OSError as exc:
+        target = out if out is not None else str(Path(root) / "report.html")
+        raise ReportRefused(f"cannot write the report {target!r}: {exc.strerror or exc}"
+                            + (f" ({exc.filename})" if exc.filename else "")) from None
     missed = []
     for key in NOTEBOOKS:
-        found = find_verdict(Path(args.root), key)
+        found = find_verdict(Path(root), key)
         verdict = Verdict.load(found) if found else None
         print(verdict.summary() if verdict else f"{key}: not run")
         if verdict is None or verdict.status == FAILS:

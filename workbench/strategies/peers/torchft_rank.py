@@ -10,7 +10,6 @@ run's outcome says so. Details: docs/internals.md.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -20,9 +19,12 @@ from typing import Any
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from workbench.config.entry import OneLineParser
+from workbench.config.errors import ConfigError
 from workbench.rank import protocol
 from workbench.rank.channel import Channel
 from workbench.rank.gradient_exchange import make_optimizer
+from workbench.rank.join import parse_address
 from workbench.rank.main import serve, start_rank_process
 from workbench.rank.readings import fingerprint
 from workbench.strategies.peers.common import PeerRank
@@ -86,15 +88,18 @@ class TorchftReplica(PeerRank):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workbench.strategies.peers.torchft_rank")
+    parser = OneLineParser(prog="python -m workbench.strategies.peers.torchft_rank")
     parser.add_argument("--control", required=True)
     parser.add_argument("--id", type=int, required=True)
     args = parser.parse_args(argv)
+    try:
+        control = parse_address(args.control, "--control")
+    except ConfigError as exc:
+        parser.error(str(exc))
     start_rank_process()
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs ~6 INFO lines a step otherwise
-    host, _, port = args.control.rpartition(":")
-    channel = Channel(host, int(port), args.id)
+    channel = Channel(*control, args.id)
     serve(channel, lambda start: TorchftReplica(protocol.config_from_wire(start["config"]), channel).run(
         start["lighthouse"]), "error")  # a torchft error on a survivor is that peer's outcome
 

@@ -11,7 +11,6 @@ new workers resume from the last checkpoint the supervisor names. Work since tha
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from datetime import timedelta
@@ -21,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from workbench.config.entry import OneLineParser
 from workbench.rank import protocol
 from workbench.rank import state as st
 from workbench.rank.gradient_exchange import make_optimizer
@@ -94,9 +94,11 @@ class TorchrunWorker(PeerRank):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workbench.strategies.peers.torchrun_rank")
+    parser = OneLineParser(prog="python -m workbench.strategies.peers.torchrun_rank")
     parser.add_argument("--store", required=True, help="HOST:PORT of the run's store")
     args = parser.parse_args(argv)
+    if not os.environ.get("RANK", "").isdigit():
+        parser.error("a rank the run's torchrun starts: RANK (its rank number) is not set")
     start_rank_process()  # the agent stops the world with SIGTERM: each worker a dead rank
     channel, _ = join_from_store(args.store, int(os.environ["RANK"]), 60.0)
     def train(start: dict) -> None:

@@ -9,7 +9,6 @@ survivors: no step redone, no sample lost, no replacement. Details: docs/interna
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from workbench.config.entry import OneLineParser
 from workbench.rank import protocol
 from workbench.rank.main import join_from_store, serve, start_rank_process
 from workbench.rank.optim import make_optimizer
@@ -147,9 +147,11 @@ class UlfmRank(PeerRank):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m workbench.strategies.peers.ulfm_rank")
+    parser = OneLineParser(prog="python -m workbench.strategies.peers.ulfm_rank")
     parser.add_argument("--store", required=True, help="HOST:PORT of the run's store")
     args = parser.parse_args(argv)
+    if not os.environ.get("OMPI_COMM_WORLD_RANK", "").isdigit():
+        parser.error("a rank the run's mpirun starts: OMPI_COMM_WORLD_RANK (its rank number) is not set")
     start_rank_process()
     channel, _ = join_from_store(args.store, int(os.environ["OMPI_COMM_WORLD_RANK"]), 60.0)
     serve(channel, lambda start: UlfmRank(protocol.config_from_wire(start["config"]), channel).run(), "error")
