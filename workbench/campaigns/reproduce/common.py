@@ -257,7 +257,8 @@ def campaign_settings(key: str, scales: dict[str, dict[str, Any]], scale: str, o
     return settings
 
 
-RUN_KEYS = ("optimizer", "lr", "lr_schedule", "batch_size", "width", "flush_denormal")  # what a registered workload may set
+# the run settings a registered workload may set
+RUN_KEYS = ("optimizer", "lr", "lr_schedule", "batch_size", "width", "flush_denormal")
 
 
 def run_extras(settings: dict[str, Any]) -> dict[str, Any]:
