@@ -163,7 +163,8 @@ def test_a_real_run_sends_only_declared_kinds_and_fields(monkeypatch):
 
 # -- errors --------------------------------------------------------------------------------------------------------
 def test_every_exception_class_of_the_workbench_is_a_workbench_error():
-    """Warnings (ProvenanceWarning) are not errors."""
+    """Warnings (ProvenanceWarning) and interrupts (HangUp, a KeyboardInterrupt that no ``except Exception`` may
+    swallow) are not errors."""
     names = []
     for path in SOURCES:
         classes = [n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.bases]
@@ -172,7 +173,8 @@ def test_every_exception_class_of_the_workbench_is_a_workbench_error():
         module = importlib.import_module(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
         for name in classes:
             cls = getattr(module, name, None)
-            if inspect.isclass(cls) and issubclass(cls, BaseException) and not issubclass(cls, Warning):
+            if inspect.isclass(cls) and issubclass(cls, BaseException) and not issubclass(cls, (Warning,
+                                                                                                 KeyboardInterrupt)):
                 names.append(name)
                 assert issubclass(cls, WorkbenchError), f"{module.__name__}.{name} is not a WorkbenchError"
     assert {"TemplateError", "CommError", "ConfigError", "ProtocolError", "JoinError"} <= set(names)

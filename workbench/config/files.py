@@ -9,10 +9,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import ConfigError
+from workbench.config.errors import ConfigError, WorkbenchError
 
 
-class DuplicateKeyError(ValueError):
+class DuplicateKeyError(WorkbenchError, ValueError):
     """A mapping of a YAML document names a key twice; ``key`` and ``lines`` (1-based) say which and where."""
 
     def __init__(self, key: Any, lines: tuple[int, int]) -> None:

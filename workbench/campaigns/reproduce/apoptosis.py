@@ -74,10 +74,10 @@ def arm_setting(arm: str, frozen: str) -> str:
     still runs the rule's schedule so that it trains on the same data as the other arms: the same validation split
     held out, folded back at the same step (``val``, ``fold``, ``until``, ``window`` as frozen); it removes
     nothing and presses nothing."""
-    base = "" if frozen == "on" else f"{frozen},"
     if arm == "on":
         return frozen
-    return f"{base}lasso=0" + (f",min={KEEP_EVERY_UNIT}" if arm == "off" else "")
+    kept = [] if frozen == "on" else [p for p in frozen.split(",") if p.split("=", 1)[0] not in ("lasso", "min")]
+    return ",".join([*kept, "lasso=0", *([f"min={KEEP_EVERY_UNIT}"] if arm == "off" else [])])
 
 
 def _data(settings: dict[str, Any]) -> dict[str, Any]:
