@@ -155,18 +155,23 @@ def test_double_ctrl_c_ends_130_with_nothing_left(tmp_path, moment):
             hit = bool(glob.glob(f"{out}/checkpoints/.*.tmp"))
             break
         time.sleep(0.001)
-    os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.1)
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-    except ProcessLookupError:
-        pass
+    interrupt_twice(proc)
     code, _, err = finish(proc, timeout=60)
     assert code == 130 and err.strip().endswith("workbench: interrupted; all ranks stopped"), (code, err[-2000:])
     assert "Traceback" not in err
     assert moment != "writing" or hit, "the signals came outside a checkpoint write"
     assert temporaries(out) == [] and not (out / LOCK_FILE).exists()
     assert workbench.RunResult.load(out).outcome == "stopped"  # the conftest checks that no process is left
+
+
+def interrupt_twice(proc: subprocess.Popen) -> None:
+    """Ctrl-C twice, 0.1 s apart, to ``proc``'s process group (the second may find it gone)."""
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.1)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
 
 
 # -- the rest: one line each --------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ with exit 130 in one line, the run it had started stopped."""
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import rank_processes
+from test_bad_meetings import interrupt_twice
 
 ROOT = Path(__file__).resolve().parent.parent
 FAILURE_FREE = "workbench.campaigns.reproduce.failure_free"
@@ -90,12 +90,7 @@ def test_failure_free_on_ctrl_c_stops_its_run_and_exits_130_in_one_line(tmp_path
     while time.monotonic() < deadline and proc.poll() is None and not reached():
         time.sleep(0.01)
     started, pids = bool(reached()), ranks()
-    os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.1)
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-    except ProcessLookupError:
-        pass
+    interrupt_twice(proc)
     out, err = proc.communicate(timeout=90)
     assert started and (moment == "starting" or len(pids) >= 4), err[-3000:]
     assert proc.returncode == 130 and err.strip() == "failure_free: interrupted", (proc.returncode, err[-3000:])

@@ -6,27 +6,18 @@ import re
 from pathlib import Path
 
 import pytest
+from test_bad_meetings import cli
 
 from workbench.campaigns.reproduce import registry
 from workbench.campaigns.reproduce.registry import RegistryError
 from workbench.config.errors import ConfigError, SweepError
 from workbench.config.files import DuplicateKeyError, load_yaml
 from workbench.faults.spec import parse_fault
-from workbench.launch.cli import main
 from workbench.sweeps.run import grid_points, parse_value
 from workbench.workloads.apoptosis.rule import ApoptosisConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--dataset", "synthetic", "--world-size", "2", "--hidden", "16", "--eval-interval", "1000", "--steps", "5"]
-
-
-def cli(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's own refusals
-        code = exc.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def refused_by_the_cli(capsys, tmp_path, argv, needle):

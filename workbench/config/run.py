@@ -287,7 +287,7 @@ class RunConfig:
     def flushes_denormals(self) -> bool:
         """Whether the ranks flush subnormal floats to zero: ``flush_denormal`` where set, else when apoptosis is on
         (its fading units leave subnormals behind); a campaign comparing runs with and without apoptosis sets it
-        for every arm, so that the flush is not part of the difference measured (issue #46)."""
+        for every arm, so that the flush is not part of the difference measured."""
         return bool(self.apoptosis is not None if self.flush_denormal is None else self.flush_denormal)
 
     @property

@@ -1,4 +1,4 @@
-"""Each dataset's accuracy ceiling (issue #46): the test accuracy no model can beat on it, a Bayes or oracle
+"""Each dataset's accuracy ceiling: the test accuracy no model can beat on it, a Bayes or oracle
 estimate, reported beside every accuracy of the reproductions. ``synthetic_noisy`` and ``synthetic``: the Bayes
 rule itself (the exact posterior under the generating model), scored on fresh draws. ``synthetic_image``: a
 bracket, the matched-filter oracle that knows the ten patterns (a lower bound) and the genie that also sees both

@@ -204,7 +204,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
 
 def _mechanism(v: Verdict, world: int, by: Any) -> None:
     roll, fwd = by.loc["rollback"], by.loc["forward"]
-    data = "samples_missing" in by  # counted from the samples each update summed; a table from before #46: the
+    data = "samples_missing" in by  # counted from the samples each update summed; an older table: the
     # strategies' own counts
     missing, dropped = (roll.samples_missing, fwd.samples_missing) if data else (roll.samples_lost, fwd.samples_lost)
     v.check(f"rollback loses no samples (world {world})", missing == 0,

@@ -144,7 +144,7 @@ def verdict(frame: Any, scale: str, entry: str = KEY) -> Verdict:
             and grows == 0, f"{grows} of {len(cons)} runs doubled their consensus distance from the first to the "
             f"second half; late mean {cons.consensus_late.mean():.3g}" if len(cons) == len(gossip_runs) > 0 else
             f"consensus distance measured in {len(cons)} of {len(gossip_runs)} gossip runs: missing data fails",
-            mechanism=True)  # nearly unfailable under a cosine rate (issue #46): a mechanism check
+            mechanism=True)  # nearly unfailable under a cosine rate: a mechanism check
     _diffusion(v, gossip_runs, entry)
     return v
 
@@ -158,7 +158,7 @@ def _diffusion(v: Verdict, gossip_runs: Any, entry: str = KEY) -> None:
 
     margin = registry.load().finding(f"{entry}.diffusion_in_log_p").margin
     measured = gossip_runs[gossip_runs.spread_after.notna()] if "spread_after" in gossip_runs else gossip_runs[:0]
-    if "diffusion_partners" in measured:  # tables from before the replay (issue #46) lack the column
+    if "diffusion_partners" in measured:  # tables from before the replay lack the column
         measured = measured[measured.diffusion_partners == "trained"]
     apart = measured[measured.spread_after > margin]
     detail = ", ".join(f"p={p}: {r:.0f} rounds, spread {b:.3g} -> {a:.2g}" for p, r, b, a in measured.groupby(

@@ -1,4 +1,4 @@
-"""Power before registration (issue #46): each sampled finding of registry.yaml carries a ``power`` block (the
+"""Power before registration: each sampled finding of registry.yaml carries a ``power`` block (the
 smallest effect of interest, the spread and where it comes from, the n for 80 % power at its paper's next attempt's
 alpha, the n registered) or is declared descriptive; :func:`required_n` recomputes the block's n from its numbers
 (:mod:`workbench.campaigns.reproduce.stats`), :func:`powered` says an underpowered finding's power beside its

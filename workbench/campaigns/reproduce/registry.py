@@ -42,7 +42,7 @@ CLOCKS = ("wall", "rank", "none")
 KINDS = ("finding", "mechanism", "secondary")
 # set while workbench.campaigns.reproduce.failure_free measures what a registration's failure_free will say
 MEASURING: contextvars.ContextVar[bool] = contextvars.ContextVar("measuring_failure_free", default=False)
-CEILING_GAP = 0.05  # an accuracy comparison is made at least 5 pt below its dataset's ceiling (issue #46)
+CEILING_GAP = 0.05  # an accuracy comparison is made at least 5 pt below its dataset's ceiling
 
 
 class RegistryError(WorkbenchError):
@@ -63,7 +63,7 @@ class Finding:
     test: str
     margin: float
     alpha: float
-    # or "mechanism": a check that holds by construction, labelled so (issue #46); or "secondary": decided and
+    # or "mechanism": a check that holds by construction, labelled so; or "secondary": decided and
     # reported, but its paper's verdict does not turn on it
     kind: str = "finding"
     power: dict[str, Any] | None = field(default=None, compare=False)  # its power block (docs/reproduce.md)

@@ -189,7 +189,7 @@ def _attempt(record: dict) -> str:
 
 
 def _ceiling_of(record: dict) -> str:
-    """The registered ceiling of the data set a record's accuracies were measured on, in words (issue #46)."""
+    """The registered ceiling of the data set a record's accuracies were measured on, in words."""
     from workbench.campaigns.reproduce import registry
 
     try:
