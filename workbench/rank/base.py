@@ -396,6 +396,9 @@ class BaseTrainer:
         raise NotImplementedError
 
     def run(self) -> None:
+        """Train to the end, say ``done``, and stay until the supervisor stops this rank: a generation announced
+        as it finished (a replacement admitted while another member was still in the last step) counts it in, and
+        it joins that one too, the most advanced state, with no step left to train."""
         self.channel.send(protocol.message("ready"))
         assignment = self._wait_assignment()
         self._take_gpu(assignment)
@@ -412,15 +415,19 @@ class BaseTrainer:
                     except Detected as detected:
                         self._recover_soft(detected)
                 self._final_checkpoint()
-                break
             except GenerationChanged:
                 assignment = self.channel.latest_generation
-        if self._writer is not None:
-            self._writer.join()
-        self.channel.send(protocol.message("done", step=self.step, gen=self.comm.gen,
-                                           fingerprint=fingerprint(self.model),
-                                           group=self.replica_group(), detector_s=self.detector_s,
-                                           **self._done_figures()))
+                continue
+            if self._writer is not None:
+                self._writer.join()
+            self.channel.send(protocol.message("done", step=self.step, gen=self.comm.gen,
+                                               fingerprint=fingerprint(self.model),
+                                               group=self.replica_group(), detector_s=self.detector_s,
+                                               **self._done_figures()))
+            while not self.comm.newer_generation():  # the supervisor's stop (or its closed channel) ends this wait
+                self.channel.wake.wait(0.5)
+                self.channel.wake.clear()
+            assignment = self.channel.latest_generation
 
     def _done_figures(self) -> dict[str, Any]:
         """Figures a mode measures once its steps are done, sent with ``done`` (none by default)."""

@@ -125,6 +125,7 @@ class Supervisor:
                    "diffusion": next((w.diffusion for w in workers if w.diffusion), None),  # gossip: the same
                    "stragglers": self.recorder.count("straggler")}
         result = self.recorder.result(outcome, reason, world_size_final=len(workers),  # completed: who finished
+                                      steps_finished=self._steps_finished() if outcome == "completed" else 0,
                                       replicas_identical=replicas_identical(workers),
                                       keep_checkpoint=self.out_dir is not None, members=members,
                                       provenance=provenance.finish(self.provenance))
@@ -172,7 +173,7 @@ class Supervisor:
             if self._all_done():
                 world = sum(w.done for w in self.member_workers)
                 if self.finish_steps is not None:
-                    return "completed", (f"finished at a step boundary as asked: {self.recorder.committed} of "
+                    return "completed", (f"finished at a step boundary as asked: {self._steps_finished()} of "
                                          f"{self.config.steps} steps done with world size {world}")
                 return "completed", f"all {self.config.steps} steps done with world size {world}"
 
@@ -215,13 +216,16 @@ class Supervisor:
             if self._outcome:
                 return
 
+    def _steps_finished(self) -> int:
+        """The steps the run committed: its reports', or the members' final state where the last report died with
+        a reporter cut short in that step (it took the finished state from another member in a join)."""
+        return max([self.recorder.committed, *(w.steps_done for w in self.member_workers if w is not None and w.done)])
+
     def _all_done(self) -> bool:
-        """Every member finished, but one first announced after another had (the finished never join again)."""
+        """Every member finished in the latest generation announced to it (a member that finished as a newer one
+        was announced joins that one too: see ``_announce``)."""
         members = self.member_workers
-        if not members or self.membership.restarting or None in members:
-            return False
-        finished = max((w.done_gen for w in members if w.done and w.done_gen is not None), default=None)
-        return all(w.done or finished is not None and (w.first_gen or 0) > finished for w in members)
+        return bool(members) and not self.membership.restarting and None not in members and all(w.done for w in members)
 
     # -- decisions ---------------------------------------------------------------------------------------------------
     def _on_death(self, w: Worker, cause: str) -> None:
@@ -273,7 +277,9 @@ class Supervisor:
         members = list(d.members)
         pause = self.planned_pause(members)  # the boundary under way outlives a failure
         for i, (label, w) in enumerate(zip(d.members, [self.launcher.workers[id] for id in d.holders])):
-            w.first_gen = d.gen if w.first_gen is None else w.first_gen
+            # a member that finished stays until the run ends and joins this generation too (rank/base.py run):
+            # its steps are done again once it has
+            w.gen, w.done = d.gen, False
             self.control.send(w, protocol.message(
                 "generation", gen=d.gen, members=members, rank=i, size=len(members), source=d.source,
                 resume=d.resume, recovery=d.recovery, pause=pause, **({"lanes": self.lanes} if self.lanes else {}),
@@ -385,9 +391,11 @@ class Supervisor:
         elif kind == "peer_error":
             self.recorder.event("peer_error", w.steps_done, m["message"], rank=w.label)
         elif kind == "done":
-            w.done = True
-            w.fingerprint, w.group, w.detector_s, w.done_gen = (m.get("fingerprint"), m.get("group", 0),
-                                                                 m.get("detector_s", 0.0), m.get("gen"))
+            # finished in an older generation than the latest announced to it: it joins that one (no step left)
+            w.done = m.get("gen") is None or w.gen is None or m["gen"] >= w.gen
+            if m.get("gen") is not None:  # a member's state is at this step (the last one's report may have died
+                w.steps_done = max(w.steps_done, m["step"])  # with a reporter that took the state in a join)
+            w.fingerprint, w.group, w.detector_s = m.get("fingerprint"), m.get("group", 0), m.get("detector_s", 0.0)
             w.diffusion = m.get("diffusion")
         elif kind == "error":
             self._outcome = ("failed", self.recorder.rank_error(w.label, w.steps_done, m))

@@ -40,8 +40,7 @@ class Worker:
     decoder: LineDecoder = field(default_factory=LineDecoder)
     last_heard: float = 0.0
     steps_done: int = 0
-    first_gen: int | None = None  # the generation it was first announced in
-    done_gen: int | None = None  # the generation it finished the last step in (sent with "done")
+    gen: int | None = None  # the latest generation announced to it
     ready: bool = False  # data and model built, waiting for (or in) a generation
     done: bool = False
     alive: bool = True

@@ -316,9 +316,11 @@ class Recorder:
 
     # -- the result -------------------------------------------------------------------------------------------
     def result(self, outcome: str, reason: str, world_size_final: int, replicas_identical: bool | None,
-               keep_checkpoint: bool, members: dict[str, Any], provenance: dict[str, Any]) -> RunResult:
+               keep_checkpoint: bool, members: dict[str, Any], provenance: dict[str, Any],
+               steps_finished: int = 0) -> RunResult:
         """The run's result: its summary built (:func:`workbench.results.summary.build`) from the figures
-        recorded here and the supervisor's of its ``members`` (``detector_s``, ``diffusion``, ``stragglers``)."""
+        recorded here and the supervisor's of its ``members`` (``detector_s``, ``diffusion``, ``stragglers``);
+        ``steps_finished``: the step the members' final state is at (a last report may have died with its rank)."""
         metrics = self.metrics
         self.rank_time.finish()
         rank_train_s = self.rank_time.timeline(metrics)
@@ -333,7 +335,7 @@ class Recorder:
             "outcome": outcome,
             "reason": reason,
             "final_test_accuracy": accuracies[-1] if accuracies else None,
-            "steps_completed": max((r["step"] + 1 for r in metrics), default=0),
+            "steps_completed": max([steps_finished, *(r["step"] + 1 for r in metrics)]),
             "world_size_initial": self.config.world_size,
             "world_size_final": world_size_final,
             "generations": self.gen + 1,
