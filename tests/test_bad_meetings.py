@@ -238,3 +238,41 @@ def test_a_full_stdout_is_one_line_and_the_result_is_kept(tmp_path):
     assert line == (f"workbench: error: cannot write the summary to stdout: No space left on device; the run "
                     f"completed and the result is kept in {out}/result.h5")
     assert workbench.RunResult.load(out).completed
+
+
+@pytest.mark.parametrize("lock", ["directory", "link to a file", "dangling link", "unopenable file"])
+def test_a_lock_file_that_is_no_lock_file_is_named(tmp_path, capsys, monkeypatch, lock):
+    """``out/.workbench.lock`` a directory, a symbolic link, or a file that cannot be opened for writing (an
+    immutable one: EPERM even for root): one line naming the lock, not ``out``; exit 2; the user's files stay."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "mine.txt").write_text("mine")
+    path = out / LOCK_FILE
+    if lock == "directory":
+        path.mkdir()
+        what = "a directory, not a lock file"
+    elif lock == "link to a file":
+        path.symlink_to(tmp_path / "mine.txt")
+        what = f"a symbolic link (to {tmp_path / 'mine.txt'}), not a lock file"
+    elif lock == "dangling link":
+        path.symlink_to(tmp_path / "gone")
+        what = f"a symbolic link (to {tmp_path / 'gone'}), not a lock file"
+    else:
+        path.write_text("")
+        real_open = os.open
+
+        def immutable(file, flags, *args):
+            if Path(file).absolute() == path:
+                raise PermissionError(1, "Operation not permitted", str(file))
+            return real_open(file, flags, *args)
+
+        monkeypatch.setattr("workbench.launch.outdir.os.open", immutable)
+        what = "a lock file that cannot be opened for writing (Operation not permitted)"
+    code, _, err = cli(capsys, "run", *TINY, "--steps", "3", "--out", "out")
+    assert one_line(err, code, 2) == f"workbench: error: out: out/{LOCK_FILE} is {what}: remove it if no run uses out"
+    with pytest.raises(ConfigError) as refused:
+        claim(out)
+    assert str(refused.value) == f"out: {path} is {what}: remove it if no run uses {out}"
+    assert (tmp_path / "mine.txt").read_text() == "mine" and (path.is_symlink() or path.exists())
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]

@@ -81,11 +81,30 @@ def test_hybrid_resizes_by_whole_lanes_and_equals_restarts_at_each_size(tmp_path
     assert max_diff(final_weights(resized), final_weights(third)) <= 1e-5
 
 
+def restarted_from(result, fresh: int) -> int:
+    """The step a checkpoint restart resumed from, checked against the rule: the newest checkpoint recorded before
+    the restarted world's generation was announced (a write still under way when the rank died is not waited
+    for); ``fresh`` ranks were started for it."""
+    events = result.events
+    [restart] = [i for i, e in enumerate(events) if e["kind"] == "restart"]
+    announced = next(i for i, e in enumerate(events) if i > restart and e["kind"] == "generation")
+    written = [e for e in events[:announced] if e["kind"] == "checkpoint"]
+    assert f"world stopped; {fresh} fresh ranks resume from checkpoint " in events[restart]["detail"]
+    assert events[restart]["detail"].endswith(written[-1]["detail"].split(" (stall")[0]), (events[restart], written)
+    [recovered] = [e for e in events if e["kind"] == "recovered" and "checkpoint_restart" in e["detail"]]
+    assert recovered["step"] == written[-1]["step"] and recovered["detail"].endswith(f"resumed at step "
+                                                                                      f"{written[-1]['step']}")
+    return written[-1]["step"]
+
+
 def test_a_restart_after_a_resize_restarts_the_resized_world(tmp_path):
     result = completed(tmp_path, "restart", world_size=2, strategy="checkpoint_restart", checkpoint_every=5,
                        faults=["resize:world=3,step=8", "kill:rank=1,step=15"])
     [failure] = result.failures
+    resume = restarted_from(result, fresh=3)
     assert failure["world_size_after"] == 3 and result.summary["world_size_final"] == 3
+    assert resume in (10, 15) and failure["steps_redone"] == 15 - resume and failure["samples_lost"] == 0
+    assert result.summary["steps_completed"] == 30 and result.summary["replicas_identical"]
 
 
 def test_live_resize_grows_and_shrinks_a_running_run(tmp_path):
@@ -232,8 +251,8 @@ def test_a_hybrid_restart_after_a_shrink_restarts_the_ranks_that_are_left(tmp_pa
                        faults=["resize:world=2,step=8", "kill:rank=2,step=15"])
     [failure] = result.failures
     # rank 0's write of step 15's checkpoint runs while step 15 does: a kill in step 15 restarts from it if it was
-    # done by then, else from step 10's (a non-writer's planned kill does not wait for another rank's disk)
-    [resume] = [e["step"] for e in result.events if e["kind"] == "recovered" and "checkpoint_restart" in e["detail"]]
+    # recorded by then, else from step 10's (a non-writer's planned kill does not wait for another rank's disk)
+    resume = restarted_from(result, fresh=2)
     assert resume in (10, 15) and failure["steps_redone"] == 15 - resume
     assert result.summary["world_size_final"] == 2 and result.summary["steps_completed"] == 30
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import workbench
+from workbench.config.preflight import prepare
 from workbench.results import checkpoint
 from workbench.results.run_result import RunResult
 from workbench.sweeps import requeue
@@ -140,3 +141,48 @@ def test_a_point_that_is_no_directory_is_refused_before_any_process(tmp_path, po
     with pytest.raises(workbench.ConfigError, match=r"^point: .* is no sweep point's directory: give the notebook"):
         workbench.start(world_size=2, steps=2, point=given)
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("blocker", ["file", "dangling link", "unwritable point", "unwritable folder"])
+def test_a_point_whose_folder_cannot_take_a_kept_checkpoint_is_refused_before_any_rank_starts(tmp_path, monkeypatch,
+                                                                                              blocker):
+    """What a preempted run writes to its point, blocked: one line naming the place, before a process starts."""
+    point = tmp_path / "point"
+    point.mkdir()
+    kept = point / requeue.PREEMPTED_DIR
+    if blocker == "file":
+        kept.write_text("x")
+    elif blocker == "dangling link":
+        kept.symlink_to(tmp_path / "gone")
+    else:  # as root no mode bit denies: the permission check is what is tested
+        kept.mkdir()
+        denied = point if blocker == "unwritable point" else kept
+        access = requeue.os.access
+        monkeypatch.setattr(requeue.os, "access", lambda p, mode: Path(p) != denied and access(p, mode))
+    before = {p.name for p in tmp_path.iterdir()}
+    with pytest.raises(workbench.ConfigError) as refused:
+        workbench.run(world_size=2, steps=5, point=point, out=tmp_path / "out")
+    message = str(refused.value)
+    assert message.startswith("point: ") and "\n" not in message
+    assert str(kept if blocker in ("file", "dangling link", "unwritable folder") else point) in message
+    assert {p.name for p in tmp_path.iterdir()} == before  # nothing made: no out directory, no process
+
+
+def test_a_kept_checkpoint_that_cannot_be_written_fails_the_stopped_run_saying_where(tmp_path, monkeypatch):
+    """The point's run folder blocked after the start (a file where it goes): the job stopped at its checkpoint,
+    but the run fails naming the file its next attempt would have resumed from, not a supervisor traceback."""
+    point = tmp_path / "point"
+    (point / requeue.PREEMPTED_DIR).mkdir(parents=True)
+    config = dict(world_size=2, steps=400, eval_interval=400)
+    monkeypatch.setattr(requeue, "_seen", type(requeue._seen)())
+    folder = requeue.PointRun.of(prepare(**config), point).dir  # where this run keeps its checkpoint
+    monkeypatch.setattr(requeue, "_seen", type(requeue._seen)())
+    folder.write_text("in the way")
+    run = workbench.start(**config, point=point)
+    until(lambda: len(run.metrics) >= 5, 60, "5 steps")
+    run.notice(grace=30)
+    result = run.wait(60)
+    assert result.outcome == "failed", result.summary["reason"]
+    assert result.summary["reason"].startswith(f"cannot write {folder / ('next-' + requeue.CHECKPOINT_FILE)}: ")
+    assert "its next attempt cannot resume from it" in result.summary["reason"]
+    assert folder.read_text() == "in the way"

@@ -135,7 +135,7 @@ def _lock(out: Path) -> int:
     A lock file removed by its holder between this open and this lock is left for the new one (bounded)."""
     path = out / LOCK_FILE
     for _ in range(20):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = _open_lock(path)
         locked = False
         try:
             try:
@@ -155,6 +155,23 @@ def _lock(out: Path) -> int:
             raise
         os.close(fd)
     raise ConfigError("out", f"{out}: its lock file {LOCK_FILE} keeps being replaced")
+
+
+def _open_lock(path: Path) -> int:
+    """Open (or make) the lock file; ConfigError naming it when something else is there or it cannot be opened
+    (a directory, a symbolic link, an immutable file), where ``out`` itself may be fine."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            what = f"a symbolic link (to {os.readlink(path)}), not a lock file"
+        elif path.is_dir():
+            what = "a directory, not a lock file"
+        elif path.exists():
+            what = f"a lock file that cannot be opened for writing ({reason(exc)})"
+        else:
+            raise  # out itself cannot be written: claim() says so
+        raise ConfigError("out", f"{path} is {what}: remove it if no run uses {path.parent}") from None
 
 
 def _same_file(fd: int, path: Path) -> bool:

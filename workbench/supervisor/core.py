@@ -35,6 +35,7 @@ from workbench.rank import protocol
 from workbench.rank.protocol import CONTROL, CONTROL_KEY, RANK
 from workbench.results import checkpoint as ckpt
 from workbench.results import clock, provenance
+from workbench.results.h5files import OutputError
 from workbench.results.run_result import RunResult
 from workbench.strategies.peers.adapters import adapter
 from workbench.supervisor import events
@@ -658,7 +659,11 @@ class Supervisor:
         if not self._outcome or self._outcome[0] != "stopped" or not self.membership.resume:
             return
         if self.keep_stopped is not None:
-            self.keep_stopped(self.membership.resume)
+            try:
+                self.keep_stopped(self.membership.resume)
+            except OutputError as exc:  # the run stopped, but what it kept for the next attempt is not there
+                self._outcome = ("failed", f"{exc} (the whole job stopped at its checkpoint; its next attempt "
+                                 "cannot resume from it)")
         elif self.out_dir is None:
             self._outcome = ("stopped", self._outcome[1].split("; resume from")[0] + " (its checkpoint was in a "
                              "temporary directory: give the run an out directory to keep one)")

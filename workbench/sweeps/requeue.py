@@ -11,6 +11,7 @@ continues the kept one (:func:`continued`); docs/sweeps-and-clusters.md, "Preemp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.results import summary as summaries
-from workbench.results.h5files import atomic_output
+from workbench.results.h5files import OutputError, atomic_output, reason
 from workbench.results.run_result import RESULT_FILE, RunResult
 from workbench.supervisor import events as ev
 
@@ -49,11 +50,19 @@ class PointRun:
     def of(cls, config: RunConfig, point: str | os.PathLike) -> PointRun | None:
         """The run's place in the sweep point whose directory is ``point`` (given to the run by its notebook:
         :func:`workbench.launch.session.start`), or None when the run resumes a checkpoint the user named."""
-        if not isinstance(point, (str, os.PathLike)) or not Path(point).is_dir():
-            from workbench.config.errors import ConfigError
+        from workbench.config.errors import ConfigError
 
+        if not isinstance(point, (str, os.PathLike)) or not Path(point).is_dir():
             raise ConfigError("point", f"{point!r} is no sweep point's directory: give the notebook's `point` "
                               "parameter as the sweep set it (its point's directory), or None outside a sweep")
+        kept = Path(point) / PREEMPTED_DIR
+        if kept.is_symlink() and not kept.exists() or kept.exists() and not kept.is_dir():
+            raise ConfigError("point", f"{kept} is in the way: a directory is needed there (a preempted run keeps "
+                              "its checkpoint in it)")
+        for place in (Path(point), kept):  # where a preempted run keeps its checkpoint for the next attempt
+            if place.exists() and not os.access(place, os.W_OK | os.X_OK):
+                raise ConfigError("point", f"{place} cannot be written: a run of a sweep point keeps its checkpoint "
+                                  "there when its job is preempted; give the point's directory as the sweep made it")
         if config.resume is not None:
             return None
         return cls(Path(point), config)
@@ -70,9 +79,12 @@ class PointRun:
     def keep(self, checkpoint: str) -> None:
         """Copy the whole job's boundary checkpoint into this run's folder (atomically), before the run's own
         directory (a temporary one, without ``out``) goes."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with atomic_output(self.dir / f"next-{CHECKPOINT_FILE}") as tmp:
-            shutil.copyfile(checkpoint, tmp)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with atomic_output(self.dir / f"next-{CHECKPOINT_FILE}") as tmp:
+                shutil.copyfile(checkpoint, tmp)
+        except OSError as exc:
+            raise OutputError(self.dir / f"next-{CHECKPOINT_FILE}", reason(exc)) from None
         self.kept = str(self.dir / f"next-{CHECKPOINT_FILE}")
 
     def finish(self, result: RunResult, earlier: RunResult | None, noticed: bool) -> RunResult:
@@ -83,8 +95,9 @@ class PointRun:
             result = continued(earlier, result)
         if self.kept is None:
             shutil.rmtree(self.dir, ignore_errors=True)
-            if noticed and result.outcome == "stopped":
-                self.dir.mkdir(parents=True, exist_ok=True)
+            if noticed and result.outcome == "stopped":  # a marker: the point was preempted before it trained
+                with contextlib.suppress(OSError):
+                    self.dir.mkdir(parents=True, exist_ok=True)
             return result
         result.save(self.dir)  # the record so far, then its checkpoint: resume_from needs both
         os.replace(self.kept, self.dir / CHECKPOINT_FILE)
