@@ -22,10 +22,10 @@ from conftest import TAG
 
 import workbench
 from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.config.interrupts import HangUp, interrupted_once
 from workbench.launch import session
 from workbench.launch.cli import main
 from workbench.launch.outdir import LOCK_FILE, claim
-from workbench.launch.processes import HangUp, interrupted_once
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "workbench", "run"]

@@ -14,9 +14,9 @@ import pytest
 
 import workbench
 from workbench.config.errors import WorkbenchError
-from workbench.config.run import RunConfig
+from workbench.config.run import RunConfig, config_from_wire
 from workbench.rank import protocol
-from workbench.rank.protocol import CONTROL, TEMPLATE, ProtocolError, config_from_wire
+from workbench.rank.protocol import CONTROL, TEMPLATE, ProtocolError
 from workbench.results import checkpoint as ckpt
 from workbench.supervisor.control import ControlServer
 

@@ -302,3 +302,46 @@ def test_a_name_compared_outside_its_room_fails(tmp_path, capsys):
     assert found == {"workbench/planted.py": ["a fault kind", "an event kind", "a model or dataset"],
                      "workbench/faults/kinds.py": ["an event kind", "a model or dataset"]}
     assert check.main([str(root)]) == 1 and "5 name(s) compared outside their room" in capsys.readouterr().out
+
+
+# -- layers -------------------------------------------------------------------------------------------------------
+TOY_FLOORS = [("ground", "leaves", ("low", "low.*")), ("top", "doors", ("", "high"))]
+
+
+def test_an_import_that_points_up_a_floor_fails_unless_named(tmp_path):
+    root = package(tmp_path, {"low/__init__.py": "", "low/a.py": "import pkg.high\n", "high.py": "import pkg.low.a\n",
+                              "low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.high\n"})
+    problems = check.layered(root, TOY_FLOORS, {})
+    assert problems[0] == ("low.a (ground) imports high (top): an import that points up a floor (move the code, or "
+                           "name the back edge with its reason)")
+    assert problems[1:] == ["packages high and low import each other (outside the back edges)"]  # low.b: type-only
+    assert check.layered(root, TOY_FLOORS, {("low.a", "high"): "why"}) == []
+    assert check.layered(root, TOY_FLOORS, {("low.a", "high"): "why", ("low.b", "high"): "gone"}) == [
+        "back edge low.b -> high is no import any more: remove it from BACK_EDGES"]
+    unplaced = check.layered(root, TOY_FLOORS[:1], {("low.a", "high"): "why"})
+    assert unplaced == ["pkg lies on no floor (add it to LAYERS)", "high lies on no floor (add it to LAYERS)"]
+
+
+def test_a_planted_upward_import_in_the_real_package_fails_the_layers(tmp_path):
+    """A copy of ``workbench`` whose floor (config/errors.py) imports the supervisor: refused, named; the copy as
+    it is passes."""
+    import shutil
+
+    copy = tmp_path / "workbench"
+    shutil.copytree(ROOT / "workbench", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    rules = (check.LAYERS, check.BACK_EDGES, check.TWO_WAY_PACKAGES)
+    assert check.layered(copy, *rules) == []
+    errors = copy / "config" / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _late():\n    from workbench.supervisor import core\n")
+    assert check.layered(copy, *rules) == [
+        "config.errors (floor) imports supervisor.core (supervisor): an import that points up a floor (move the "
+        "code, or name the back edge with its reason)", "packages config and supervisor import each other (outside "
+        "the back edges)"]
+
+
+def test_the_floor_plan_in_the_docs_is_the_tools():
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    start = text.index("<!-- floor plan: python tools/check_structure.py --floor-plan -->\n")
+    block = text[text.index("\n", start) + 1:text.index("<!-- end of the floor plan -->")]
+    assert block == check.floor_plan()
+    assert len(check.BACK_EDGES) <= 9 and all(why.strip() for why in check.BACK_EDGES.values())

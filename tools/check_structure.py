@@ -28,6 +28,13 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
 6. **A short top floor** (:func:`crowded_top`): the package directory holds at most :data:`MAX_TOP` entries
    (modules and packages, ``__init__.py`` and ``__main__.py`` counted, ``__pycache__`` and dot-files not): the
    floor plan a reader takes in at a glance (docs/concepts.md, "Floor plan").
+8. **Layers** (:func:`layered`, :data:`LAYERS`, :data:`BACK_EDGES`): every module of ``workbench`` lies on one
+   floor, named from the ground up; an import points down or along its floor, never up, unless it is one of the
+   named back edges, each with its reason (a stale one, whose import is gone, is reported too: the list only
+   shrinks). An import under ``if TYPE_CHECKING:`` loads nothing and does not count; neither does one of a package
+   ``__init__`` that imports nothing. The floor plan of docs/concepts.md is printed from the same table
+   (``--floor-plan``), and a test holds the two equal. Two packages that import each other (outside the back
+   edges) are reported unless listed in :data:`TWO_WAY_PACKAGES`, today's pairs, a list that only shrinks.
 7. **Names compared in their room only** (:func:`compared_names`, :data:`ROOMS`): a fault kind, a run event's
    kind, a model or a dataset is an object registered in one module (``faults/kinds.py``, ``supervisor/events.py``,
    ``workloads/``); code elsewhere asks the object, it never compares the name (``fault.kind == "kill"``,
@@ -38,6 +45,7 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
 
 Usage: ``python tools/check_structure.py [PACKAGE_DIR]`` (default: this repository's ``workbench/``). Exit 0
 with a one-line summary when every check passes; exit 1 listing every problem otherwise.
+``python tools/check_structure.py --floor-plan`` prints the floors as markdown (docs/concepts.md's floor plan).
 """
 
 from __future__ import annotations
@@ -60,6 +68,51 @@ FORBIDDEN = [
     (("rank", "rank.*", "strategies.peers.*_rank"),
      ("launch.session", "sweeps", "supervisor", "launch.lab", "campaigns"), "code that runs in a rank process"),
 ]
+
+# The floors of ``workbench``, from the ground up: (name, what lives there, module patterns relative to the
+# package). A module takes the first floor naming it exactly, else the first whose pattern matches it.
+LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("floor", "errors, callables, setting types, entry points' answers and interrupts, the rank protocol, "
+     "fallbacks, the HDF5 files and checkpoints: leaves every room may use",
+     ("config.errors", "config.callables", "config.types", "config.entry", "config.interrupts", "rank.protocol",
+      "results.fallbacks", "results.h5files", "results.h5write", "results.checkpoint")),
+    ("workloads", "models, data sets, architectures, pipeline stages, apoptosis's surgery and rule",
+     ("workloads", "workloads.*")),
+    ("strategies", "the recovery strategies as objects, the peers' names, the scale model of their costs",
+     ("strategies", "strategies.registry", "strategies.peers", "strategies.scale", "strategies.scale.*")),
+    ("faults", "fault kinds, specs and primitives; the run's event kinds", ("faults", "faults.*",
+                                                                            "supervisor.events")),
+    ("machine", "what the machine has: cores, devices, hosts files", ("launch.machine", "launch.devices",
+                                                                      "launch.cluster.hosts_file")),
+    ("config", "RunConfig and each setting, the checks before a run, the resizing rules", ("config", "config.*")),
+    ("results", "RunResult, summaries, clocks, provenance, tracking", ("results", "results.*")),
+    ("processes", "the rank template, process start and reaping, the output folder, Slurm",
+     ("launch", "launch.template", "launch.template_server", "launch.processes", "launch.outdir", "launch.cluster",
+      "launch.cluster.*", "launch.live_ranks")),
+    ("rank", "inside a rank process, the peers' rank side included", ("rank", "rank.*", "strategies.peers.*_rank",
+                                                                       "strategies.peers.common")),
+    ("supervisor", "the parent of the ranks, the peers' supervisor side included",
+     ("supervisor", "supervisor.*", "strategies.peers.supervision", "strategies.peers.adapters")),
+    ("doors", "workbench.run/start, the CLI, the Lab panel, sweeps, plots and the report",
+     ("", "__main__", "launch.session", "launch.lab", "launch.cli", "launch.cli_files", "sweeps", "sweeps.*",
+      "results.report", "results.plots", "results.rank_strip")),
+    ("campaigns", "the seed papers' reproductions and the injection studies, built on the rest",
+     ("campaigns", "campaigns.*")),
+]
+# (importer, imported) -> why the import points up (names relative to the package)
+BACK_EDGES: dict[tuple[str, str], str] = {
+    ("launch.template_server", "rank.main"): "the rank template's forked children become rank processes: each runs "
+                                             "rank.main",
+    ("results.plots", "campaigns.studies.sensitivity"): "the bit-sensitivity figure reads the study's trials",
+    ("results.report", "campaigns.studies.sensitivity"): "the report finds sweeps' bit-sensitivity trial files",
+}
+# package pairs that import each other both ways today, outside BACK_EDGES: may only shrink
+TWO_WAY_PACKAGES = {
+    ("config", "faults"), ("config", "launch"), ("config", "results"),
+    ("config", "strategies"), ("config", "workloads"), ("faults", "results"), ("faults", "strategies"),
+    ("faults", "supervisor"), ("launch", "rank"), ("launch", "results"), ("launch", "supervisor"),
+    ("launch", "sweeps"), ("rank", "strategies"), ("results", "supervisor"), ("results", "sweeps"),
+}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -242,6 +295,94 @@ def forbidden_edges(root: Path, rules: list[tuple[tuple[str, ...], tuple[str, ..
                     path.append(previous[path[-1]])
                 problems.append(f"{module} reaches {reached} ({why} may not): {' -> '.join(path[::-1])}")
     return problems
+
+
+def _type_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under an ``if TYPE_CHECKING:`` (their imports load nothing at run time)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
+    return found
+
+
+def _loads_nothing(path: Path) -> bool:
+    """A package ``__init__`` without imports: importing it loads no other module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return path.name == "__init__.py" and not any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree))
+
+
+def runtime_edges(root: Path) -> set[tuple[str, str]]:
+    """(importer, imported) of every import that loads a module at run time, names relative to the package: not
+    under ``TYPE_CHECKING``, not of the package itself (already loaded), not of an ``__init__`` that imports nothing."""
+    root = Path(root)
+    known = modules(root)
+    package = root.name
+    empty = {name for name, path in known.items() if _loads_nothing(path)}
+    edges = set()
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        skip = _type_only(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            for target in _imported(name, path, node, known) - {name, package} - empty:
+                edges.add((name[len(package) + 1:], target[len(package) + 1:]))
+    return edges
+
+
+def floor_of(module: str, layers: list[tuple[str, str, tuple[str, ...]]]) -> int | None:
+    """The index of ``module``'s floor (a name relative to the package; ``""`` is the package itself)."""
+    for i, (_, _, patterns) in enumerate(layers):
+        if module in patterns:
+            return i
+    for i, (_, _, patterns) in enumerate(layers):
+        if any("*" in p and fnmatch.fnmatchcase(module, p) for p in patterns):
+            return i
+    return None
+
+
+def layered(root: Path, layers: list | None = None, back_edges: dict | None = None,
+            two_way: set | None = None) -> list[str]:
+    """Imports that point up a floor (not in ``back_edges``), back edges that no longer exist, modules on no
+    floor, and package pairs importing each other both ways outside ``back_edges`` and ``two_way``. The defaults
+    (:data:`LAYERS`, :data:`BACK_EDGES`, :data:`TWO_WAY_PACKAGES`) hold for the ``workbench`` package only."""
+    root = Path(root)
+    if layers is None:
+        if root.resolve() != DEFAULT_ROOT.resolve():
+            return []
+        layers, back_edges, two_way = LAYERS, BACK_EDGES, TWO_WAY_PACKAGES
+    back_edges, two_way = back_edges or {}, two_way or set()
+    edges = runtime_edges(root)
+    names = ["" if m == root.name else m[len(root.name) + 1:] for m in modules(root)]
+    problems = [f"{name or root.name} lies on no floor (add it to LAYERS)" for name in names
+                if floor_of(name, layers) is None]
+    for importer, imported in sorted(edges):
+        low, high = floor_of(importer, layers), floor_of(imported, layers)
+        if None not in (low, high) and high > low and (importer, imported) not in back_edges:
+            problems.append(f"{importer} ({layers[low][0]}) imports {imported} ({layers[high][0]}): an import "
+                            "that points up a floor (move the code, or name the back edge with its reason)")
+    problems += [f"back edge {a} -> {b} is no import any more: remove it from BACK_EDGES" for a, b in back_edges
+                 if (a, b) not in edges]
+    packages = {(a.split(".")[0], b.split(".")[0]) for a, b in edges - set(back_edges) if a and b}
+    pairs = {tuple(sorted(p)) for p in packages if p[0] != p[1] and p[::-1] in packages}
+    problems += [f"packages {a} and {b} import each other (outside the back edges)" for a, b in sorted(pairs - two_way)]
+    problems += [f"packages {a} and {b} no longer import each other: remove them from TWO_WAY_PACKAGES"
+                 for a, b in sorted(two_way - pairs)]
+    return problems
+
+
+def floor_plan(layers: list | None = None, back_edges: dict | None = None) -> str:
+    """The floors and back edges as markdown: docs/concepts.md's floor plan."""
+    layers, back_edges = layers or LAYERS, BACK_EDGES if back_edges is None else back_edges
+    lines = ["| Floor | What lives there | Modules |", "|---|---|---|"]
+    for name, what, patterns in reversed(layers):
+        shown = ", ".join(f"`{p or 'workbench'}`" for p in patterns)
+        lines.append(f"| {name} | {what} | {shown} |")
+    lines += ["", f"Imports point down or along a floor. The {len(back_edges)} that point up, each with its reason:",
+              ""]
+    lines += [f"- `{a}` -> `{b}`: {why}" for (a, b), why in sorted(back_edges.items())]
+    return "\n".join(lines) + "\n"
 
 
 def private_imports(root: Path) -> list[str]:
@@ -513,6 +654,9 @@ def registered_rooms(root: Path) -> list[Room]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--floor-plan"]:
+        print(floor_plan(), end="")
+        return 0
     root = Path(args[0]) if args else DEFAULT_ROOT
     if not (root / "__init__.py").is_file():
         print(f"check_structure: {root} is not a package directory (no __init__.py)", file=sys.stderr)
@@ -524,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     spread = mixins(root)
     top = crowded_top(root)
     compared = compared_names(root)
+    floors = layered(root)
     for cycle in cycles:
         print(f"import cycle: {' -> '.join(cycle)}")
     for problem in forbidden:
@@ -538,11 +683,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"top floor: {problem}")
     for problem in compared:
         print(f"name compared: {problem}")
-    if cycles or forbidden or private or spread or sizes or top or compared:
+    for problem in floors:
+        print(f"layers: {problem}")
+    if cycles or forbidden or private or spread or sizes or top or compared or floors:
         print(f"check_structure: {len(cycles)} import cycle(s), {len(forbidden)} forbidden reach(es), "
               f"{len(private)} private import(s), {len(spread)} class(es) not whole, "
               f"{len(sizes)} oversized module(s)/function(s), {len(top)} crowded top floor(s), "
-              f"{len(compared)} name(s) compared outside their room")
+              f"{len(compared)} name(s) compared outside their room, {len(floors)} layer problem(s)")
         return 1
     graph = import_graph(root)
     lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in modules(root).items()}

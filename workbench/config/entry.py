@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from workbench.config.errors import WorkbenchError
+from workbench.config.interrupts import interrupted_once
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -44,8 +45,6 @@ def answer(name: str, work: Callable[[], int], process: bool = True) -> int:
     """``work()``'s exit code; a :class:`WorkbenchError` (a refused setting) answered ``NAME: error: ...``, exit 2;
     the first SIGINT or SIGTERM (later ones ignored) stops any run still going and answers ``NAME: interrupted``,
     exit 130. ``process``: the call is the whole process's work (both signals stay ignored as it ends)."""
-    from workbench.launch.processes import interrupted_once
-
     with interrupted_once(process=process) as interrupts:
         pressed = False
         try:

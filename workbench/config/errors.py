@@ -30,5 +30,9 @@ class ResultsError(WorkbenchError):
     """A result file or directory cannot be read."""
 
 
+class ProtocolError(WorkbenchError):
+    """A message of a kind its protocol does not declare, or without a field its kind requires."""
+
+
 class SweepError(WorkbenchError):
     """A sweep's notebook, parameters, grid or output directory is invalid (raised before any point runs)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from workbench import strategies
 from workbench.config.callables import IMPORT_PATH, resolve_callable
-from workbench.config.errors import ConfigError
+from workbench.config.errors import ConfigError, ProtocolError
 from workbench.config.files import missing_checkpoint, read_settings
 from workbench.config.lr_schedule import SCHEDULES as LR_SCHEDULES
 from workbench.config.resize_rule import check as check_rule
@@ -414,3 +414,19 @@ def _choice_or_import(name: str, value: Any, allowed: tuple[str, ...]) -> None:
         return
     raise ConfigError(
         name, f"{value!r} is not known: allowed {', '.join(allowed)} or an import path 'package.module:callable'")
+
+
+def config_from_wire(values: dict[str, Any]) -> RunConfig:
+    """The :class:`~workbench.config.run.RunConfig` of a ``start`` message, as the supervisor checked and completed it
+    (``RunConfig.to_dict``): no check runs again, so a rank needs no file that only the supervisor's host has (a
+    resume checkpoint is read by the generation's source only, a hosts file was read into ``hosts``)."""
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    if set(values) != set(names):
+        raise ProtocolError(f"control protocol: the configuration differs from this workbench's RunConfig (missing "
+                            f"{sorted(set(names) - set(values))}, unknown {sorted(set(values) - set(names))}): "
+                            "another version of the workbench sent it")
+    config = object.__new__(RunConfig)  # no __post_init__: the supervisor ran the checks
+    for name in names:
+        setattr(config, name, values[name])
+    config.faults = [parse_fault(f) for f in values["faults"]]
+    return config

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from workbench.config.errors import ConfigError
-from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults.bitflip import width
+from workbench.faults.spec import FaultSpec
 from workbench.workloads.stages import buffer_tensors, model_tensors
+
+if TYPE_CHECKING:
+    from workbench.config.run import RunConfig
 
 
 def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:

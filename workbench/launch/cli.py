@@ -13,9 +13,9 @@ from typing import Any
 
 from workbench.config.errors import ConfigError, WorkbenchError
 from workbench.config.fields import run_flags
+from workbench.config.interrupts import interrupted_once
 from workbench.config.run import RunConfig
 from workbench.launch.cli_files import add_file_parsers, cmd_compare, cmd_flip, cmd_verify, file_errors
-from workbench.launch.processes import interrupted_once
 from workbench.supervisor import events as ev
 
 
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             code = None  # said below
         if interrupts.signalled or code is None:
-            from workbench.launch.processes import HangUp
+            from workbench.config.interrupts import HangUp
 
             hangup = interrupts.code == 129
             if "workbench.launch.session" in sys.modules:  # a run started before the interrupt reached its wait()

@@ -333,7 +333,7 @@ def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None
 
 def interrupt_reason(exc: BaseException | None = None) -> str:
     """The reason a run stopped by an interrupt records: ``interrupted``, naming a SIGHUP's hangup."""
-    from workbench.launch.processes import HangUp
+    from workbench.config.interrupts import HangUp
 
     return "interrupted: hangup (SIGHUP: the terminal closed)" if isinstance(exc, HangUp) else "interrupted"
 

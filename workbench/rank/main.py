@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from workbench.config.entry import OneLineParser
 from workbench.config.errors import ConfigError
-from workbench.config.run import RunConfig
+from workbench.config.run import RunConfig, config_from_wire
 from workbench.launch.processes import die_with_parent
 from workbench.rank import protocol
 from workbench.rank.base import BaseTrainer
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None, joined: Joined | None = None) -> None:
         channel = Channel(*control, args.id)
 
     def train(start: dict[str, Any]) -> None:
-        config = protocol.config_from_wire(start["config"])  # checked by the supervisor
+        config = config_from_wire(start["config"])  # checked by the supervisor
         store_host, _, store_port = start["store"].rpartition(":")
         store = dist.TCPStore(store_host, int(store_port), is_master=False,
                               timeout=timedelta(seconds=config.startup_timeout))

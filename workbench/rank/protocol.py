@@ -2,25 +2,21 @@
 TCP connection per rank) and :data:`TEMPLATE` (a rank template and its owners). A message is a JSON object whose
 ``type`` is its kind. Senders build messages with :meth:`Protocol.message` (an undeclared kind or field raises
 :class:`ProtocolError`), receivers dispatch on :meth:`Protocol.received`. The run configuration travels in
-``start`` and is rebuilt by :func:`config_from_wire`, without the user-facing checks the supervisor already ran.
+``start`` and is rebuilt by :func:`workbench.config.run.config_from_wire`, without the user-facing checks the
+supervisor already ran.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.errors import WorkbenchError
+from workbench.config.errors import ProtocolError
 
 HEARTBEAT_PERIOD = 0.25
 CONTROL_KEY = "workbench/control"  # store key holding the control server's HOST:PORT (for ranks that join)
 RANK, SUPERVISOR, OWNER, TEMPLATE_PROCESS = "rank", "supervisor", "owner", "template"
-
-
-class ProtocolError(WorkbenchError):
-    """A message of a kind its protocol does not declare, or without a field its kind requires."""
 
 
 @dataclass(frozen=True)
@@ -175,21 +171,3 @@ class LineDecoder:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         return [json.loads(line) for line in lines if line.strip()]
-
-
-def config_from_wire(values: dict[str, Any]) -> Any:
-    """The :class:`~workbench.config.run.RunConfig` of a ``start`` message, as the supervisor checked and completed it
-    (``RunConfig.to_dict``): no check runs again, so a rank needs no file that only the supervisor's host has (a
-    resume checkpoint is read by the generation's source only, a hosts file was read into ``hosts``)."""
-    from workbench.config.run import RunConfig, parse_fault
-
-    names = [f.name for f in dataclasses.fields(RunConfig)]
-    if set(values) != set(names):
-        raise ProtocolError(f"control protocol: the configuration differs from this workbench's RunConfig (missing "
-                            f"{sorted(set(names) - set(values))}, unknown {sorted(set(values) - set(names))}): "
-                            "another version of the workbench sent it")
-    config = object.__new__(RunConfig)  # no __post_init__: the supervisor ran the checks
-    for name in names:
-        setattr(config, name, values[name])
-    config.faults = [parse_fault(f) for f in values["faults"]]
-    return config

@@ -10,14 +10,18 @@ entered an update is told by a checksum of their ids (:func:`sample_checksum`, c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from workbench.config.errors import ConfigError
-from workbench.config.run import RunConfig
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import bundled_file, user_arrays
 from workbench.workloads.datasets import Dataset
+
+if TYPE_CHECKING:
+    from workbench.config.run import RunConfig
 
 _SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
 

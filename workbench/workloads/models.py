@@ -12,13 +12,17 @@ import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from workbench.config.callables import resolve_callable
 from workbench.config.errors import ConfigError
-from workbench.config.run import RunConfig, resolve_callable
 from workbench.workloads import registry
+
+if TYPE_CHECKING:
+    from workbench.config.run import RunConfig
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: tuple[int, ...] = (128, 64)) -> nn.Module:

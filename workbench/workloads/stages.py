@@ -4,10 +4,13 @@ model before any process starts, and the tensors each rank's stage holds."""
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.config.run import RunConfig
+if TYPE_CHECKING:
+    from workbench.config.run import RunConfig
+
 
 
 def _built(config: RunConfig) -> tuple[torch.nn.Module, tuple[int, ...]]:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from workbench.config.entry import OneLineParser
 from workbench.config.errors import ConfigError
+from workbench.config.run import config_from_wire
 from workbench.rank import protocol
 from workbench.rank.channel import Channel
 from workbench.rank.gradient_exchange import make_optimizer
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs ~6 INFO lines a step otherwise
     channel = Channel(*control, args.id)
-    serve(channel, lambda start: TorchftReplica(protocol.config_from_wire(start["config"]), channel).run(
+    serve(channel, lambda start: TorchftReplica(config_from_wire(start["config"]), channel).run(
         start["lighthouse"]), "error")  # a torchft error on a survivor is that peer's outcome
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench.config.entry import OneLineParser
+from workbench.config.run import config_from_wire
 from workbench.rank import protocol
 from workbench.rank import state as st
 from workbench.rank.gradient_exchange import make_optimizer
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     start_rank_process()  # the agent stops the world with SIGTERM: each worker a dead rank
     channel, _ = join_from_store(args.store, int(os.environ["RANK"]), 60.0)
     def train(start: dict) -> None:
-        worker = TorchrunWorker(protocol.config_from_wire(start["config"]), channel)
+        worker = TorchrunWorker(config_from_wire(start["config"]), channel)
         worker.provenance = start.get("provenance") or {}  # the run's, kept in its checkpoints
         worker.run(Path(start["checkpoint_dir"]))
 

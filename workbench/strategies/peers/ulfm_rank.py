@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config.entry import OneLineParser
+from workbench.config.run import config_from_wire
 from workbench.rank import protocol
 from workbench.rank.main import join_from_store, serve, start_rank_process
 from workbench.rank.optim import make_optimizer
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("a rank the run's mpirun starts: OMPI_COMM_WORLD_RANK (its rank number) is not set")
     start_rank_process()
     channel, _ = join_from_store(args.store, int(os.environ["OMPI_COMM_WORLD_RANK"]), 60.0)
-    serve(channel, lambda start: UlfmRank(protocol.config_from_wire(start["config"]), channel).run(), "error")
+    serve(channel, lambda start: UlfmRank(config_from_wire(start["config"]), channel).run(), "error")
 
 
 if __name__ == "__main__":
