@@ -70,3 +70,15 @@ def test_the_demo_installs_the_runtime_and_the_tests_add_the_dev_extras():
             *runtime, "-m pip install -e '.[dev]' torch==2.13.0"], target
     for target in ("lab", "reproduce"):
         assert not any("[dev]" in line for line in plan(target)), target
+
+
+def test_a_run_loads_neither_the_campaigns_nor_scipy():
+    """The studies are built on the package, not in its core: ``import workbench; workbench.run(...)`` (and the
+    result's summary) loads no module of ``workbench.campaigns`` and no scipy."""
+    script = ("import sys, workbench\n"
+              "result = workbench.run(world_size=2, steps=3, eval_interval=3)\n"
+              "assert result.completed, result.summary['reason']\n"
+              "print(sorted(m for m in sys.modules if m.startswith(('workbench.campaigns', 'scipy'))))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
