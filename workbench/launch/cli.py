@@ -1,5 +1,5 @@
-"""Command line: ``workbench run | rank | sweep | report | flip | compare | verify``. Exit codes: 0 completed,
-1 failed or stopped, 2 usage or configuration error (one line on stderr, no traceback)."""
+"""Command line: ``workbench run | rank | sweep | report | flip | compare | verify | scale``. Exit codes: 0
+completed, 1 failed or stopped, 2 usage or configuration error (one line on stderr, no traceback)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from workbench.config.fields import run_flags
 from workbench.config.interrupts import interrupted_once
 from workbench.config.run import RunConfig
 from workbench.launch.cli_files import add_file_parsers, cmd_compare, cmd_flip, cmd_verify, file_errors
+from workbench.strategies.scale.command import add_scale_parser, cmd_scale
 from workbench.supervisor import events as ev
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--track", metavar="URI",
                      help="log the run to MLflow (http://HOST:PORT, sqlite:///mlflow.db) once it ended")
     add_file_parsers(sub)
+    add_scale_parser(sub)
     rank = sub.add_parser("rank", help="join a run started elsewhere as one of its ranks",
                           description="Start one rank process that joins the run whose store listens at --store "
                           "(workbench run --bind ADDRESS --store-port PORT, or a hosts file). It takes rank "
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     with interrupted_once(process=argv is None) as interrupts:  # run.wait() stops the run on the way out
         commands = {"run": cmd_run, "flip": file_errors(cmd_flip), "compare": file_errors(cmd_compare),
                     "verify": file_errors(cmd_verify), "sweep": file_errors(cmd_sweep),
-                    "report": file_errors(cmd_report), "rank": cmd_rank}
+                    "report": file_errors(cmd_report), "rank": cmd_rank, "scale": cmd_scale}
         try:
             code: int | None = commands[args.command](args)
         except WorkbenchError as exc:
