@@ -259,6 +259,22 @@ def sweep() -> Measured:
     return Measured(ours, loop, {"points": 4, **fixed})
 
 
+def scale_des() -> Measured:
+    from workbench.strategies import scale
+    from workbench.strategies.scale.simulate import SPEED_POINT
+
+    walls = []
+    for _ in range(3):
+        started = time.perf_counter()
+        result = scale.predict(**SPEED_POINT)
+        walls.append(time.perf_counter() - started)
+    failed = None if result.method == "simulation" and result.failures > 1000 else \
+        f"{result.method}, {result.failures} failures"
+    return Measured(statistics.median(walls), None, {"walls_s": [round(w, 3) for w in walls],
+                                                     "failures": result.failures,
+                                                     "effective": round(result.effective, 4)}, failed)
+
+
 FIGURES = (  # budgets about 3x the recorded ratio, or the aim where that is tighter and noise allows
     Figure("second_run", "a second workbench.run(world_size=4, steps=1) in one process, wall s",
            "a fresh interpreter's import torch, wall s", 0.35, True, "0.11", second_run),
@@ -282,6 +298,8 @@ FIGURES = (  # budgets about 3x the recorded ratio, or the issue's aim where tha
     Figure("sweep", "workbench sweep of 4 points (permanent_faults.ipynb), wall s",
            "a papermill CLI loop over them, wall s",
            0.75, True, "0.58", sweep, aim=0.6),
+    Figure("scale_des_100k", "one simulated point of the scale model: 100,000 ranks over a 30-day job, wall s",
+           "none: at most 10 s on one core", 10, True, "0.03", scale_des),
 )
 
 
