@@ -15,7 +15,8 @@ import textwrap
 import threading
 from pathlib import Path
 
-from planting import sitecustomize
+import pytest
+from planting import FIRED_VAR, sitecustomize
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn'))"
@@ -79,6 +80,7 @@ import os, time
 
 KIND = os.environ["WORKBENCH_PLANT"]
 TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.launch.template_server"}[KIND]
+DELAY_S = 0.5
 
 
 def plant(module):
@@ -86,7 +88,9 @@ def plant(module):
         main = module.main
 
         def slow_main(argv):
+            started = time.perf_counter()
             import sklearn.datasets  # noqa: F401
+            fired(f"{time.perf_counter() - started:.3f}")
             return main(argv)
 
         module.main = slow_main
@@ -94,35 +98,67 @@ def plant(module):
         fork = module.Server.fork
 
         def slow_fork(self, request, client):
-            time.sleep(0.5)
+            time.sleep(DELAY_S)
+            fired(f"{DELAY_S}")
             return fork(self, request, client)
 
         module.Server.fork = slow_fork
 ''')
+FIGURES = "second_run,regrow_join,restart_resume"  # every figure a plant below must make miss
+DELAY_S = 0.5  # the planted fork delay
 
 
-def gate(tmp_path: Path, plant: str, figures: str) -> list[dict]:
-    (tmp_path / "sitecustomize.py").write_text(PLANT)
-    env = {**os.environ, "WORKBENCH_PLANT": plant,
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+def gate(tmp_path: Path, plant: str | None, figures: str = FIGURES) -> tuple[int, dict[str, dict], list[float]]:
+    """``benchmarks/gate.py --only figures`` with the regression ``plant`` in every process (None: the control,
+    nothing planted): its exit code, its rows by figure, and the seconds each planted delay took."""
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_TEMPLATE"}
+    if plant is not None:
+        (tmp_path / "sitecustomize.py").write_text(PLANT)
+        env.update({"WORKBENCH_PLANT": plant, FIRED_VAR: str(tmp_path / "fired.txt"),
+                    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gate.py"), "--only", figures, "--no-history"],
                          capture_output=True, text=True, timeout=280, env=env, cwd=ROOT)
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"figure"')]
-    assert out.returncode == 1, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
-    assert "gate: " in out.stderr and "figures within budget" in out.stderr
+    rows = {row["figure"]: row for row in map(json.loads, (line for line in out.stdout.splitlines()
+                                                           if line.startswith('{"figure"')))}
+    assert "gate: " in out.stderr and "figures within budget" in out.stderr, (out.stdout[-2000:], out.stderr[-2000:])
+    fired = tmp_path / "fired.txt"
+    delays = [float(line.split()[1]) for line in fired.read_text().splitlines()] if fired.exists() else []
+    return out.returncode, rows, delays
+
+
+@pytest.fixture(scope="module")
+def unplanted(tmp_path_factory) -> dict[str, dict]:
+    """The control of the plants below, measured once: the same figures without a plant pass the gate."""
+    code, rows, _ = gate(tmp_path_factory.mktemp("unplanted"), None)
+    assert set(rows) == set(FIGURES.split(",")), rows
+    assert code == 0 and all(row["verdict"] == "pass" for row in rows.values()), \
+        ("the unplanted control misses: the machine is too busy for the gate's plants to mean anything", rows)
     return rows
 
 
-def test_the_gate_fails_on_a_rank_start_that_imports_scikit_learn(tmp_path):
-    rows = {row["figure"]: row for row in gate(tmp_path, "sklearn", "second_run,regrow_join")}
-    assert rows["second_run"]["verdict"] == "miss", rows["second_run"]
-    assert rows["regrow_join"]["verdict"] == "miss", rows["regrow_join"]
+def caught(tmp_path: Path, plant: str, figures: list[str], unplanted: dict[str, dict]) -> tuple[dict, list[float]]:
+    """The gate with ``plant`` in misses each of ``figures``, where the control passed; how much each planted value
+    exceeds the control's, and the planted delays (the fork's sleeps, the imports' seconds)."""
+    code, rows, delays = gate(tmp_path, plant, ",".join(figures))
+    assert delays, "the plant never fired"
+    assert code == 1 and set(rows) == set(figures), (code, rows)
+    for name in figures:
+        assert rows[name]["verdict"] == "miss" and unplanted[name]["verdict"] == "pass", (rows[name], unplanted[name])
+    return {name: rows[name]["value"] - unplanted[name]["value"] for name in figures}, delays
 
 
-def test_the_gate_fails_on_a_delay_in_the_fork_path(tmp_path):
-    rows = {row["figure"]: row for row in gate(tmp_path, "fork_delay", "second_run,restart_resume")}
-    assert rows["second_run"]["verdict"] == "miss", rows["second_run"]
-    assert rows["restart_resume"]["verdict"] == "miss", rows["restart_resume"]
+def test_the_gate_fails_on_a_rank_start_that_imports_scikit_learn(tmp_path, unplanted):
+    """Each rank start imports scikit-learn (~2 s on the 2-core VM): a second run's ranks start that much later (in
+    parallel), the regrow's replacements join later by at least half of it (the join's clock starts as the import
+    may be under way), or not before the run ends (a miss too: infinite)."""
+    added, imports = caught(tmp_path, "sklearn", ["second_run", "regrow_join"], unplanted)
+    assert all(seconds >= min(imports) / 2 for seconds in added.values()), (added, imports)
+
+
+def test_the_gate_fails_on_a_delay_in_the_fork_path(tmp_path, unplanted):
+    """Each fork of a rank sleeps 0.5 s first: a run and a restart start that much later, at least."""
+    added, sleeps = caught(tmp_path, "fork_delay", ["second_run", "restart_resume"], unplanted)
+    assert set(sleeps) == {DELAY_S} and all(seconds >= DELAY_S for seconds in added.values()), (added, sleeps)
 
 
 def test_the_docs_gate_table_is_the_newest_run_in_the_history():
