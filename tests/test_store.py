@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workbench.supervisor.store import MAGIC, StoreServer
+from workbench.rank.tcpstore_wire import MAGIC
+from workbench.supervisor.store import StoreServer
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 from workbench import strategies
 from workbench.config.errors import ConfigError
 
-MAX_WORLD_SIZE = 64  # as workbench.config.run's (this module is imported by it)
+MAX_WORLD_SIZE = 64  # the most ranks a run may have, at its start and after any resize
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
 

@@ -23,7 +23,7 @@ from workbench.config.errors import ConfigError, ProtocolError
 from workbench.config.files import missing_checkpoint, read_settings
 from workbench.config.lr_schedule import SCHEDULES as LR_SCHEDULES
 from workbench.config.resize_rule import check as check_rule
-from workbench.config.resizing import check_notice, check_world
+from workbench.config.resizing import MAX_WORLD_SIZE, check_notice, check_world
 from workbench.config.types import as_floats, coerce_types
 from workbench.faults import kinds
 from workbench.faults.slow import check_straggler_settings
@@ -47,7 +47,6 @@ PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
 SHUFFLES = ("ring", "none")
 SPAWNS = ("template", "fresh")
 PARALLEL_STRATEGIES = {mode: strategies.for_mode(mode) for mode in PARALLELISMS}  # which apply to each mode
-MAX_WORLD_SIZE = 64  # workbench.config.resizing.MAX_WORLD_SIZE: the same bound
 # settings whose default follows from others (None: derived in __post_init__ or by preflight.prepare), and what
 # each follows from: RunConfig.overridden derives one again when an override changes what it follows from
 DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",), "spawn": ("strategy",),

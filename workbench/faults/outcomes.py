@@ -10,8 +10,6 @@ from typing import Any
 from workbench.faults.kinds import FLIP
 from workbench.supervisor import events as ev
 
-OUTCOMES = ("masked", "degraded", "nonfinite", "crash")
-
 
 def classify_values(accuracy: float | None, golden_accuracy: float, losses: list[float], completed: bool,
                     tolerance: float) -> str:

@@ -24,11 +24,9 @@ from typing import Any
 
 from workbench.config.errors import ConfigError, WorkbenchError
 from workbench.rank.protocol import CONTROL_KEY
+from workbench.rank.tcpstore_wire import GET, KEY_PREFIX, MAGIC, PING, STOP_WAITING, VALIDATE, WAIT
 
-MAGIC = 0x3C85F7CE  # torch's TCPStore (workbench/supervisor/store.py)
-VALIDATE, GET, WAIT, PING = 0, 3, 6, 13
-STOP_WAITING = 0
-KEY = ("/" + CONTROL_KEY).encode()  # torch's client puts "/" before every key
+KEY = (KEY_PREFIX + CONTROL_KEY).encode()
 _U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")  # the machine's byte order, as torch's client sends
 _RETRY_S = 0.2
 _ADDRESS = "HOST:PORT with a port in 1..65535 (IPv6: [ADDRESS]:PORT)"

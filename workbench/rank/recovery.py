@@ -12,10 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from workbench.rank.comm import Comm
-
 
 @dataclass
 class InFlight:
@@ -25,12 +21,3 @@ class InFlight:
     step: int
     rank: int
     size: int
-
-
-def most_advanced(comm: Comm, score: float) -> int:
-    """Generation rank of the member with the highest score (lowest rank on ties); one small allreduce."""
-    scores = torch.zeros(comm.size, dtype=torch.float64)
-    scores[comm.rank] = score
-    comm.wait(comm.allreduce(scores))
-    best = scores.max().item()
-    return int((scores == best).nonzero()[0].item())

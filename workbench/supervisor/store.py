@@ -17,13 +17,8 @@ import threading
 from collections import defaultdict, deque
 
 from workbench.config.errors import WorkbenchError
+from workbench.rank import tcpstore_wire as wire
 
-MAGIC = 0x3C85F7CE
-KEY_PREFIX = "/"  # torch's TCPStore client puts this before every key it sends
-(VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET, MULTI_SET,
- CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS, BARRIER) = range(19)
-READY, NOT_READY = 0, 1
-STOP_WAITING, WAIT_CANCELED = 0, 1
 _ORDER = "<" if sys.byteorder == "little" else ">"
 _U32, _U64, _I64 = struct.Struct(_ORDER + "I"), struct.Struct(_ORDER + "Q"), struct.Struct(_ORDER + "q")
 _MAX_LEN = 1 << 30  # a key or value longer than this is a broken client, not a rendezvous
@@ -94,12 +89,12 @@ class StoreServer:
     # -- in-process use (the supervisor's own keys), named as a torch client names them ---------------------------
     def set(self, key: str, value: str | bytes) -> None:
         with self._lock:
-            self._set(KEY_PREFIX + key, value.encode() if isinstance(value, str) else value)
+            self._set(wire.KEY_PREFIX + key, value.encode() if isinstance(value, str) else value)
         self._wake()
 
     def get(self, key: str) -> bytes:
         with self._lock:
-            return self.data[KEY_PREFIX + key]
+            return self.data[wire.KEY_PREFIX + key]
 
     def close(self) -> None:
         self._closed = True
@@ -197,53 +192,53 @@ class StoreServer:
         """One query, or _Incomplete before anything is changed (the whole query is parsed first)."""
         command = r.take(1)[0]
         if not client.validated:
-            if command != VALIDATE or r.u32() != MAGIC:
+            if command != wire.VALIDATE or r.u32() != wire.MAGIC:
                 raise ValueError("the first query must be VALIDATE with torch's magic number")
             client.validated = True
             return
-        if command == PING:
+        if command == wire.PING:
             client.outbox += _U32.pack(r.u32())
-        elif command in (SET, APPEND, QUEUE_PUSH):
+        elif command in (wire.SET, wire.APPEND, wire.QUEUE_PUSH):
             key, value = r.blob().decode(), r.blob()
-            if command == SET:
+            if command == wire.SET:
                 self._set(key, value)
-            elif command == APPEND:
+            elif command == wire.APPEND:
                 self._set(key, self.data.get(key, b"") + value)
             else:
                 self.queues[key].append(value)
                 self._wake_waiters(key, one=True)
-        elif command == MULTI_SET:
+        elif command == wire.MULTI_SET:
             pairs = [(r.blob().decode(), r.blob()) for _ in range(r.u64())]
             for key, value in pairs:
                 self._set(key, value)
-        elif command == GET:
+        elif command == wire.GET:
             client.outbox += _blob(self.data.get(r.blob().decode(), b""))
-        elif command == MULTI_GET:
+        elif command == wire.MULTI_GET:
             keys = [r.blob().decode() for _ in range(r.u64())]
             client.outbox += b"".join(_blob(self.data.get(k, b"")) for k in keys)
-        elif command == COMPARE_SET:
+        elif command == wire.COMPARE_SET:
             key, expected, desired = r.blob().decode(), r.blob(), r.blob()
             current = self.data.get(key)
             if (current is None and expected == b"") or current == expected:
                 self.data[key] = current = desired
             self._wake_waiters(key)  # as torch's server does, whether or not the value changed
             client.outbox += _blob(expected if current is None else current)
-        elif command == ADD:
+        elif command == wire.ADD:
             key, amount = r.blob().decode(), r.i64()
             value = int(self.data.get(key, b"0")) + amount
             self._set(key, str(value).encode())
             client.outbox += _I64.pack(value)
-        elif command in (CHECK, WAIT, CANCEL_WAIT, BARRIER):
+        elif command in (wire.CHECK, wire.WAIT, wire.CANCEL_WAIT, wire.BARRIER):
             self._query_wait(client, command, r)
-        elif command == GETNUMKEYS:
+        elif command == wire.GETNUMKEYS:
             client.outbox += _I64.pack(len(self.data))
-        elif command == LIST_KEYS:  # the keys as sent (torch's client keeps those under its own prefix)
+        elif command == wire.LIST_KEYS:  # the keys as sent (torch's client keeps those under its own prefix)
             client.outbox += _I64.pack(len(self.data)) + b"".join(_blob(k.encode()) for k in self.data)
-        elif command == DELETE_KEY:
+        elif command == wire.DELETE_KEY:
             client.outbox += _I64.pack(1 if self.data.pop(r.blob().decode(), None) is not None else 0)
-        elif command == QUEUE_LEN:
+        elif command == wire.QUEUE_LEN:
             client.outbox += _I64.pack(len(self.queues.get(r.blob().decode(), ())))
-        elif command == QUEUE_POP:  # the client waited for the queue's key first: answer at once
+        elif command == wire.QUEUE_POP:  # the client waited for the queue's key first: answer at once
             queue = self.queues[r.blob().decode()]
             client.outbox += _I64.pack(len(queue)) + (_blob(queue.popleft()) if queue else b"")
         else:
@@ -251,26 +246,26 @@ class StoreServer:
 
     def _query_wait(self, client: _Client, command: int, r: _Reader) -> None:
         """``CHECK``, ``WAIT``, ``CANCEL_WAIT`` and ``BARRIER``: the queries that may leave a client waiting."""
-        if command == CANCEL_WAIT:
+        if command == wire.CANCEL_WAIT:
             self._forget(client)
-            client.outbox += bytes([WAIT_CANCELED])
-        elif command == BARRIER:  # as torch's server: the key counts the callers; the last one releases them all
+            client.outbox += bytes([wire.WAIT_CANCELED])
+        elif command == wire.BARRIER:  # as torch's server: the key counts the callers; the last one releases them all
             key, world = r.blob().decode(), r.i64()
             count = int(self.data.get(key, b"0")) + 1
             self.data[key] = str(count).encode()  # no wake-up before the last caller
             if count >= world:
                 self._wake_waiters(key)
-                client.outbox += bytes([STOP_WAITING])
+                client.outbox += bytes([wire.STOP_WAITING])
             else:
                 client.awaited = 1
                 self._waiting[key].append(client)
         else:
             keys = [r.blob().decode() for _ in range(r.u64())]
             ready = all(k in self.data or self.queues.get(k) for k in keys)  # a non-empty queue counts
-            if command == CHECK:
-                client.outbox += bytes([READY if ready else NOT_READY])
+            if command == wire.CHECK:
+                client.outbox += bytes([wire.READY if ready else wire.NOT_READY])
             elif ready:
-                client.outbox += bytes([STOP_WAITING])
+                client.outbox += bytes([wire.STOP_WAITING])
             else:
                 missing = [k for k in keys if k not in self.data]
                 client.awaited = len(missing)
@@ -288,7 +283,7 @@ class StoreServer:
         for client in list(waiters):
             client.awaited -= 1
             if client.awaited == 0:
-                client.outbox += bytes([STOP_WAITING])
+                client.outbox += bytes([wire.STOP_WAITING])
                 if one:
                     waiters.remove(client)
                     return

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SYNTHETIC_SEED = 20240601  # workbench.workloads.data's split seed: synthetic(size) draws its centres from it + size
+from workbench.workloads.registry import SPLIT_SEED  # synthetic(size) draws its centres from it + size
+
 DRAW_SEED = 20261128  # the fresh draws a ceiling is scored on: not the training or test split of any size
 
 
@@ -140,7 +141,7 @@ def synthetic_faint_ceiling(size: int = 0) -> Ceiling:
 def gaussian_ceiling(size: int, n: int = 20000) -> Ceiling:
     """``synthetic``'s: its class centres (as ``workbench.workloads.data.synthetic(size)`` draws them) under
     isotropic noise of sd 1.2, equal priors: the Bayes rule is the nearest centre, scored on ``n`` fresh draws."""
-    centres = np.random.default_rng(SYNTHETIC_SEED + size).normal(0.0, 1.0, size=(10, 64))
+    centres = np.random.default_rng(SPLIT_SEED + size).normal(0.0, 1.0, size=(10, 64))
     rng = np.random.default_rng(DRAW_SEED)
     y = rng.integers(0, 10, size=n)
     x = centres[y] + rng.normal(0.0, 1.2, size=(n, 64))

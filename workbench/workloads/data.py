@@ -19,11 +19,11 @@ from workbench.config.errors import ConfigError
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import bundled_file, user_arrays
 from workbench.workloads.datasets import Dataset
+from workbench.workloads.registry import SPLIT_SEED
 
 if TYPE_CHECKING:
     from workbench.config.run import RunConfig
 
-_SPLIT_SEED = 20240601  # fixed: the held-out test split must not move with the run's seed
 
 
 def load_dataset(config: RunConfig) -> Dataset:
@@ -56,7 +56,7 @@ def digits() -> Dataset:
         images, target = f["images"], f["target"]
     x = (images.astype(np.float32) / 8.0 - 1.0).reshape(-1, 1, 8, 8)
     y = target.astype(np.int64)
-    rng = np.random.default_rng(_SPLIT_SEED)
+    rng = np.random.default_rng(SPLIT_SEED)
     test = np.concatenate([rng.permutation(np.flatnonzero(y == c))[: round(0.2 * np.sum(y == c))] for c in range(10)])
     train = np.setdiff1d(np.arange(len(y)), test)
     return tensors(x[train], y[train], x[test], y[test])
@@ -64,7 +64,7 @@ def digits() -> Dataset:
 
 def synthetic(size: int, num_classes: int = 10, side: int = 8) -> Dataset:
     """Gaussian class clusters shaped as 1 x side x side images; ``size`` training samples, size/4 test samples."""
-    rng = np.random.default_rng(_SPLIT_SEED + size)
+    rng = np.random.default_rng(SPLIT_SEED + size)
     centres = rng.normal(0.0, 1.0, size=(num_classes, side * side)).astype(np.float32)
 
     def draw(n: int) -> tuple[np.ndarray, np.ndarray]:

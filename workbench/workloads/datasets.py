@@ -33,9 +33,9 @@ from workbench.workloads.dataset_files import (
     idx_path,
     images_in,
 )
+from workbench.workloads.registry import SPLIT_SEED
 
 PAD = 4  # crop_flip: pixels of zero padding on each side, as in the CIFAR ResNet papers
-_SPLIT_SEED = 20240601  # the same as workbench.workloads.data's: held-out splits must not move with the run's seed
 _IDX_TYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -81,7 +81,7 @@ class Dataset:
         held = max(1, round(fraction * n))
         if held >= n:
             raise ConfigError("apoptosis", f"val={fraction} leaves no training sample of {n}")
-        order = torch.from_numpy(np.random.default_rng(_SPLIT_SEED + 1).permutation(n))
+        order = torch.from_numpy(np.random.default_rng(SPLIT_SEED + 1).permutation(n))
         val, train = order[:held].sort().values, order[held:].sort().values
         self.held = (self.x_train[train], self.y_train[train], self.x_train[val], self.y_train[val])
         self.fold_validation(False)
@@ -263,7 +263,7 @@ def imagefolder(directory: Path) -> Dataset:
                               f"have (classes: {', '.join(classes)})")
         test = [(p, classes.index(c)) for c in class_names(test_dir) for p in images_in(test_dir / c)]
     else:
-        rng = np.random.default_rng(_SPLIT_SEED)
+        rng = np.random.default_rng(SPLIT_SEED)
         labels = np.array([label for _, label in train])
         held = {int(i) for c in range(len(classes)) for i in
                 rng.permutation(np.flatnonzero(labels == c))[: round(0.2 * np.sum(labels == c))]}
@@ -326,7 +326,7 @@ def synthetic_image(size: int, num_classes: int = 10, side: int = 32, distractor
     :mod:`workbench.workloads.ceiling`; lenet5 plateaus near 78 % after ~600 steps of 64). ``size`` training
     samples, size/4 (at least 16) test samples; the same data for the same size, whatever the run's seed."""
     patterns = class_patterns(num_classes, side)
-    rng = np.random.default_rng(_SPLIT_SEED + size)
+    rng = np.random.default_rng(SPLIT_SEED + size)
     x_train, y_train = draw_images(rng, patterns, size, distractor, signal)
     x_test, y_test = draw_images(rng, patterns, max(size // 4, 16), distractor, signal)
     return image_dataset(x_train, y_train, x_test, y_test)
@@ -349,7 +349,7 @@ def synthetic_faint(size: int) -> Dataset:
 
 def class_patterns(num_classes: int = 10, side: int = 32) -> np.ndarray:
     """The classes' waves (num_classes, 3, side, side), each of standard deviation 1 and mean 0 per channel."""
-    rng = np.random.default_rng(_SPLIT_SEED)  # the classes do not depend on the size
+    rng = np.random.default_rng(SPLIT_SEED)  # the classes do not depend on the size
     yy, xx = np.mgrid[0:side, 0:side].astype(np.float32)
     patterns = np.zeros((num_classes, 3, side, side), dtype=np.float32)
     for k in range(num_classes):

@@ -14,6 +14,9 @@ from typing import Any
 from workbench.config.callables import resolve_callable
 from workbench.config.errors import ConfigError
 
+SPLIT_SEED = 20240601  # every data set's held-out split (and a synthetic set's draw) is fixed: it never moves with
+# the run's seed
+
 
 @dataclass(frozen=True)
 class Model:
