@@ -32,17 +32,17 @@ def keys() -> list[str]:
     """The registry entries whose campaign compares accuracy: those a failure-free accuracy is measured for."""
     from workbench.campaigns.reproduce import registry
 
-    return [key for key, entry in registry.load().papers.items()
-            if hasattr(_campaign(entry.get("replicates") or key), "failure_free_runs")]
+    reg = registry.load()
+    return [key for key in reg.papers if hasattr(_campaign(reg.campaign_of(key)), "failure_free_runs")]
 
 
 def module_of(key: str) -> Any:
-    """The campaign module that runs registry entry ``key`` (a replication runs its original's campaign);
-    FailureFreeRefused naming the allowed keys for one that compares no accuracy."""
+    """The campaign module that runs registry entry ``key`` (a replication runs its original's campaign, a later
+    study its paper's); FailureFreeRefused naming the allowed keys for one that compares no accuracy."""
     from workbench.campaigns.reproduce import registry
 
-    entry = registry.load().papers.get(key)
-    module = _campaign(entry.get("replicates") or key) if isinstance(entry, dict) else None
+    reg = registry.load()
+    module = _campaign(reg.campaign_of(key)) if isinstance(reg.papers.get(key), dict) else None
     if not hasattr(module, "failure_free_runs"):
         raise FailureFreeRefused(f"{key!r} is not a registry entry that compares accuracy; allowed: "
                                  f"{', '.join(keys())}")

@@ -25,10 +25,13 @@ _LOADED: dict[str, Any] = {}
 
 # -- reading ------------------------------------------------------------------------------------------------------
 def records(paper: str | None = None, root: str | os.PathLike = ARCHIVE_DIR) -> list[dict[str, Any]]:
-    """The archived records (of ``paper``, or all), each with its ``path``, ordered by paper and attempt."""
+    """The archived records (of ``paper``, or all), each with its ``path``, ordered by paper and attempt. A paper's
+    later study keeps its records in its own folder below the paper's (``ccgrid22/study2/``): ``records("ccgrid22")``
+    is study 1's alone, ``records("ccgrid22_study2")`` study 2's."""
     root = Path(root)
     found = []
-    for path in sorted(root.glob(f"{paper or '*'}/*.json")):
+    patterns = [f"{folder(paper)}/*.json"] if paper else ["*/*.json", "*/study*/*.json"]
+    for path in sorted(p for pattern in patterns for p in root.glob(pattern)):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -61,6 +64,15 @@ def decided(record: dict[str, Any]) -> list[dict[str, Any]]:
             f.update(status=registry.INCONCLUSIVE, detail=f"not measured: {f['unmeasured']}")
         out.append(ceiling_rule(reg, f, dataset))
     return out
+
+
+def folder(paper: str) -> str:
+    """``paper``'s folder in the archive (:meth:`workbench.campaigns.reproduce.registry.Registry.folder`): its key,
+    or ``<paper>/study<N>`` for a later study registered as ``<paper>_study<N>``."""
+    try:
+        return _rules().folder(paper)
+    except registry.RegistryError:
+        return paper
 
 
 def _rules() -> registry.Registry:
@@ -137,18 +149,24 @@ def pending(paper: str | None) -> str | None:
     if section is None or not isinstance(section.get("registered"), dict):
         return None
     what = f", replicates {reg.replicates(paper)}'s design unchanged" if reg.replicates(paper) else ""
+    if reg.study(paper) > 1:
+        what = (f", study {reg.study(paper)} of {reg.paper_of(paper)} (a fresh budget: alpha "
+                f"{', '.join(f'{a:g}' for a in reg.attempts_of(paper)['spending'])}) on the accepted workload "
+                f"{section['accepted_workload']}")
     workload = reg.workload(paper)
     return (f"registered {section['registered']['date']}{what} on {workload.get('model')} / {workload.get('dataset')}: "
             "not run yet (no record archived)")
 
 
 def registered_papers() -> list[str]:
-    """Every registered paper, the report's order first, then the replications and any other (registry.yaml)."""
+    """Every registered paper, the report's order first, each followed by its later studies, then the replications
+    and any other (registry.yaml)."""
     try:
-        names = list(registry.load().papers)
+        reg = registry.load()
     except registry.RegistryError:
-        names = []
-    return list(PAPERS) + [name for name in names if name not in PAPERS]
+        return list(PAPERS)
+    ordered = [key for paper in PAPERS for key in (paper, *reg.studies(paper))]
+    return ordered + [name for name in reg.papers if name not in ordered]
 
 
 def uncommitted(root: str | os.PathLike = ARCHIVE_DIR) -> list[str] | None:
@@ -186,7 +204,7 @@ def claim(out: str | os.PathLike, seeds: dict[str, Any], root: str | os.PathLike
     if "attempt" in seeds:
         return seeds
     attempt = next_attempt(seeds["paper"], seeds, root)
-    alpha = registry.load().attempt_alpha(attempt)
+    alpha = registry.load().attempt_alpha(attempt, seeds["paper"])  # a later study: its own budget
     seeds = {**seeds, "attempt": attempt, "alpha": alpha, "exploratory": alpha is None}
     path = Path(out) / registry.SEEDS_FILE
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -205,11 +223,13 @@ def next_attempt(paper: str, seeds: dict[str, Any], root: str | os.PathLike = AR
 
 
 def spend(verdict: Any, seeds: dict[str, Any], root: str | os.PathLike = ARCHIVE_DIR) -> None:
-    """Decide ``verdict`` at the alpha its attempt is given; beyond the budget at the last attempt's, exploratory."""
+    """Decide ``verdict`` at the alpha its attempt is given; beyond the budget at the last attempt's, exploratory
+    (a later study's attempts and alphas are its own budget's)."""
     reg = registry.load()
     attempt = int(seeds.get("attempt") or next_attempt(verdict.key, seeds, root))
-    alpha = reg.attempt_alpha(attempt)
-    verdict.spend(alpha if alpha is not None else reg.attempts["spending"][-1], attempt, alpha is None)
+    alpha = reg.attempt_alpha(attempt, verdict.key)
+    last = reg.attempts_of(verdict.key)["spending"][-1]
+    verdict.spend(alpha if alpha is not None else last, attempt, alpha is None)
 
 
 def archive(verdict: Any, seeds: dict[str, Any], table: Any = None, root: str | os.PathLike = ARCHIVE_DIR) -> Path:
@@ -217,13 +237,13 @@ def archive(verdict: Any, seeds: dict[str, Any], table: Any = None, root: str | 
     again, resumed, keeps one record); returns its path."""
     root = Path(root)
     record = record_of(verdict, seeds, table, root)
-    folder = root / verdict.key
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob(f"{record['attempt']:02d}-*.json"):
+    into = root / folder(verdict.key)
+    into.mkdir(parents=True, exist_ok=True)
+    for old in into.glob(f"{record['attempt']:02d}-*.json"):
         if json.loads(old.read_text()).get("seeds", {}).get("drawn") == seeds.get("drawn"):
             old.unlink()
     name = f"{record['attempt']:02d}-{record['date']}-design{record['design']}-{len(seeds['seeds'])}-seeds.json"
-    path = folder / name
+    path = into / name
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1, default=str))
     os.replace(tmp, path)
@@ -236,10 +256,15 @@ def record_of(verdict: Any, seeds: dict[str, Any], table: Any, root: Path) -> di
 
     commit = seeds.get("registry_commit")
     section = registry.section_at(verdict.key, commit) if commit else None
-    workload = ((section or {}).get("paper") or {}).get("workload") or registry.load().workload(verdict.key)
+    reg = registry.load()
+    workload = ((section or {}).get("paper") or {}).get("workload") or reg.workload(verdict.key)
+    if reg.study(verdict.key) > 1:  # a later study: its accepted workload's settings with its own
+        workload = reg.workload(verdict.key)
+    study = ({"study": reg.study(verdict.key), "of": reg.paper_of(verdict.key),
+              "accepted_workload": reg.papers[verdict.key]["accepted_workload"]} if reg.study(verdict.key) > 1 else {})
     statistics = {k: v for k, v in verdict.statistics.items() if k != "reporting_seeds"}
     return {
-        "paper": verdict.key, "title": verdict.title, "attempt": verdict.attempt,
+        "paper": verdict.key, **study, "title": verdict.title, "attempt": verdict.attempt,
         "design": design_of(verdict.key, commit, verdict.attempt, root),
         "date": str(seeds.get("drawn", ""))[:10] or "undated", "scale": verdict.scale,
         "condition": condition(workload), "workload": workload, "registry_commit": commit,

@@ -6,7 +6,11 @@ workloads included (:mod:`~.acceptance`); :func:`decide` gives *holds*, *does no
 effect's interval, :func:`paired_decision` and :func:`share_decision` compute it, :func:`redecide` at an attempt's
 alpha; :func:`ceiling_status` turns a *holds* near the ceiling into *holds at the ceiling: not evidence*,
 :func:`overall` gives a verdict from its findings; :func:`provenance` names the registering commit. A replication
-(``replicates``) is a paper's design, unchanged, on a second workload. Details: docs/reproduce-rules.md.
+(``replicates``) is a paper's design, unchanged, on a second workload. A paper's second study (``study: 2``, ``of``:
+the paper, under the key ``<paper>_study2``) is a registration of its own on an accepted workload (its
+``accepted_workload``, one of ``workloads``), with a fresh attempt budget (its own ``attempts``), its findings, margins
+and power; its records go to ``archive/<paper>/study2/`` (:func:`Registry.folder`). Details:
+docs/reproduce-rules.md.
 """
 
 from __future__ import annotations
@@ -120,11 +124,17 @@ class Registry:
         dataset = str(self.workload(paper).get("dataset"))
         return dataset, self.ceilings.get(dataset), self.papers[paper].get("failure_free")
 
-    def attempt_alpha(self, attempt: int) -> float | None:
+    def attempts_of(self, paper: str | None = None) -> dict[str, Any]:
+        """The attempt budget ``paper``'s reporting runs share: a study's own (``attempts`` in its section, a fresh
+        budget), else the registry's."""
+        own = self.papers.get(paper, {}).get("attempts") if paper is not None else None
+        return own if isinstance(own, dict) else self.attempts
+
+    def attempt_alpha(self, attempt: int, paper: str | None = None) -> float | None:
         """The one-sided alpha registered for a paper's ``attempt``-th reporting run (1-based: its record number in
         the archive, :mod:`workbench.campaigns.reproduce.history`); None beyond the attempt budget (an exploratory
-        run)."""
-        spending = self.attempts["spending"]
+        run). ``paper``: a second study counts its attempts in its own budget (:meth:`attempts_of`)."""
+        spending = self.attempts_of(paper)["spending"]
         return float(spending[attempt - 1]) if 1 <= attempt <= len(spending) else None
 
     def replicates(self, paper: str) -> str | None:
@@ -132,16 +142,42 @@ class Registry:
         None for a paper's own registration."""
         return self.papers.get(paper, {}).get("replicates")
 
+    def study(self, paper: str) -> int:
+        """Which study of its paper the registration ``paper`` is: 1 for a paper's own registration (and a
+        replication), its ``study`` number for a later study."""
+        return int(self.papers.get(paper, {}).get("study") or 1)
+
+    def paper_of(self, paper: str) -> str:
+        """The paper a registration belongs to: a study's ``of``, else the key itself."""
+        return str(self.papers.get(paper, {}).get("of") or paper)
+
+    def studies(self, paper: str) -> list[str]:
+        """The later studies registered of ``paper`` (their keys), in study order."""
+        found = [key for key, section in self.papers.items() if section.get("of") == paper and section.get("study")]
+        return sorted(found, key=self.study)
+
+    def folder(self, paper: str) -> str:
+        """Where ``paper``'s records go in the archive, relative to it: ``<paper>`` for a paper's own registration
+        and a replication, ``<of>/study<N>`` for a later study (beside, not among, study 1's records)."""
+        return f"{self.paper_of(paper)}/study{self.study(paper)}" if self.study(paper) > 1 else paper
+
     def campaign_of(self, paper: str) -> str:
-        """The campaign module that runs ``paper``'s registration: a replication's original's."""
-        return self.replicates(paper) or paper
+        """The campaign module that runs ``paper``'s registration: a replication's original's, a study's paper's."""
+        return self.replicates(paper) or self.paper_of(paper)
 
     def workload(self, paper: str) -> dict[str, Any]:
         """The paper scale of ``paper``'s campaign as registered: its settings (model, dataset, worlds, steps, ...),
-        a copy; RegistryError when the paper is not registered."""
+        a copy; RegistryError when the paper is not registered. A study's are its accepted workload's settings (its
+        world size as ``worlds``) with its own campaign settings beside them."""
         if paper not in self.papers:
             raise RegistryError(f"no paper {paper!r} is registered; registered: {', '.join(self.papers)}")
-        return dict(self.papers[paper]["workload"])
+        section = self.papers[paper]
+        accepted = section.get("accepted_workload")
+        if accepted is None:
+            return dict(section["workload"])
+        if accepted not in self.workloads:
+            raise RegistryError(f"{paper}: accepted_workload {accepted!r} is not an accepted workload")
+        return {**accepted_settings(self.workloads[accepted]), **section["workload"]}
 
     def seed_count(self, paper: str) -> int:
         """How many reporting seeds ``paper``'s campaign draws (its own count, else the registry's)."""
@@ -190,6 +226,9 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
     reg = Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
                    _attempts(path, data.get("attempts"), alpha), _ceilings(path, data.get("ceilings")),
                    _workloads(path, data.get("workloads"), data.get("ceilings") or {}))
+    for key in reg.papers:  # a later study first: its workload is its accepted workload's
+        if {"study", "of", "accepted_workload"} & set(reg.papers[key]):
+            _check_study(path, reg, key)
     for finding in findings.values():
         if finding.compares_accuracy:
             _check_ceiling(path, reg, finding)
@@ -197,6 +236,81 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
         if reg.replicates(key) is not None:
             _check_replication(path, reg, key)
     return reg
+
+
+def accepted_settings(entry: dict[str, Any]) -> dict[str, Any]:
+    """An accepted workload's settings (registry ``workloads``) as a campaign's: its ``world_size`` as ``worlds``."""
+    settings = dict(entry["settings"])
+    return {"worlds": [settings.pop("world_size")], **settings}
+
+
+# what every sampled finding of a study states of its power (a descriptive one: descriptive and its reason)
+STUDY_POWER = ("sesoi", "sd", "sd_source", "alpha", "n_required", "n_registered")
+
+
+def _check_study(path: Path, reg: Registry, key: str) -> None:
+    """A later study of a paper is checked as strictly as the paper's own registration (its findings, ceiling and
+    failure-free accuracy went through the same checks) and besides: it is ``<of>_study<N>`` with N >= 2 of a
+    paper's own registration, dated (``registered``) before any run, on an accepted workload it does not alter, with
+    a fresh attempt budget of its own, a campaign within the workload's ``campaign_runs``, and a power block for
+    every sampled finding whose n is the one its numbers give, at one of its own attempts' alphas."""
+    from workbench.campaigns.reproduce.power import required_n
+
+    section = reg.papers[key]
+    number, paper = section.get("study"), section.get("of")
+    where = f"{path}: study {key!r}"
+    if section.get("replicates") is not None:
+        raise RegistryError(f"{where}: a study is not a replication: give study and of, or replicates, not both")
+    if isinstance(number, bool) or not isinstance(number, int) or number < 2:
+        raise RegistryError(f"{where}: study {number!r} must be an integer >= 2 (study 1 is the paper's own section)")
+    own = reg.papers.get(paper) if isinstance(paper, str) else None
+    if not isinstance(own, dict) or own.get("study") or own.get("of") or own.get("replicates"):
+        raise RegistryError(f"{where}: of {paper!r} is not a registered paper's own registration")
+    if key != f"{paper}_study{number}":
+        raise RegistryError(f"{where}: a study of {paper} numbered {number} is registered as {paper}_study{number}")
+    registered = section.get("registered")
+    if not (isinstance(registered, dict) and registered.get("date") and registered.get("note")):
+        raise RegistryError(f"{where}: needs registered (its date and a note), written before any of its runs")
+    accepted = section.get("accepted_workload")
+    if accepted not in reg.workloads:
+        raise RegistryError(f"{where}: accepted_workload {accepted!r} is not an accepted workload; accepted: "
+                            f"{', '.join(reg.workloads) or 'none'} (registry workloads)")
+    fixed = set(accepted_settings(reg.workloads[accepted])) | {"world", "world_size"}
+    altered = sorted(fixed & set(section["workload"]))
+    if altered:
+        raise RegistryError(f"{where}: its workload sets {', '.join(altered)}, which its accepted workload "
+                            f"{accepted} fixes: a study runs an accepted workload as it was measured")
+    if not isinstance(section.get("attempts"), dict):
+        raise RegistryError(f"{where}: needs attempts, its own budget and spending (a fresh budget: a study does "
+                            "not spend its paper's)")
+    try:
+        section["attempts"] = _attempts(path, section["attempts"], reg.alpha)
+    except RegistryError as exc:
+        raise RegistryError(f"{where}: {str(exc).removeprefix(f'{path}: ')}") from None
+    runs, most = section.get("campaign_runs"), reg.workloads[accepted]["measured"].get("campaign_runs")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1 or (isinstance(most, int) and runs > most):
+        raise RegistryError(f"{where}: campaign_runs {runs!r} must be an integer from 1 to {most}, the most runs a "
+                            f"study on {accepted} may have (its measured campaign_runs)")
+    findings = [f for f in reg.findings.values() if f.paper_key == key]
+    spending = section["attempts"]["spending"]
+    for finding in findings:
+        if finding.test == "exact" or finding.kind == "mechanism":
+            continue
+        p = finding.power or {}
+        at = f"{where}: finding {finding.key}"
+        if p.get("descriptive"):
+            if not p.get("reason"):
+                raise RegistryError(f"{at}: a descriptive finding says why (power: reason)")
+            continue
+        missing = [name for name in STUDY_POWER if name not in p]
+        if missing:
+            raise RegistryError(f"{at}: its power block needs {', '.join(missing)} (from tuning seeds on "
+                                f"{accepted})")
+        if not any(abs(float(p["alpha"]) - level) < 1e-12 for level in spending):
+            raise RegistryError(f"{at}: power alpha {p['alpha']} is none of its study's attempts' ({spending})")
+        if p["n_required"] != required_n(finding):
+            raise RegistryError(f"{at}: power n_required {p['n_required']} is not what its numbers give "
+                                f"({required_n(finding)})")
 
 
 REPLICATED = ("id", "metric", "clock", "effect", "test", "margin", "kind")  # what a replication keeps unchanged
