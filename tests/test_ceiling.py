@@ -74,7 +74,8 @@ def test_an_accuracy_comparison_near_its_ceiling_is_refused_at_registration(tmp_
         "ccgrid22.rollback_keeps_accuracy", "ccgrid22.forward_loses_accuracy_bounded",
         "europmpi17.shrink_keeps_accuracy", "europmpi17.ulfm_matches_shrink", "gossipgrad.accuracy_non_inferior",
         "apoptosis.accuracy_kept", "gossipgrad_replication.accuracy_non_inferior",
-        "apoptosis_replication.accuracy_kept"}
+        "apoptosis_replication.accuracy_kept", "ccgrid22_study2.rollback_keeps_accuracy",
+        "ccgrid22_study2.forward_loses_accuracy_bounded", "ccgrid22_study2.forward_trades_accuracy"}
     near = _registry_with(tmp_path, "dataset: synthetic_noisy, synthetic_size: 8192, worlds: [4], steps: 300",
                           "dataset: synthetic_image, synthetic_size: 8192, worlds: [4], steps: 300")
     with pytest.raises(RegistryError, match=r"ccgrid22.rollback_keeps_accuracy .*\(77.2 %\) sits 4.0 pt below the "

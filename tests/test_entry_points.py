@@ -40,6 +40,9 @@ CASES = [
     ("workbench.campaigns.reproduce.report", ["pyproject.toml"], "ROOT 'pyproject.toml' is not a directory"),
     ("workbench.campaigns.reproduce.report", ["--out", "docs"], "--out 'docs' is not allowed: give an HTML file"),
     ("workbench.campaigns.reproduce.measure_workload", ["no_such_workload"], "no workload 'no_such_workload'"),
+    ("workbench.campaigns.reproduce.run_study", ["no_such_study"], "no registry entry 'no_such_study'"),
+    ("workbench.campaigns.reproduce.run_study", ["jpdc24"], "runs its own registration only; run its notebook"),
+    ("workbench.campaigns.reproduce.run_study", [], "the following arguments are required: key"),
     ("workbench.campaigns.reproduce.measure_workload", [], "the following arguments are required: name"),
     ("workbench.workloads.mnist1d_file", ["--write", "docs"], "'docs' is a directory: give a file path"),
     ("workbench.workloads.mnist1d_file", ["--write", "no/such/dir/m.npz"], "is in no directory (no/such/dir is "

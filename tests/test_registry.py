@@ -18,7 +18,7 @@ def finding(test, margin):
 def test_the_committed_registry_loads_and_names_every_paper_and_seed_rule():
     reg = registry.load()
     assert set(reg.papers) == {"ccgrid22", "gossipgrad", "jpdc24", "europmpi17", "apoptosis", "gossipgrad_replication",
-                               "apoptosis_replication"}
+                               "apoptosis_replication", "ccgrid22_study2"}
     assert all(f.alpha == 0.025 and f.test in registry.TESTS for f in reg.findings.values())
     assert reg.finding("gossipgrad.accuracy_non_inferior").test == "non_inferiority"
     with pytest.raises(RegistryError, match="no finding 'gossipgrad.nope' is registered"):

@@ -58,7 +58,7 @@ def planted(tmp_path, old: str = "", new: str = "", study: str = STUDY):
 def test_a_study_has_its_own_budget_workload_and_folder(tmp_path):
     reg = registry.load(planted(tmp_path))
     assert reg.study(KEY) == 9 and reg.study("ccgrid22") == 1 and reg.paper_of(KEY) == "ccgrid22"
-    assert reg.studies("ccgrid22") == [KEY] and reg.campaign_of(KEY) == "ccgrid22"
+    assert reg.studies("ccgrid22") == ["ccgrid22_study2", KEY] and reg.campaign_of(KEY) == "ccgrid22"
     assert reg.folder(KEY) == "ccgrid22/study9" and reg.folder("ccgrid22") == "ccgrid22"
     # a fresh budget: its own spending, not the paper's (which study 1 has begun to spend)
     assert [reg.attempt_alpha(k, KEY) for k in (1, 2, 3)] == [0.0125, 0.0125, None]
@@ -159,6 +159,6 @@ def test_a_studys_run_is_archived_beside_study_1_at_its_own_first_attempt(tmp_pa
     after = (history.history_line(history.records("ccgrid22", archive), "ccgrid22"),
              [history.decided(r) for r in history.records("ccgrid22", archive)])
     assert after == before and len(history.records(root=archive)) == 2
-    assert history.registered_papers()[:2] == ["ccgrid22", KEY]
+    assert history.registered_papers()[:3] == ["ccgrid22", "ccgrid22_study2", KEY]
     page = write_report(tmp_path / "runs", archive=archive).read_text()
     assert page.index(f"{KEY}: holds (design 1)") > page.index("ccgrid22: inconclusive (design 1)")

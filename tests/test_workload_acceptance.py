@@ -20,7 +20,7 @@ GOOD = {"settings": {"model": "mnist1d_cnn", "dataset": "mnist1d", "world_size":
 
 def _registry_with(tmp_path, entry: dict) -> str:
     data = yaml.safe_load(registry.REGISTRY_FILE.read_text())
-    data["workloads"] = {"planted": entry}
+    data["workloads"] = {**data["workloads"], "planted": entry}  # the committed ones stay: a study runs on one
     path = tmp_path / "registry.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return str(path)

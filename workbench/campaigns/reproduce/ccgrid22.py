@@ -23,6 +23,7 @@ from workbench.campaigns.reproduce.common import (
     one_sided,
     paired,
     progress,
+    run_extras,
 )
 
 KEY = "ccgrid22"
@@ -60,7 +61,7 @@ def failure_free_run(settings: dict[str, Any], world: int) -> dict[str, Any]:
     reference, and what :mod:`workbench.campaigns.reproduce.failure_free` measures before a registration."""
     return {"world_size": world, "steps": settings["steps"], "model": settings["model"],
             "dataset": settings["dataset"], "eval_interval": max(settings["steps"] // 10, 1),
-            "synthetic_size": settings["synthetic_size"]}
+            "synthetic_size": settings["synthetic_size"], **run_extras(settings)}
 
 
 def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -68,21 +69,36 @@ def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any
     return [(world, failure_free_run(settings, world)) for world in settings["worlds"]]
 
 
-def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", **overrides: Any) -> Any:
+def mtbf_of(settings: dict[str, Any], index: int) -> list[int]:
+    """The MTBFs the ``index``-th seed runs at: every one of the axis, or with ``mtbf_per_seed`` (a study's
+    registration) one, the seeds taking the axis's values in turn (seed 0, 2, ... the first; 1, 3, ... the
+    second), so that each seed gives one pair and the pairs are independent."""
+    axis = list(settings["mtbf"])
+    return [axis[index % len(axis)]] if settings.get("mtbf_per_seed") else axis
+
+
+def planned_runs(settings: dict[str, Any]) -> int:
+    """How many runs the campaign at ``settings`` makes: per world size and seed, the failure-free run and each
+    strategy at each of the seed's MTBFs (:func:`mtbf_of`)."""
+    per_world = sum(1 + len(mtbf_of(settings, i)) * len(strategies(settings)) for i in range(len(settings["seeds"])))
+    return len(settings["worlds"]) * per_world
+
+
+def campaign(scale: str = "small", out: str | Path = "runs/reproduce/ccgrid22", entry: str = KEY,
+             **overrides: Any) -> Any:
     """Run (or load, when already run) every (world size, MTBF, seed, strategy) of the scale against the
-    failure-free run of its seed; one row per run. At the paper scale: the registry's workload and the reporting
-    seeds drawn for ``out``."""
+    failure-free run of its seed; one row per run. At the paper scale: the registry's workload of ``entry``
+    (``ccgrid22``, or its second study ``ccgrid22_study2``) and the reporting seeds drawn for ``out``."""
     import pandas as pd
 
-    settings = campaign_settings(KEY, SCALES, scale, out, overrides)
+    settings = campaign_settings(entry, SCALES, scale, out, overrides)
     rows = []
-    progress(KEY, len(settings["worlds"]) * len(settings["seeds"])
-             * (1 + len(settings["mtbf"]) * len(strategies(settings))), into=out)
+    progress(entry, planned_runs(settings), into=out)
     for world in settings["worlds"]:
-        for seed in settings["seeds"]:
+        for index, seed in enumerate(settings["seeds"]):
             common = {**failure_free_run(settings, world), "seed": seed}
             base = cached_run(Path(out) / "runs" / f"w{world}-s{seed}-none", **common)
-            for mtbf in settings["mtbf"]:
+            for mtbf in mtbf_of(settings, index):
                 failures = f"random:mtbf_steps={mtbf},seed={seed},max={settings['max_failures']}"
                 for label, extra in strategies(settings).items():
                     name = label.replace("/", "-")
@@ -170,11 +186,12 @@ def under_failures(frame: Any) -> Any:
     return frame[frame.failures > 0]
 
 
-def verdict(frame: Any, scale: str) -> Verdict:
+def verdict(frame: Any, scale: str, entry: str = KEY) -> Verdict:
     """The mechanism, checked on every world size (and, at the small scale, the runtime directions on the rank-time
-    clock), then the registered findings decided on pairs pooled over the MTBF axis; every run and every
-    failure-free reference must complete (a failed run is not dropped from the pairs silently)."""
-    v = Verdict(KEY, TITLE, PAPER, scale)
+    clock), then the registered findings of ``entry`` (``ccgrid22`` or ``ccgrid22_study2``) decided on pairs pooled
+    over the MTBF axis; every run and every failure-free reference must complete (a failed run is not dropped from
+    the pairs silently)."""
+    v = Verdict(entry, TITLE if entry == KEY else f"{TITLE}, study 2", PAPER, scale)
     frame = _with_mtbf(frame)
     hit = under_failures(frame)
     v.statistics = {"runs": len(frame), "completed": int((frame.outcome == "completed").sum()),
@@ -198,7 +215,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
         _mechanism(v, world, part.set_index("strategy"))
         if scale == "small":
             _runtime_directions(v, world, hit[hit.world_size == world])
-    _registered(v, hit)
+    _registered(v, hit, entry)
     return v
 
 
@@ -236,22 +253,29 @@ def _runtime_directions(v: Verdict, world: int, at: Any) -> None:
                 "(one-sided 95 % lower bound > 0)")
 
 
-def _registered(v: Verdict, hit: Any) -> None:
-    """registry.yaml's findings, each effect oriented so that positive favours the claim, one pair per (world size,
-    seed): a seed's rows over the MTBF axis share its seed, so they are averaged, not pooled as independent."""
+def _registered(v: Verdict, hit: Any, entry: str = KEY) -> None:
+    """registry.yaml's findings of ``entry``, each effect oriented so that positive favours the claim, one pair per
+    (world size, seed): a seed's rows over the MTBF axis share its seed, so they are averaged, not pooled as
+    independent. A registration's ``forward_trades_accuracy`` (rollback's accuracy above forward's: the trade-off's
+    accuracy side) is decided where it is registered."""
+    from workbench.campaigns.reproduce import registry
+
     done = hit[hit.outcome == "completed"]
     seeds = done.groupby(["strategy", "world_size", "seed"], as_index=False)[
         ["accuracy_loss_pt", "rank_overhead_pct"]].mean().assign(outcome="completed")
     failure_free = float(done.baseline_accuracy.mean()) if "baseline_accuracy" in done and len(done) else None
     by = ("world_size", "seed")
-    for label, key in (("rollback", "ccgrid22.rollback_keeps_accuracy"),
-                       ("forward", "ccgrid22.forward_loses_accuracy_bounded")):
+    for label, key in (("rollback", f"{entry}.rollback_keeps_accuracy"),
+                       ("forward", f"{entry}.forward_loses_accuracy_bounded")):
         v.decide(key, -seeds[seeds.strategy == label].accuracy_loss_pt, f"{label} - failure-free, pt",
                  reference=failure_free)
-    v.decide("ccgrid22.forward_faster_than_rollback",
+    if f"{entry}.forward_trades_accuracy" in registry.load().findings:
+        v.decide(f"{entry}.forward_trades_accuracy", paired(seeds, "forward", "rollback", "accuracy_loss_pt", by),
+                 "rollback - forward accuracy, pt", reference=failure_free)
+    v.decide(f"{entry}.forward_faster_than_rollback",
              paired(seeds, "rollback", "forward", "rank_overhead_pct", by), "rollback - forward, rank-time pt")
     for label in sorted(hit.strategy[hit.strategy.str.startswith("checkpoint_restart")].unique()):
-        v.decide("ccgrid22.restart_costs_more", paired(seeds, label, "rollback", "rank_overhead_pct", by),
+        v.decide(f"{entry}.restart_costs_more", paired(seeds, label, "rollback", "rank_overhead_pct", by),
                  f"{label} - rollback, rank-time pt")
 
 

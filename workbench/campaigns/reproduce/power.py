@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.campaigns.reproduce.registry import Decision, Finding
+from workbench.campaigns.reproduce.registry import required_n as registry_required_n
 
 
 def power_of(finding: Finding) -> dict[str, Any] | None:
@@ -19,14 +20,9 @@ def power_of(finding: Finding) -> dict[str, Any] | None:
 
 def required_n(finding: Finding) -> int | None:
     """The n its power block's numbers give for 80 % power at the block's alpha: pairs for a t decision
-    (:func:`workbench.campaigns.reproduce.stats.n_paired`), trials for a Wilson share (:func:`~.stats.n_share`)."""
-    from workbench.campaigns.reproduce import stats
-
-    p = finding.power or {}
-    level = float(p.get("alpha", finding.alpha))
-    if p.get("share"):
-        return stats.n_share(float(p["sesoi"]), finding.margin, level)
-    return stats.n_paired(float(p["sd"]), float(p["sesoi"]), finding.margin, finding.test, level)
+    (:func:`workbench.campaigns.reproduce.stats.n_paired`), trials for a Wilson share (:func:`~.stats.n_share`);
+    the registry checks a study's blocks with the same function (:func:`~.registry.required_n`)."""
+    return registry_required_n(finding)
 
 
 def powered(finding: Finding, decision: Decision) -> Decision:

@@ -248,14 +248,24 @@ def accepted_settings(entry: dict[str, Any]) -> dict[str, Any]:
 STUDY_POWER = ("sesoi", "sd", "sd_source", "alpha", "n_required", "n_registered")
 
 
+def required_n(finding: Finding) -> int | None:
+    """The n its power block's numbers give for 80 % power at the block's alpha: pairs for a t decision
+    (:func:`workbench.campaigns.reproduce.stats.n_paired`), trials for a Wilson share (:func:`~.stats.n_share`)."""
+    from workbench.campaigns.reproduce import stats
+
+    p = finding.power or {}
+    level = float(p.get("alpha", finding.alpha))
+    if p.get("share"):
+        return stats.n_share(float(p["sesoi"]), finding.margin, level)
+    return stats.n_paired(float(p["sd"]), float(p["sesoi"]), finding.margin, finding.test, level)
+
+
 def _check_study(path: Path, reg: Registry, key: str) -> None:
     """A later study of a paper is checked as strictly as the paper's own registration (its findings, ceiling and
     failure-free accuracy went through the same checks) and besides: it is ``<of>_study<N>`` with N >= 2 of a
     paper's own registration, dated (``registered``) before any run, on an accepted workload it does not alter, with
     a fresh attempt budget of its own, a campaign within the workload's ``campaign_runs``, and a power block for
     every sampled finding whose n is the one its numbers give, at one of its own attempts' alphas."""
-    from workbench.campaigns.reproduce.power import required_n
-
     section = reg.papers[key]
     number, paper = section.get("study"), section.get("of")
     where = f"{path}: study {key!r}"
