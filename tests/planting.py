@@ -132,7 +132,9 @@ def _fired():
 
 def pytest_runtest_logreport(report):
     text = re.sub(r"\\x1b\\[[0-9;]*m", "", report.longreprtext)  # a notebook cell's traceback is coloured
-    message = text.strip().splitlines()[-40:] if report.failed else []
+    lines = text.strip().splitlines() if report.failed else []
+    # the failing line (pytest marks it ">") however long the diff below it, then the end of the report
+    message = [line for line in lines[:-40] if line.startswith(">")] + lines[-40:]
     with open(os.environ["WORKBENCH_PLANT_REPORTS"], "a") as f:
         f.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
                             "message": "\\n".join(message), "fired": _fired()}) + "\\n")
