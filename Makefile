@@ -76,9 +76,14 @@ demo: setup
 REPRO ?= runs/reproduce
 REPRODUCE_NOTEBOOKS = ccgrid22:ccgrid22_resilience jpdc24:jpdc24_soft_errors europmpi17:europmpi17_mpi_needs \
 	gossipgrad:gossipgrad apoptosis:apoptosis
+# the papers' second studies (registry.yaml, <paper>_study2), each run by its paper's campaign without a notebook
+REPRODUCE_STUDIES = ccgrid22_study2
 reproduce: setup
 	@for pair in $(REPRODUCE_NOTEBOOKS); do key=$${pair%%:*}; nb=$${pair#*:}; \
 		$(VENV)/bin/workbench sweep notebooks/reproduce/$$nb.ipynb --out $(REPRO)/$$key -p scale paper || true; \
+	done
+	@for key in $(REPRODUCE_STUDIES); do \
+		$(PY) -m workbench.campaigns.reproduce.run_study $$key --out $(REPRO)/$$key || true; \
 	done
 	$(PY) -m workbench.campaigns.reproduce.report $(REPRO)
 

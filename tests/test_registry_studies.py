@@ -161,4 +161,11 @@ def test_a_studys_run_is_archived_beside_study_1_at_its_own_first_attempt(tmp_pa
     assert after == before and len(history.records(root=archive)) == 2
     assert history.registered_papers()[:3] == ["ccgrid22", "ccgrid22_study2", KEY]
     page = write_report(tmp_path / "runs", archive=archive).read_text()
-    assert page.index(f"{KEY}: holds (design 1)") > page.index("ccgrid22: inconclusive (design 1)")
+    assert page.index(f"ccgrid22, study 9 ({KEY}): holds (design 1)") > page.index("ccgrid22: inconclusive (design 1)")
+    # every verdict line names its distance from the paper: ours (model, data, ranks, steps) and the paper's
+    theirs = "the paper&#x27;s: model, data, ranks, steps: not in what was read (the abstract only)"
+    assert (f"<i>Distance from the paper:</i> ours: mnist1d_cnn on mnist1d, 4 ranks, 3000 steps; {theirs}"
+            in page)
+    assert (f"<i>Distance from the paper:</i> ours: lenet5 (batch norm) on synthetic_image (8192 images), world 4, "
+            f"300 steps; {theirs}" in page)
+    assert history.distance("jpdc24").endswith("the paper's: not registered (registry sources)")

@@ -78,3 +78,37 @@ def test_the_studys_verdict_decides_its_own_findings(monkeypatch):
 def test_run_study_refuses_what_it_cannot_run(key, says, capsys):
     assert run_study.main([key, "--out", "unused"]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_archived_run_keeps_its_seeds_table_and_verdicts_and_came_after_its_registration():
+    """The study's first reporting run (archive/ccgrid22/study2/): attempt 1 of its own budget, its seeds drawn at run
+    time outside the tuning range, the registration it ran under committed before it and unchanged since, every run
+    in its table, and its verdicts as decided: deciding the table again gives the recorded intervals."""
+    import subprocess
+    from pathlib import Path
+
+    from workbench.campaigns.reproduce import history
+
+    reg = registry.load()
+    [record] = history.records(KEY)
+    assert Path(record["path"]).parent == history.ARCHIVE_DIR / "ccgrid22" / "study2"
+    assert (record["attempt"], record["alpha"], record["study"], record["of"]) == (1, 0.0125, 2, "ccgrid22")
+    seeds = record["seeds"]["seeds"]
+    assert len(set(seeds)) == reg.seed_count(KEY) == 10 and not any(s <= 1000 for s in seeds)
+    assert registry.registered_at(KEY, record["registry_commit"]) is True
+    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", record["path"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert added and registry.precedes(record["registry_commit"], added[-1]) is True
+    assert record["registry_commit"] != added[-1]  # registered in an earlier commit than its record
+    table = pd.DataFrame(record["table"]["data"], columns=record["table"]["columns"])
+    assert len(table) == 30 and table.reporting.all() and sorted(table.seed.unique()) == sorted(seeds)
+    assert len(table) + table.seed.nunique() == reg.papers[KEY]["campaign_runs"]  # each row beside its seed's reference
+    again = ccgrid22.verdict(table, "paper", entry=KEY)
+    again.spend(record["alpha"], 1)
+    for mine, kept in zip(again.decisions, record["findings"], strict=True):
+        assert (mine["key"], mine["status"], mine["n"]) == (kept["key"], kept["status"], kept["n"])
+        assert (mine["mean"], mine["low"], mine["high"]) == pytest.approx((kept["mean"], kept["low"], kept["high"]))
+    assert history.status(record) == record["status"] == again.status == "inconclusive"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reproduce.md").read_text()
+    assert f"| CCGrid'22, study 2 | {history.history_line([record], KEY)} |" in page
+    assert len(page.splitlines()) <= 250

@@ -149,13 +149,44 @@ def pending(paper: str | None) -> str | None:
     if section is None or not isinstance(section.get("registered"), dict):
         return None
     what = f", replicates {reg.replicates(paper)}'s design unchanged" if reg.replicates(paper) else ""
+    workload = reg.workload(paper)
+    on = f"{workload.get('model')} / {workload.get('dataset')}"
     if reg.study(paper) > 1:
         what = (f", study {reg.study(paper)} of {reg.paper_of(paper)} (a fresh budget: alpha "
-                f"{', '.join(f'{a:g}' for a in reg.attempts_of(paper)['spending'])}) on the accepted workload "
-                f"{section['accepted_workload']}")
-    workload = reg.workload(paper)
-    return (f"registered {section['registered']['date']}{what} on {workload.get('model')} / {workload.get('dataset')}: "
-            "not run yet (no record archived)")
+                f"{', '.join(f'{a:g}' for a in reg.attempts_of(paper)['spending'])})")
+        on = f"the accepted workload {section['accepted_workload']} ({on})"
+    return f"registered {section['registered']['date']}{what} on {on}: not run yet (no record archived)"
+
+
+def ours(record: dict[str, Any] | None, workload: dict[str, Any] | None = None) -> str:
+    """What a run trained on, in words (model, data, ranks, steps): its record's workload, else the first clause of
+    its condition (the records of runs whose files are gone), else the registered ``workload``."""
+    workload = (record or {}).get("workload") or (None if record else workload)
+    if isinstance(workload, dict) and workload.get("model"):
+        worlds = workload.get("worlds") or [workload.get("world_size") or workload.get("world")]
+        width = f" x{workload['width']:g}" if isinstance(workload.get("width"), (int, float)) else ""
+        return (f"{workload['model']}{width} on {workload.get('dataset')}, {' and '.join(map(str, worlds))} ranks, "
+                f"{workload.get('steps')} steps")
+    return str((record or {}).get("condition", "")).split(";")[0].strip() or "not recorded"
+
+
+def distance(key: str, record: dict[str, Any] | None = None) -> str:
+    """A verdict's distance from the paper: what ``record`` (else ``key``'s registration) ran on beside what the
+    paper ran on as the registry's ``sources`` say (model, data, ranks, steps), in words."""
+    try:
+        reg = _rules()
+    except registry.RegistryError:
+        return ""
+    workload = reg.workload(key) if key in reg.papers else None
+    source = reg.sources.get(reg.paper_of(key) if key in reg.papers else key)
+    if source is None:
+        theirs = "not registered (registry sources)"
+    else:
+        known = [f"{name} {source[name]}" for name in registry.SOURCE_FIELDS if source.get(name) is not None]
+        unknown = [name for name in registry.SOURCE_FIELDS if source.get(name) is None]
+        read = str(source["read"]).split(" (")[0]  # its first words: what was read (the registry has the rest)
+        theirs = "; ".join(known + ([f"{', '.join(unknown)}: not in what was read ({read})"] if unknown else []))
+    return f"ours: {ours(record, workload)}; the paper's: {theirs}"
 
 
 def registered_papers() -> list[str]:

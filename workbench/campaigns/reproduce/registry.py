@@ -117,6 +117,8 @@ class Registry:
     attempts: dict[str, Any] = field(default_factory=lambda: {"budget": 1, "spending": [0.025]})
     ceilings: dict[str, dict[str, Any]] = field(default_factory=dict)  # dataset -> its registered ceiling
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # accepted workloads (acceptance.py)
+    # paper -> what it ran its claims on as far as the sources read say (model, data, ranks, steps; None: not read)
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def ceiling(self, paper: str) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
         """``paper``'s workload's dataset, its registered ceiling and the failure-free accuracy registered beside
@@ -225,7 +227,8 @@ def load(path: str | os.PathLike = REGISTRY_FILE) -> Registry:
         raise RegistryError(f"{path}: each deviation needs date, finding, change and why")
     reg = Registry(alpha, findings, data["papers"], (low, high), reporting, deviations,
                    _attempts(path, data.get("attempts"), alpha), _ceilings(path, data.get("ceilings")),
-                   _workloads(path, data.get("workloads"), data.get("ceilings") or {}))
+                   _workloads(path, data.get("workloads"), data.get("ceilings") or {}),
+                   _sources(path, data.get("sources"), data["papers"]))
     for key in reg.papers:  # a later study first: its workload is its accepted workload's
         if {"study", "of", "accepted_workload"} & set(reg.papers[key]):
             _check_study(path, reg, key)
@@ -353,6 +356,21 @@ def _check_replication(path: Path, reg: Registry, key: str) -> None:
     if rules(key) != rules(original):
         raise RegistryError(f"{where}: its findings differ from {original}'s (each finding's "
                             f"{', '.join(REPLICATED)} must read alike)")
+
+
+SOURCE_FIELDS = ("model", "data", "ranks", "steps")  # what a paper ran on: its verdicts' distance names each
+
+
+def _sources(path: Path, value: Any, papers: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What each paper ran its claims on (``sources``): per registered paper its model, data, ranks and steps (None
+    where the sources read do not say) and what was read."""
+    value = value or {}
+    for name, source in value.items() if isinstance(value, dict) else [("sources", None)]:
+        if name not in papers or not (isinstance(source, dict) and source.get("read")
+                                      and all(key in source for key in SOURCE_FIELDS)):
+            raise RegistryError(f"{path}: sources: {name!r} needs to be a registered paper with "
+                                f"{', '.join(SOURCE_FIELDS)} (null where not read) and read (what was read)")
+    return dict(value)
 
 
 def _ceilings(path: Path, value: Any) -> dict[str, dict[str, Any]]:

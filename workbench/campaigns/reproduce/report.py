@@ -99,11 +99,16 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     out = Path(out) if out is not None else root / "report.html"
     first = [True]
     paths = {key: find_verdict(root, key) for key in NOTEBOOKS}
+    studies = {key: find_verdict(root, key) for key in _studies()}  # a later study's, where it ran under root
     sections = [_archived(archive)] + [_section(key, path, first) for key, path in paths.items()]
+    sections += [_section(key, path, first) for key, path in studies.items() if path is not None]
     verdicts = {key: Verdict.load(p).status if p else "not run" for key, p in paths.items()}
-    summary = "".join(f"<li>{html.escape(k)}: <b>{html.escape(s)}</b> under {html.escape(str(root))}; every "
-                      f"registered run: {html.escape(history.history_line(history.records(k, archive), k))}</li>"
-                      for k, s in verdicts.items())
+    summary = ""
+    for k, s in verdicts.items():
+        summary += (f"<li>{html.escape(k)}: <b>{html.escape(s)}</b> under {html.escape(str(root))}; every "
+                    f"registered run: {html.escape(_history(k, archive))}</li>")
+        summary += "".join(f"<li>{html.escape(_name(study))}: every registered run: "
+                           f"{html.escape(_history(study, archive))}</li>" for study in _studies(k))
     summary += _registration()
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>Reproduction of the seed papers</title><style>"
@@ -121,6 +126,37 @@ def write_report(root: str | os.PathLike = "runs/reproduce", out: str | os.PathL
     tmp.write_text(page)
     os.replace(tmp, out)
     return out
+
+
+def _studies(paper: str | None = None) -> list[str]:
+    """The later studies registered (of ``paper``, or of every paper), in the report's order."""
+    from workbench.campaigns.reproduce import registry
+
+    try:
+        reg = registry.load()
+    except registry.RegistryError:
+        return []
+    return [key for key in history.registered_papers() if reg.study(key) > 1 and paper in (None, reg.paper_of(key))]
+
+
+def _name(key: str) -> str:
+    """A registration in words: ``ccgrid22_study2`` is "ccgrid22, study 2 (ccgrid22_study2)"."""
+    from workbench.campaigns.reproduce import registry
+
+    try:
+        reg = registry.load()
+    except registry.RegistryError:
+        return key
+    return f"{reg.paper_of(key)}, study {reg.study(key)} ({key})" if reg.study(key) > 1 else key
+
+
+def _history(key: str, archive: str | os.PathLike) -> str:
+    """``key``'s registered runs in order (:func:`~.history.history_line`) and how far the last one (else its
+    registration) stands from the paper (:func:`~.history.distance`)."""
+    kept = history.records(key, archive)
+    line = history.history_line(kept, key)
+    far = history.distance(key, kept[-1] if kept else None)
+    return f"{line} (distance from the paper: {far})" if far else line
 
 
 def _registration() -> str:
@@ -150,7 +186,9 @@ def _archived(archive: str | os.PathLike) -> str:
     rows = []
     for key in history.registered_papers():  # the replications too, each shown "not run yet" until its record is
         kept = history.records(key, archive)
-        rows.append(f"<h3>{html.escape(key)}: {html.escape(history.history_line(kept, key))}</h3>")
+        rows.append(f"<h3>{html.escape(_name(key))}: {html.escape(history.history_line(kept, key))}</h3>")
+        if not kept and history.distance(key):
+            rows.append(f"<p><i>Distance from the paper:</i> {html.escape(history.distance(key))}</p>")
         rows += [_attempt(record) for record in kept]
     return (f"<section><h2>Every registered reporting run</h2>{warning}<p>From <code>{html.escape(str(archive))}"
             f"</code>, one record per run; each verdict at the alpha its attempt is given (registry.yaml, "
@@ -178,7 +216,9 @@ def _attempt(record: dict) -> str:
     spent += ", exploratory: beyond the attempt budget" if record.get("exploratory") else ""
     what = f": {esc(record['description'])}" if record.get("description") else ""
     files += _ceiling_of(record)
-    claim = f"<br><i>Claim:</i> {esc(record['claim'])}" if record.get("claim") else ""
+    far = history.distance(record["paper"], record)
+    claim = f"<br><i>Distance from the paper:</i> {esc(far)}" if far else ""
+    claim += f"<br><i>Claim:</i> {esc(record['claim'])}" if record.get("claim") else ""
     claim += f"<br><i>Erratum:</i> {esc(record['erratum'])}" if record.get("erratum") else ""
     return (f"<p><b>attempt {record['attempt']}, design {record.get('design')}</b> ({esc(str(record.get('date')))}"
             f"{what}): "
@@ -230,14 +270,16 @@ def _report(root: str, out: str | None) -> int:
         raise ReportRefused(f"cannot write the report {target!r}: {exc.strerror or exc}"
                             + (f" ({exc.filename})" if exc.filename else "")) from None
     missed = []
-    for key in NOTEBOOKS:
+    for key in [*NOTEBOOKS, *_studies()]:
         found = find_verdict(Path(root), key)
         verdict = Verdict.load(found) if found else None
+        if key not in NOTEBOOKS and verdict is None:
+            continue  # a later study not run under ROOT: its archived runs are listed below
         print(verdict.summary() if verdict else f"{key}: not run")
         if verdict is None or verdict.status == FAILS:
             missed.append(key)
     for key in history.registered_papers():
-        print(f"{key}, every registered run: {history.history_line(history.records(key), key)}")
+        print(f"{key}, every registered run: {_history(key, history.ARCHIVE_DIR)}")
     pending = history.uncommitted()
     if pending:  # said plainly: a reporting run is not done until its record is committed
         print(f"the archive has records not committed (commit them): {', '.join(pending)}", file=sys.stderr)
