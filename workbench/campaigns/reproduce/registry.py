@@ -1,16 +1,12 @@
 """The pre-registration of the reproductions (``registry.yaml`` beside this module): each finding's test, margin
 and alpha, fixed before any reporting run, and the rule that turns a measured effect into a verdict.
 
-:func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field), the accepted
-workloads included (:mod:`~.acceptance`); :func:`decide` gives *holds*, *does not hold* or *inconclusive* from an
-effect's interval, :func:`paired_decision` and :func:`share_decision` compute it, :func:`redecide` at an attempt's
-alpha; :func:`ceiling_status` turns a *holds* near the ceiling into *holds at the ceiling: not evidence*,
-:func:`overall` gives a verdict from its findings; :func:`provenance` names the registering commit. A replication
-(``replicates``) is a paper's design, unchanged, on a second workload. A paper's second study (``study: 2``, ``of``:
-the paper, under the key ``<paper>_study2``) is a registration of its own on an accepted workload (its
-``accepted_workload``, one of ``workloads``), with a fresh attempt budget (its own ``attempts``), its findings, margins
-and power; its records go to ``archive/<paper>/study2/`` (:func:`Registry.folder`). Details:
-docs/reproduce-rules.md.
+:func:`load` reads and checks the file (a :class:`RegistryError` naming the finding and the field), accepted
+workloads included; :func:`decide` gives *holds*, *does not hold* or *inconclusive* from an effect's interval,
+:func:`redecide` at an attempt's alpha, :func:`ceiling_status` near the ceiling; :func:`overall` a paper's verdict.
+A replication (``replicates``) is a paper's design on a second workload; a second study (``<paper>_study2``:
+``study: 2``, ``of``) is a registration of its own on an accepted workload with a fresh attempt budget, its records
+in ``archive/<paper>/study2/``. Details: docs/reproduce-rules.md.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ later study, e.g. ``ccgrid22_study2``; its paper's campaign module runs it) on r
 
     python -m workbench.campaigns.reproduce.run_study ccgrid22_study2 --out runs/reproduce/ccgrid22_study2
 
-Resumable: run it again with the same ``--out`` and it loads every run that finished and runs the rest on the same
-seeds. Prints the verdict; exit 0 when it holds, 1 when it does not or is inconclusive, 2 in one line for bad
-input, 130 on Ctrl-C.
+Resumable (the same ``--out`` reuses every finished run, on the same seeds). Prints the verdict; exit 0 when it
+holds, 1 when it does not or is inconclusive, 2 in one line for bad input, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
