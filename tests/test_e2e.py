@@ -139,6 +139,28 @@ def test_two_ranks_dying_in_one_step_are_recovered(strategy):
     assert result.summary["samples_lost_total"] == lost and result.summary["steps_redone_total"] == 0
 
 
+def test_a_planned_kill_fires_after_the_others_of_its_step_changed_the_world():
+    """Ranks 1 and 3 die at step 2's fault point; rank 2, slowed there, reaches its own after their deaths were
+    announced: its wait for the exchange meets the new generation, and its kill fires all the same (it was lost,
+    and the run went on with rank 2, 1 time in 60 under load without the slow-down)."""
+    result = workbench.run(world_size=4, steps=10, strategy="shrink",
+                           faults=["kill:rank=1,step=2", "kill:rank=3,step=2", "kill:rank=2,step=2",
+                                   "slow:rank=2,step=2,factor=100,until=3"])
+    assert result.completed, result.summary["reason"]
+    assert sorted((f["rank"], f["step"]) for f in result.failures) == [(1, 2), (2, 2), (3, 2)]
+    assert result.summary["world_size_final"] == 1 and not [e for e in result.events if e["kind"] == "fault_skipped"]
+
+
+def test_a_planned_fault_that_never_fires_is_said_at_the_end():
+    """Rank 3 is gone at step 5 (shrink), so its kill planned at step 20 cannot fire: the run says so."""
+    result = workbench.run(world_size=4, steps=30, strategy="shrink", faults=["kill:rank=3,step=5",
+                                                                              "kill:rank=3,step=20"])
+    assert result.completed and [f["step"] for f in result.failures] == [5]
+    (skipped,) = [e for e in result.events if e["kind"] == "fault_skipped"]
+    assert (skipped["step"], skipped["rank"]) == (20, 3)
+    assert skipped["detail"].startswith("kill:rank=3,step=20 did not fire: rank 3 did not reach step 20")
+
+
 # a hang that came back 1 time in 6 passes n runs with probability (5/6)**n: 26 runs catch it at >= 99 % (25: 98.9 %)
 REPEATS = 26
 

@@ -16,6 +16,7 @@ from workbench.supervisor.membership import (
     Lost,
     Membership,
     Note,
+    Restart,
     Retire,
     Start,
 )
@@ -108,7 +109,14 @@ class Driver:
     def apply(self, decisions: list) -> list:
         if self.end is not None:
             assert decisions == [], f"decisions after {self.end}: {decisions}"
-        for d in decisions:
+        done: list = []
+        decisions = list(decisions)
+        while decisions:
+            d = decisions.pop(0)
+            if isinstance(d, Restart):  # carried out in its place (the supervisor: after Retire's last reports)
+                decisions[:0] = self.m.restart()
+                continue
+            done.append(d)
             assert self.end is None, f"{d} after {self.end}"
             if isinstance(d, Start):
                 assert d.id not in self.label and d.id not in self.gone, f"{d}: id reused"
@@ -141,8 +149,8 @@ class Driver:
         labels = [lab for lab in self.label.values() if lab is not None]
         assert len(labels) == len(set(labels)), f"a label held by two live processes: {self.label}"
         assert len(labels) <= self.world_size
-        self.log += decisions
-        return decisions
+        self.log += done
+        return done
 
     def _check_generation(self, d: Generation) -> None:
         prev = self.gens[-1] if self.gens else None
@@ -468,6 +476,26 @@ def test_checkpoint_restart_restarts_the_world_from_the_last_checkpoint(rank):
     (gen,) = d.ready(starts[3].id)
     assert gen == Generation(1, (0, 1, 2, 3), tuple(s.id for s in starts), source=0, resume="ckpt/step8.h5",
                              recovery="checkpoint_restart")
+
+
+def test_checkpoint_restart_resumes_from_a_checkpoint_the_retired_world_reported_last():
+    """A retired member's last reports are read between Retire and Restart (the supervisor drains its socket): a
+    checkpoint it finished writing as another rank died is where the fresh world resumes, and the note says so."""
+    d = Driver("checkpoint_restart", 4).up()
+    d.checkpoint("ckpt/step10.h5")
+    id = d.holder(2)
+    d.dying = id
+    del d.label[id]
+    d.gone.add(id)
+    out = d.m.died(id, KILLED, 15)
+    assert kinds(out) == ["Lost", "Retire", "Restart"]
+    d.apply(out[:2])
+    d.checkpoint("ckpt/step15.h5")  # rank 0's report, drained as it was retired
+    started = d.apply(out[2:])
+    assert kinds(started) == ["Start"] * 4 + ["Note"]
+    assert started[-1].detail == "world stopped; 4 fresh ranks resume from checkpoint ckpt/step15.h5"
+    d.settle()
+    assert d.gen.resume == "ckpt/step15.h5" and d.gen.recovery == "checkpoint_restart"
 
 
 def test_checkpoint_restart_without_a_checkpoint_resumes_from_the_config():

@@ -27,7 +27,7 @@ from workbench.launch import devices
 from workbench.rank import protocol, staging
 from workbench.rank import state as st
 from workbench.rank.channel import Channel, cpu_time
-from workbench.rank.comm import Comm, GenerationChanged
+from workbench.rank.comm import Comm, CommError, GenerationChanged
 from workbench.rank.optim import make_optimizer
 from workbench.rank.readings import evaluate, fingerprint
 from workbench.rank.recovery import InFlight
@@ -108,7 +108,10 @@ class BaseTrainer:
             if kind.hold is not None:
                 kind.hold(fault)
             return
-        self._before_fault()
+        try:
+            self._before_fault()
+        except (GenerationChanged, CommError):
+            pass  # another member's planned fault changed the world first: this one fires all the same
         if self._writer is not None:
             # a checkpoint write under way finishes first: a planned experiment's restart point must not depend
             # on how fast the disk was (live kills land wherever they land, inside writes included)

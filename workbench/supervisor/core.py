@@ -43,7 +43,8 @@ from workbench.supervisor.boundary import MARGIN_STEPS, SETTLE_S, Boundary
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
-from workbench.supervisor.membership import Assign, Decision, End, Generation, Lost, Membership, Note, Retire, Start
+from workbench.supervisor.membership import (Assign, Decision, End, Generation, Lost, Membership, Note, Restart,
+                                             Retire, Start)
 from workbench.supervisor.recorder import EventCallback, Recorder
 from workbench.supervisor.stragglers import Straggler, Stragglers
 from workbench.supervisor.watchdog import Watchdog
@@ -120,6 +121,10 @@ class Supervisor:
         finally:
             self._cleanup()
         self.status.update(state=outcome)
+        for fault in self.plan.unfired(self._steps_finished()) if outcome == "completed" else []:
+            self.recorder.event("fault_skipped", fault.step, f"{fault} did not fire: rank {fault.rank} did not reach "
+                                f"step {fault.step} (no member then, or the step was finished without it)",
+                                rank=fault.rank)
         self.recorder.event("end", -1, f"{outcome}: {reason}")
         workers = [w for w in self.member_workers if w is not None and (w.done or outcome != "completed")]
         members = {"detector_s": round(max((w.detector_s for w in workers), default=0.0), 4),
@@ -252,6 +257,8 @@ class Supervisor:
                             self._handle(w, m)  # its last reports first: a restart must not lose a step or a write
                         self.control.forget(w.conn)
                         self.launcher.kill(w, self.control.send)
+            elif isinstance(d, Restart):  # after Retire: a checkpoint its last reports named is where it resumes
+                self._apply(self.membership.restart())
             elif isinstance(d, Lost):
                 w = self.launcher.workers[d.id]
                 fault, say = w.fault or {}, self.recorder.fallback  # a teardown not measured: said in this run

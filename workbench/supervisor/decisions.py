@@ -1,5 +1,5 @@
 """The decisions :class:`~workbench.supervisor.membership.Membership` hands the supervisor, in the order they are
-carried out: start, assign, retire, lost, generation, note, end."""
+carried out: start, assign, retire, restart, lost, generation, note, end."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ class Retire:
 
     ids: tuple[int, ...]
     kill: bool = True
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The retired world's last reports are in (a checkpoint it finished writing counts): ask
+    ``Membership.restart()`` where the fresh world resumes, and start it."""
 
 
 @dataclass(frozen=True)
@@ -74,4 +80,4 @@ class End:
     reason: str
 
 
-Decision = Start | Assign | Retire | Lost | Generation | Note | End
+Decision = Start | Assign | Retire | Restart | Lost | Generation | Note | End

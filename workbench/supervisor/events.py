@@ -74,7 +74,8 @@ SPARE_LOST = EventKind("spare_lost", "a starting or spare rank failed before it 
 REGROW = EventKind("regrow", "replacements rejoined: the world is back to its size")
 CHECKPOINT = EventKind("checkpoint", "a periodic checkpoint is complete on disk (path, stall and write times)")
 CHECKPOINT_SKIPPED = EventKind("checkpoint_skipped", "a checkpoint that cannot be resumed from was passed over")
-FAULT_SKIPPED = EventKind("fault_skipped", "a planned or live fault was not fired: its rank is not alive")
+FAULT_SKIPPED = EventKind("fault_skipped", "a planned or live fault that did not fire: its rank was gone, or (said at "
+                          "the end) it never reached the step")
 BOUNDARY_SKIPPED = EventKind("boundary_skipped", "a planned step boundary lies past the run's end")
 PREEMPT_FALLBACK = EventKind("preempt_fallback", "a preempted rank's grace ran out before the step boundary")
 SLOW_END = EventKind("slow_end", "a slow rank runs at full speed again")

@@ -43,6 +43,12 @@ class FaultPlan:
         self.random = [f for f in self.random if f[0] != m["step"] or not m.get("random")]
         return fired
 
+    def unfired(self, steps_done: int) -> list[Any]:
+        """The kills, hangs, stalls, notices and flips planned for a step the run got past that never fired: their
+        rank was no member then, or the step was finished without it (said at the run's end, never silent)."""
+        return [f for f in self.step_faults
+                if f.step is not None and f.step < steps_done and kinds.of(f).fires in (Fires.RANK, Fires.INJECTOR)]
+
     def flipped(self, label: int | None, m: dict[str, Any]) -> None:
         self.step_faults = [f for f in self.step_faults if not (
             kinds.of(f).fires is Fires.INJECTOR and f.rank == label and f.step == m["planned"]

@@ -2,8 +2,8 @@
 no sockets, no processes, no clocks.
 
 Events in: ``start()``, ``ready(id)``, ``died(id, cause)``, ``checkpoint(path)``, ``stop()``. Decisions out, in
-the order they are carried out: :class:`Start`, :class:`Retire`, :class:`Lost`, :class:`Generation`,
-:class:`Note`, :class:`End`. Processes have spawn ids; ranks have stable labels, which a replacement inherits. A
+the order they are carried out: :class:`Start`, :class:`Retire`, :class:`Restart` (carried out by ``restart()``,
+after the retired ranks' last reports), :class:`Lost`, :class:`Generation`, :class:`Note`, :class:`End`. Processes have spawn ids; ranks have stable labels, which a replacement inherits. A
 process that dies before it is a member is started anew, at most ``max_starts`` times in a row per label. A death
 is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it; at a step boundary
 (a resize, a preemption: ``at_boundary``) nothing is lost or redone (docs/internals.md, docs/permanent-faults.md).
@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from workbench import strategies
 from workbench.strategies import Reaction, Strategy
-from workbench.supervisor.decisions import Assign, Decision, End, Generation, Lost, Note, Retire, Start
+from workbench.supervisor.decisions import Assign, Decision, End, Generation, Lost, Note, Restart, Retire, Start
 
-__all__ = ["Assign", "Decision", "End", "Generation", "Lost", "Membership", "Note", "Proc", "Retire", "Start"]
+__all__ = ["Assign", "Decision", "End", "Generation", "Lost", "Membership", "Note", "Proc", "Restart", "Retire",
+           "Start"]
 
 BOUNDARY = "boundary"  # a generation's ``recovery`` after a change at a step boundary: no state to recover
 
@@ -187,17 +188,21 @@ class Membership:
         return [lost(len(survivors)), Note(recovering.name, f"the {len(survivors)} survivors revoke, shrink and go on")]
 
     def _restart_world(self) -> list[Decision]:
-        """checkpoint_restart: every member retires, a fresh world starts (and is admitted when all are ready)."""
+        """checkpoint_restart: every member retires; once their last reports are in, a fresh world starts
+        (:meth:`restart`; it is admitted when all are ready)."""
         retired = tuple(p.id for p in (self.holder(m) for m in self.members) if p is not None)
         for id in retired:
             self.procs[id].alive = False
         self.restarting = True
+        return [Retire(retired), Restart()]
+
+    def restart(self) -> list[Decision]:
+        """Carrying out :class:`Restart`: the newest checkpoint that verifies is where the fresh world resumes."""
         skipped = self._choose_resume()
         starts = [self._new(label) for label in self.world_labels()]
         self.pending = [s.id for s in starts]
         where = f"checkpoint {self.resume}" if self.resume else "step 0"
-        return [Retire(retired), *skipped, *starts,
-                Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}")]
+        return [*skipped, *starts, Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}")]
 
     def _choose_resume(self) -> list[Decision]:
         """The newest checkpoint that verifies becomes ``resume``; a Note for each one skipped (and forgotten)."""
