@@ -16,7 +16,7 @@ from workbench.config.errors import ConfigError
 from workbench.config.run import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIES, STRATEGIES, RunConfig
 from workbench.results import checkpoint
 from workbench.strategies import Reaction
-from workbench.supervisor.membership import Generation, Lost, Membership, Retire, Start
+from workbench.supervisor.membership import Generation, Lost, Membership, Restart, Retire, Start
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -70,6 +70,8 @@ def test_membership_follows_the_escalation():
     assert gen.recovery == "rollback" and gen.members == (0, 1, 3) and gen.resume is None
     m.checkpoint("/ckpt/step_000090.h5")
     out = m.died(gen.holders[1], "was killed (SIGKILL)", step=100)
+    assert isinstance(out[-1], Restart)
+    out += m.restart()  # as the supervisor does once the retired ranks' last reports are read
     (lost,) = [d for d in out if isinstance(d, Lost)]
     assert lost.world_size_after == 4 and any(isinstance(d, Retire) for d in out)
     fresh = [d for d in out if isinstance(d, Start)]
@@ -140,6 +142,7 @@ def test_a_restart_skips_checkpoints_that_do_not_verify():
     for path in ("/c/step_000030.h5", "/c/step_000060.h5", "/c/step_000090.h5"):
         m.checkpoint(path)
     out = m.died(first[0].holders[1], "was killed (SIGKILL)", step=100)
+    out += m.restart()
     skipped = [d.detail for d in out if getattr(d, "kind", None) == "checkpoint_skipped"]
     assert len(skipped) == 2 and "step_000090.h5 cannot be resumed from (checksum mismatch" in skipped[0]
     assert "trying checkpoint /c/step_000030.h5" in skipped[1] and m.resume == "/c/step_000030.h5"
@@ -152,6 +155,7 @@ def test_a_restart_skips_checkpoints_that_do_not_verify():
         first = m2.ready(s.id)
     m2.checkpoint("/c/step_000030.h5")
     out = m2.died(first[0].holders[0], "was killed (SIGKILL)", step=40)
+    out += m2.restart()
     assert m2.resume is None and any("resume from step 0" in getattr(d, "detail", "") for d in out)
 
 

@@ -75,8 +75,8 @@ SETTINGS: dict[str, Setting] = {
     "strategy": Setting(f"recovery: {{choices}} (of which {', '.join(PEER_STRATEGIES)} are the peer systems)",
                         config.STRATEGIES,
                         docs=f"{_RECOVERY}, [Adding a strategy](strategies.md), "
-                        "[Peers as strategies](permanent-faults.md#peers-as-strategies-torchft-"
-                        "and-torchrun), [ULFM](permanent-faults.md#ulfm-what-the-mpi-layer-gives)"),
+                        "[Peers as strategies](peers.md#torchft-and-torchrun), "
+                        "[ULFM](peers.md#ulfm-what-the-mpi-layer-gives)"),
     "regrow": Setting(f"replace dead ranks (with {', '.join(config.REGROW_STRATEGIES)})", docs=_RECOVERY),
     "warm_spares": Setting("pre-started ranks that replace dead ones without start-up cost (default: 1 with regrow "
                            "or strategy reinit, else 0)"),
