@@ -5,6 +5,7 @@ it), the docs' table held to the code, and ``workbench scale`` refusing bad inpu
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import replace
@@ -122,6 +123,33 @@ def test_a_crossover_is_found_by_bisection():
                            costs=COSTS)
     assert mtbf is not None and 100 < mtbf < 1e8
     assert scale.crossover("rollback", "checkpoint_restart", low=8, high=16, mtbf_hours=1e9, costs=COSTS) is None
+
+
+def test_a_tie_is_no_crossover_and_each_strategy_keeps_its_own_costs():
+    """At an MTBF so short that both strategies make no progress, both sit at 0 %: no crossing there. Given b's own
+    costs (a restart ten times dearer), the crossing moves to smaller worlds, where the restart hurts sooner."""
+    assert scale.crossover("checkpoint_restart", "shrink", vary="mtbf_hours", low=1e-6, high=1e-5, world=64,
+                           costs=COSTS) is None
+    same = scale.crossover("shrink", "checkpoint_restart", low=8, high=100000, mtbf_hours=10000.0, costs=COSTS)
+    dearer = scale.crossover("shrink", "checkpoint_restart", low=8, high=100000, mtbf_hours=10000.0, costs=COSTS,
+                             b_costs=replace(COSTS, restart_s=3000.0))
+    assert same is not None and dearer is not None and dearer < same
+
+
+def test_the_cli_finds_the_crossover_the_api_does(capsys):
+    costs = ["--restart-s", "300", "--checkpoint-s", "30", "--step-s", "1", "--detection-s", "5", "--settle-s",
+             "10", "--join-s", "120", "--reload-s", "60"]
+    code, out, err = cli(capsys, "scale", "--crossover", "shrink", "--mtbf-hours", "10000", "--json", *costs)
+    found = json.loads(out)
+    api = scale.crossover("checkpoint_restart", "shrink", vary="world", low=2, high=1e6, mtbf_hours=10000.0,
+                          costs=COSTS)
+    assert code == 0 and err == "" and found["crossover"] == api and found["vary"] == "world"
+    code, out, _ = cli(capsys, "scale", "--crossover", "shrink", "--mtbf-hours", "10000", *costs)
+    assert out.strip() == (f"checkpoint_restart and shrink cross at world = {api:.6g}: checkpoint_restart ahead "
+                           "below it, shrink above")
+    code, out, err = cli(capsys, "scale", "--crossover", "shrink", "--job-mtbf-hours", "3")
+    assert code == 2 and out == "" and "--crossover takes a rank's MTBF (--mtbf-hours)" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_the_published_check_passes_at_least_five_figures_every_input_cited():

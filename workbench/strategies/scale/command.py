@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+VARIES = {"world": ("world", 2.0, 1e6), "mtbf-hours": ("mtbf_hours", 0.01, 1e8)}  # --vary: keyword, range
 COSTS = ("step_s", "detection_s", "settle_s", "join_s", "restart_s", "reload_s", "checkpoint_s", "write_s")
 
 
@@ -67,6 +68,11 @@ def add_scale_parser(sub: Any) -> None:
     scale.add_argument("--regrow", action="store_true", help="shrink, rollback, forward: replacements join back")
     scale.add_argument("--method", choices=["auto", "closed", "simulate"], default="auto")
     scale.add_argument("--seed", type=_number("", 0, False, integer=True), default=0)
+    scale.add_argument("--crossover", metavar="OTHER", choices=NAMES,
+                       help="instead: where --strategy and OTHER cross, as --vary changes (closed form)")
+    scale.add_argument("--vary", choices=list(VARIES), default="world",
+                       help="with --crossover: what changes, the world size (2 to 1e6 ranks, --world unused) or "
+                       "a rank's MTBF (0.01 to 1e8 hours, --mtbf-hours unused)")
     scale.add_argument("--json", action="store_true", help="print the prediction as one JSON line")
 
 
@@ -75,19 +81,19 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from workbench.strategies.scale.costs import Costs, load_costs
     from workbench.strategies.scale.predict import predict
 
-    costs = Costs()
-    if args.costs:
-        laws = load_costs(args.costs)
-        costs = laws.get(args.strategy, costs)
+    laws = load_costs(args.costs) if args.costs else {}
     given = {name: getattr(args, name) for name in COSTS if getattr(args, name) is not None}
-    costs = replace(costs, **given)
+    costs = replace(laws.get(args.strategy, Costs()), **given)
     options = {name: getattr(args, name) for name in ("job_mtbf_hours", "node_mtbf_hours", "interval_s",
                                                       "spares") if getattr(args, name) is not None}
-    result = predict(args.strategy, args.world, args.mtbf_hours, costs=costs, regrow=args.regrow,
-                     method=args.method, seed=args.seed, ranks_per_node=args.ranks_per_node,
-                     weibull_shape=args.weibull_shape, interval_rule=args.interval_rule,
-                     replacement_s=args.replacement_s, replica_ranks=args.replica_ranks, params=args.params,
-                     job_hours=args.job_hours, batch_per_rank=args.batch_per_rank, **options)
+    options.update(regrow=args.regrow, ranks_per_node=args.ranks_per_node, weibull_shape=args.weibull_shape,
+                   interval_rule=args.interval_rule, replacement_s=args.replacement_s,
+                   replica_ranks=args.replica_ranks, params=args.params, job_hours=args.job_hours,
+                   batch_per_rank=args.batch_per_rank)
+    if args.crossover:
+        return _crossover(args, costs, replace(laws.get(args.crossover, Costs()), **given), options)
+    result = predict(args.strategy, args.world, args.mtbf_hours, costs=costs, method=args.method, seed=args.seed,
+                     **options)
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
@@ -99,3 +105,39 @@ def cmd_scale(args: argparse.Namespace) -> int:
           f"{result.spares_used:.1f} spares used, final world {result.final_world:.1f}")
     print(f"samples lost per hour: {result.samples_lost_per_hour:.2f}  checkpoint interval: {interval}")
     return 0
+
+
+def _crossover(args: argparse.Namespace, costs: Any, other_costs: Any, options: dict[str, Any]) -> int:
+    """``--crossover OTHER``: the world size (or a rank's MTBF) where the two strategies' effective training times
+    cross, by bisection on the closed form; the costs given on the command line apply to both."""
+    from workbench.config.errors import ConfigError
+    from workbench.strategies.scale.predict import crossover
+
+    if options.get("job_mtbf_hours") is not None:
+        raise ConfigError("job_mtbf_hours", "--crossover takes a rank's MTBF (--mtbf-hours): a job's MTBF changes "
+                          "with the world size")
+    vary, low, high = VARIES[args.vary]
+    fixed = {"world": args.world, "mtbf_hours": args.mtbf_hours, **options}
+    fixed.pop(vary)
+    at = crossover(args.strategy, args.crossover, vary=vary, low=low, high=high, costs=costs,
+                   b_costs=other_costs, **fixed)
+    if args.json:
+        print(json.dumps({"strategy": args.strategy, "other": args.crossover, "vary": vary, "low": low,
+                          "high": high, "crossover": at}))
+        return 0
+    if at is None:
+        print(f"{args.strategy} and {args.crossover} do not cross for {vary} in [{low:g}, {high:g}]")
+        return 0
+    below, above = (_ahead(args.strategy, args.crossover, vary, x, fixed, costs, other_costs)
+                    for x in (max(low, at / 1.5), min(high, at * 1.5)))
+    print(f"{args.strategy} and {args.crossover} cross at {vary} = {at:.6g}: {below} ahead below it, {above} above")
+    return 0
+
+
+def _ahead(a: str, b: str, vary: str, value: float, fixed: dict[str, Any], costs: Any, other_costs: Any) -> str:
+    """Which of ``a`` and ``b`` has the higher effective training time at ``vary`` = ``value`` (closed form)."""
+    from workbench.strategies.scale.predict import predict
+
+    options = {**fixed, vary: int(round(value)) if vary == "world" else value}
+    mine = predict(a, method="closed", costs=costs, **options).effective
+    return a if mine > predict(b, method="closed", costs=other_costs, **options).effective else b

@@ -19,6 +19,7 @@ from workbench.strategies.scale.scenario import FailureProcess, Scenario, plan
 from workbench.strategies.scale.simulate import simulate
 
 METHODS = ("auto", "closed", "simulate")
+SCAN = 49  # points a crossover search scans before it bisects: ~5 a decade over 0.01-1e8 hours, ~8 over 2-1e6 ranks
 
 
 def scenario(world: int, mtbf_hours: float | None = None, *, job_mtbf_hours: float | None = None,
@@ -60,30 +61,34 @@ def predict(strategy: str | Profile = "checkpoint_restart", world: int = 1024, m
     return simulate(job, seed)
 
 
-def _effective_gap(a: str, b: str, vary: str, value: float, fixed: dict[str, Any]) -> float:
+def _effective_gap(a: str, b: str, vary: str, value: float, fixed: dict[str, Any],
+                   b_costs: Costs | None) -> float:
     options = {**fixed, vary: int(round(value)) if vary == "world" else value}
-    return (predict(a, method="closed", **options).effective - predict(b, method="closed", **options).effective)
+    other = {**options, "costs": b_costs} if b_costs is not None else options
+    return (predict(a, method="closed", **options).effective - predict(b, method="closed", **other).effective)
 
 
 def crossover(a: str, b: str, vary: str = "world", low: float = 2.0, high: float = 1e6,
-              **fixed: Any) -> float | None:
+              b_costs: Costs | None = None, **fixed: Any) -> float | None:
     """The value of ``vary`` (``world``, or any numeric keyword of :func:`predict` such as ``mtbf_hours``) in
-    [low, high] where strategy ``a``'s effective time crosses ``b``'s, by bisection (on a log scale) on the
-    closed form; None when one is ahead over the whole range. The other keywords are held fixed."""
+    [low, high] where strategy ``a``'s effective time first crosses ``b``'s: the range scanned at ``SCAN`` points
+    evenly spaced on a log scale, then bisection on the closed form between the first two where the lead changes
+    hands (a tie, such as both at 0 %, is no crossing); None when neither overtakes the other. The other keywords
+    are held fixed; ``b_costs``: ``b``'s own costs where they differ from ``a``'s (``costs`` among the keywords)."""
     if not 0 < low < high:
         raise ConfigError("crossover", f"low={low!r}, high={high!r}: give 0 < low < high")
-    gap: Callable[[float], float] = lambda x: _effective_gap(a, b, vary, x, fixed)  # noqa: E731
-    lo, hi = math.log(low), math.log(high)
-    g_lo, g_hi = gap(low), gap(high)
-    if g_lo == 0.0:
-        return low
-    if (g_lo > 0) == (g_hi > 0):
+    gap: Callable[[float], float] = lambda x: _effective_gap(a, b, vary, x, fixed, b_costs)  # noqa: E731
+    points = [math.log(low) + (math.log(high) - math.log(low)) * i / (SCAN - 1) for i in range(SCAN)]
+    leads = [(x, g) for x in points if (g := gap(math.exp(x))) != 0.0]
+    pair = next(((x0, g0, x1) for (x0, g0), (x1, g1) in zip(leads, leads[1:]) if (g0 > 0) != (g1 > 0)), None)
+    if pair is None:
         return None
+    lo, g_lo, hi = pair
     for _ in range(100):
         mid = (lo + hi) / 2.0
         g_mid = gap(math.exp(mid))
-        if (g_mid > 0) == (g_lo > 0):
-            lo, g_lo = mid, g_mid
+        if g_mid != 0.0 and (g_mid > 0) == (g_lo > 0):
+            lo = mid
         else:
             hi = mid
         if hi - lo < 1e-9:
