@@ -72,10 +72,10 @@ FORBIDDEN = [
 # The floors of ``workbench``, from the ground up: (name, what lives there, module patterns relative to the
 # package). A module takes the first floor naming it exactly, else the first whose pattern matches it.
 LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("floor", "errors, callables, setting types, entry points' answers and interrupts, the rank protocol, "
-     "fallbacks, the HDF5 files and checkpoints: leaves every room may use",
-     ("config.errors", "config.callables", "config.types", "config.entry", "config.interrupts", "rank.protocol",
-      "rank.tcpstore_wire",
+    ("floor", "errors, callables, setting types, entry points' answers and interrupts, the parallel modes, the rank "
+     "protocol, fallbacks, the HDF5 files and checkpoints: leaves every room may use",
+     ("config.errors", "config.callables", "config.types", "config.entry", "config.interrupts", "config.modes",
+      "rank.protocol", "rank.tcpstore_wire",
       "results.fallbacks", "results.h5files", "results.h5write", "results.checkpoint")),
     ("workloads", "models, data sets, architectures, pipeline stages, apoptosis's surgery and rule",
      ("workloads", "workloads.*")),
