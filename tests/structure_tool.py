@@ -1,5 +1,6 @@
 """tools/check_structure.py loaded as a module (it is a script, not part of the package), and its rooms by what
-they hold: the scans of names compared outside their room (fault kinds, event kinds, models and datasets)."""
+they hold: the scans of names compared outside their room (fault kinds, event kinds, models and datasets,
+parallel modes)."""
 
 import importlib.util
 import sys

@@ -1,18 +1,24 @@
-"""Pipeline, hybrid and gossip modes in one process (ranks as threads): schedules, exactness, configuration."""
+"""Pipeline, hybrid and gossip modes in one process (ranks as threads): schedules, exactness, configuration; each
+mode one object (workbench/config/modes.py), its name compared nowhere else."""
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from ranks_in_threads import run_ranks
+from structure_tool import comparisons
 
+from workbench.config import modes
 from workbench.config.errors import ConfigError
-from workbench.config.run import FaultSpec, RunConfig
+from workbench.config.run import PARALLELISMS, FaultSpec, RunConfig
 from workbench.faults.targets import check_flip_targets
+from workbench.rank.base import BaseTrainer
 from workbench.rank.gossip import GossipSchedule, PairExchange
 from workbench.rank.gradient_exchange import ring_allreduce_traffic
+from workbench.rank.main import trainer_class
 from workbench.rank.pipeline import Layout, StagePipeline
 from workbench.workloads.data import LocalPartition, checksum_of, sample_checksum
 from workbench.workloads.models import boundary_shapes, cnn, mlp, split_stages, stage_module
@@ -225,3 +231,46 @@ def test_stage_flips_resolve_to_the_stage_rank():
 def test_a_model_too_small_for_the_stages_is_refused_before_start():
     with pytest.raises(ConfigError, match="too few for 4 pipeline stages"):
         check_model(RunConfig(world_size=4, parallelism="pipeline"))
+
+
+# -- each mode one object -----------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+ROOM = ROOT / "workbench" / "config" / "modes.py"
+
+
+def test_every_mode_is_one_frozen_object_that_the_configuration_and_the_ranks_ask():
+    assert PARALLELISMS == tuple(modes.REGISTRY) == ("data", "pipeline", "gossip", "hybrid")
+    for name, mode in modes.REGISTRY.items():
+        assert modes.get(name) is mode and mode.name == name and mode.summary
+        with pytest.raises(AttributeError):
+            mode.name = "other"  # frozen
+        config = RunConfig(parallelism=name, world_size=4)
+        assert config.mode is mode
+        assert issubclass(trainer_class(config), BaseTrainer)
+        assert mode.lanes <= mode.staged and mode.resizes == (mode.no_resize is None)
+    assert [m.name for m in modes.REGISTRY.values() if m.staged] == ["pipeline", "hybrid"]
+    assert modes.said(lambda m: m.staged) == "'hybrid' or 'pipeline'"
+    resizing = modes.said(lambda m: m.resizes, "and", lanes=" (whole lanes)")
+    assert resizing == "'data', 'gossip' and 'hybrid' (whole lanes)"
+    with pytest.raises(ConfigError, match=r"^parallelism: 'ring' is not known: allowed data, pipeline, gossip, hybrid"):
+        modes.get("ring")
+
+
+def _mode_comparisons(path: Path, root: Path = ROOT) -> list[str]:
+    return comparisons("a parallel mode", path, root)  # tools/check_structure.py's rule, run on one file
+
+
+def test_no_parallel_mode_is_compared_by_name_outside_its_room():
+    files = [p for p in sorted((ROOT / "workbench").rglob("*.py")) if p != ROOM]
+    assert len(files) > 50
+    offenders = [hit for path in files for hit in _mode_comparisons(path)]
+    assert offenders == [], "ask the mode's object: RunConfig.mode (workbench/config/modes.py)"
+
+
+def test_the_scan_finds_a_planted_comparison(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('def f(config, mode, e, name):\n    a = config.parallelism == "pipeline", mode in ("gossip", '
+                       '"hybrid")\n    b = config.parallelism not in ("data",), e["kind"] == "gossip"\n'
+                       '    return name == "data", e["parallelism"] != "hybrid"\n')
+    hits = _mode_comparisons(planted, tmp_path)
+    assert len(hits) == 4 and not any('"kind"' in hit or "name ==" in hit for hit in hits)

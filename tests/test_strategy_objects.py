@@ -12,6 +12,7 @@ import pytest
 
 import workbench
 from workbench import strategies
+from workbench.config import modes
 from workbench.config.errors import ConfigError
 from workbench.config.run import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIES, STRATEGIES, RunConfig
 from workbench.results import checkpoint
@@ -36,12 +37,14 @@ def test_every_name_is_one_frozen_object_and_the_config_tables_are_read_from_the
         assert strategies.get(name) is strategy and strategy.name == name
         with pytest.raises(AttributeError):
             strategy.name = "other"  # frozen
-        assert set(strategy.modes) <= set(PARALLELISMS)
         assert not strategy.regrow or strategy.reaction is Reaction.REGROUP
         assert not strategy.writes_checkpoints or strategy.checkpoint_every
         assert (strategy.peer is not None) == (strategy.reaction is Reaction.PEER)
     assert REGROW_STRATEGIES == ("shrink", "rollback", "forward")
+    assert set(PARALLEL_STRATEGIES) == set(PARALLELISMS)  # each mode names the strategies it allows
+    assert all(m.strategies is None or set(m.strategies) <= set(STRATEGIES) for m in modes.REGISTRY.values())
     assert PARALLEL_STRATEGIES["pipeline"] == ("none", "checkpoint_restart", "reinit")
+    assert PARALLEL_STRATEGIES["data"] == STRATEGIES
     with pytest.raises(ConfigError, match=r"^strategy: 'nope' is not known: allowed none, checkpoint_restart"):
         strategies.get("nope")
 

@@ -304,6 +304,23 @@ def test_a_name_compared_outside_its_room_fails(tmp_path, capsys):
     assert check.main([str(root)]) == 1 and "5 name(s) compared outside their room" in capsys.readouterr().out
 
 
+def test_a_parallel_mode_compared_by_name_in_a_copy_of_the_package_fails(tmp_path):
+    """A copy of ``workbench`` passes the modes' rule; planted ``config.parallelism == "pipeline"`` in rank/base.py
+    fails it, named, while the same line in the modes' room (config/modes.py) does not."""
+    import shutil
+
+    copy = tmp_path / "workbench"
+    shutil.copytree(ROOT / "workbench", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    rooms = [room for room in check.registered_rooms(copy) if room.what == "a parallel mode"]
+    assert len(rooms) == 1 and check.compared_names(copy, rooms) == []
+    planted = '\n\ndef planted(config):\n    return config.parallelism == "pipeline"\n'
+    for where in ("config/modes.py", "rank/base.py"):
+        (copy / where).write_text((copy / where).read_text() + planted)
+    (problem,) = check.compared_names(copy, rooms)
+    assert problem.startswith("workbench/rank/base.py:")
+    assert problem.endswith(': config.parallelism == "pipeline" (a parallel mode: ask its object)')
+
+
 # -- layers -------------------------------------------------------------------------------------------------------
 TOY_FLOORS = [("ground", "leaves", ("low", "low.*")), ("top", "doors", ("", "high"))]
 

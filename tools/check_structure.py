@@ -36,11 +36,12 @@ Standard library only (``ast``), run by ``make lint`` and ``tests/test_structure
    (``--floor-plan``), and a test holds the two equal. Two packages that import each other (outside the back
    edges) are reported unless listed in :data:`TWO_WAY_PACKAGES`, today's pairs, a list that only shrinks.
 7. **Names compared in their room only** (:func:`compared_names`, :data:`ROOMS`): a fault kind, a run event's
-   kind, a model or a dataset is an object registered in one module (``faults/kinds.py``, ``supervisor/events.py``,
-   ``workloads/``); code elsewhere asks the object, it never compares the name (``fault.kind == "kill"``,
-   ``config.model in ("alexnet", "vgg11")``). A comparison counts where a side is one of the names and another
-   side speaks of that thing (its words: ``kind``, ``model``, ...); ``kind == "step"`` on a bare ``kind`` that is
-   a protocol message's is dispatch, not a fault. The names are read from the registries (the one rule that
+   kind, a model or a dataset, a parallel mode is an object registered in one module (``faults/kinds.py``,
+   ``supervisor/events.py``, ``workloads/``, ``config/modes.py``); code elsewhere asks the object, it never compares
+   the name (``fault.kind == "kill"``, ``config.model in ("alexnet", "vgg11")``, ``config.parallelism ==
+   "gossip"``). A comparison counts where a side is one of the names and another side speaks of that thing (its
+   words: ``kind``, ``model``, ``parallelism``, ...); ``kind == "step"`` on a bare ``kind`` that is a protocol
+   message's is dispatch, not a fault. The names are read from the registries (the one rule that
    imports the package; a package without them is not judged).
 
 Usage: ``python tools/check_structure.py [PACKAGE_DIR]`` (default: this repository's ``workbench/``). Exit 0
@@ -72,10 +73,10 @@ FORBIDDEN = [
 # The floors of ``workbench``, from the ground up: (name, what lives there, module patterns relative to the
 # package). A module takes the first floor naming it exactly, else the first whose pattern matches it.
 LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("floor", "errors, callables, setting types, entry points' answers and interrupts, the rank protocol, "
-     "fallbacks, the HDF5 files and checkpoints: leaves every room may use",
-     ("config.errors", "config.callables", "config.types", "config.entry", "config.interrupts", "rank.protocol",
-      "rank.tcpstore_wire",
+    ("floor", "errors, callables, setting types, entry points' answers and interrupts, the parallel modes, the rank "
+     "protocol, fallbacks, the HDF5 files and checkpoints: leaves every room may use",
+     ("config.errors", "config.callables", "config.types", "config.entry", "config.interrupts", "config.modes",
+      "rank.protocol", "rank.tcpstore_wire",
       "results.fallbacks", "results.h5files", "results.h5write", "results.checkpoint")),
     ("workloads", "models, data sets, architectures, pipeline stages, apoptosis's surgery and rule",
      ("workloads", "workloads.*")),
@@ -639,6 +640,7 @@ def registered_rooms(root: Path) -> list[Room]:
         return []
     sys.path.insert(0, str(root.parent))
     try:
+        from workbench.config import modes
         from workbench.faults import kinds
         from workbench.rank import protocol
         from workbench.supervisor import events
@@ -650,7 +652,8 @@ def registered_rooms(root: Path) -> list[Room]:
                  ("workbench/faults/kinds.py",), messages),
             Room("an event kind", frozenset(events.OWN), ("kind",), ("workbench/supervisor/events.py",), messages),
             Room("a model or dataset", frozenset({*registry.MODELS, *registry.DATASETS}), ("model", "dataset", "spec"),
-                 ("workbench/workloads",))]
+                 ("workbench/workloads",)),
+            Room("a parallel mode", frozenset(modes.REGISTRY), ("parallelism", "mode"), ("workbench/config/modes.py",))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,7 +184,7 @@ def check_batch(config: Any, info: DatasetInfo) -> None:
         where = f"the {n} training samples of {config.dataset} left beside apoptosis's validation split"
     if config.batch_size > n:
         raise ConfigError("batch_size", f"{config.batch_size} is larger than {where}")
-    if config.parallelism == "gossip" and max(1, config.batch_size // config.world_size) > n // config.world_size:
+    if config.mode.partitions and max(1, config.batch_size // config.world_size) > n // config.world_size:
         raise ConfigError("batch_size", f"{config.batch_size} over {config.world_size} ranks: each rank's batch "
                           f"exceeds its partition of {n // config.world_size} samples")
     resize_rule.check_sizes(config, n)  # linear: the global batch of every planned size
@@ -304,7 +304,7 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
         config = devices.resolve(config)  # auto: cuda or cpu, decided on this machine
     check(config)
     flips = [f for f in config.faults if kinds.of(f).fires is kinds.Fires.INJECTOR]
-    if config.parallelism in ("pipeline", "hybrid") or config.apoptosis is not None or flips:
+    if config.mode.staged or config.apoptosis is not None or flips:
         # these checks build the model (torch); a run that needs none leaves this process without torch
         from workbench.faults.targets import check_flip_targets
         from workbench.workloads.stages import check_model

@@ -22,7 +22,7 @@ ATTRIBUTE = "resize_rule"  # the checkpoint attribute that holds a linear run's 
 def units(config: Any, world: int) -> int:
     """What the rule counts at world size ``world``: lanes (one replica of every stage) in a hybrid or pipeline
     run, ranks otherwise."""
-    if config.parallelism in ("hybrid", "pipeline") and config.pipeline_stages:
+    if config.mode.staged and config.pipeline_stages:
         return max(1, world // config.pipeline_stages)
     return world
 
@@ -30,7 +30,8 @@ def units(config: Any, world: int) -> int:
 @dataclass
 class Scale:
     """A ``linear`` run's resizes: ``history`` holds ``[step, units]`` from ``[0, base]`` on, one entry per change
-    (step ascending). ``scales_lr`` is False for gossip, whose replicas each step on their own batch."""
+    (step ascending). ``scales_lr`` is False where each rank steps on its own batch (a mode with ``partitions``:
+    gossip)."""
 
     lr: float
     batch_size: int
@@ -82,7 +83,7 @@ def start(config: Any) -> Scale | None:
     if config.resize_rule != "linear":
         return None
     now = units(config, config.world_size)
-    scale = Scale(config.lr, config.batch_size, [[0, now]], config.parallelism != "gossip")
+    scale = Scale(config.lr, config.batch_size, [[0, now]], not config.mode.partitions)
     saved, step = resumed(config.resume)
     if saved is not None:
         scale = Scale(config.lr, config.batch_size, saved, scale.scales_lr).resized(step, now)
@@ -93,7 +94,7 @@ def from_message(config: Any, rule: dict[str, Any] | None) -> Scale | None:
     """A rank's scale from its generation message (None under ``keep``)."""
     if rule is None:
         return None
-    return Scale(config.lr, config.batch_size, [list(e) for e in rule["history"]], config.parallelism != "gossip")
+    return Scale(config.lr, config.batch_size, [list(e) for e in rule["history"]], not config.mode.partitions)
 
 
 def resumed(path: str | None) -> tuple[list[list[int]] | None, int]:
@@ -120,7 +121,7 @@ def check(config: Any) -> None:
 def per_unit(config: Any, base: int) -> int:
     """The samples each rank (hybrid: each lane) keeps under ``linear``, or a ConfigError if not whole."""
     if config.batch_size % base:
-        what = "lanes" if config.parallelism in ("hybrid", "pipeline") else "ranks"
+        what = "lanes" if config.mode.staged else "ranks"
         raise ConfigError("resize_rule", f"linear keeps each of the {base} starting {what}' batch, but batch_size "
                           f"{config.batch_size} / {base} is not a whole number of samples: give a multiple of {base}")
     return config.batch_size // base
@@ -144,5 +145,5 @@ def check_sizes(config: Any, n_train: int | None, worlds: list[int] | None = Non
         size = batch * units(config, world)
         if size > n_train:
             raise ConfigError("resize_rule", f"linear at world size {world} makes the global batch {size} "
-                              f"({batch} per {'lane' if config.parallelism == 'hybrid' else 'rank'} x "
+                              f"({batch} per {'lane' if config.mode.lanes else 'rank'} x "
                               f"{units(config, world)}), more than the {n_train} training samples")

@@ -7,38 +7,30 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import strategies
+from workbench.config import modes
 from workbench.config.errors import ConfigError
+from workbench.config.modes import MAX_WORLD_SIZE  # the most ranks a run may have, at its start and after any resize
 
-MAX_WORLD_SIZE = 64  # the most ranks a run may have, at its start and after any resize
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 
 
 def check_world(config: Any, n: Any, what: str) -> int:
     """``n`` if ``config``'s run may be resized to ``n`` ranks, else a ConfigError naming ``what`` and what is
-    allowed: data parallel 1..64 ranks (at most ``batch_size``), gossip a power of two >= 2, hybrid a multiple of
-    its stage count (whole lanes, each able to hold the micro-batches); a pipeline keeps its one lane, and the
-    peers their own membership. Under ``resize_rule`` linear each rank (lane) keeps its batch: the bounds on the
-    batch are the training set's (:func:`workbench.config.resize_rule.check_sizes`)."""
-    mode = config.parallelism
+    allowed: 1..64 ranks (at most ``batch_size``) and what the mode's own check allows (gossip a power of two,
+    hybrid whole lanes, each able to hold the micro-batches); a pipeline keeps its one lane, and the peers their own
+    membership. Under ``resize_rule`` linear each rank (lane) keeps its batch: the bounds on the batch are the
+    training set's (:func:`workbench.config.resize_rule.check_sizes`)."""
+    mode = config.mode
     if strategies.get(config.strategy).peer is not None:
         raise ConfigError("fault", f"{what}: {config.strategy!r} runs the peer system as its users do; resizing is "
                           "ours and does not apply to it")
-    if mode == "pipeline":
-        raise ConfigError("fault", f"{what}: a pipeline run has one rank per stage; resizing applies to parallelism "
-                          "'data', 'gossip' and 'hybrid' (whole lanes)")
+    if not mode.resizes:
+        raise ConfigError("fault", f"{what}: {mode.no_resize}; resizing applies to parallelism "
+                          f"{modes.said(lambda m: m.resizes, 'and', lanes=' (whole lanes)')}")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_WORLD_SIZE:
         raise ConfigError("fault", f"{what}: the world size must be an integer 1..{MAX_WORLD_SIZE}, got {n!r}")
-    if mode == "gossip" and (n < 2 or n & (n - 1)):
-        raise ConfigError("fault", f"{what}: {n} is not a power of two; parallelism 'gossip' pairs rank r with "
-                          "r XOR 2^h: allowed 2, 4, 8, 16, 32 or 64")
-    if mode == "hybrid":
-        stages = config.pipeline_stages
-        if n % stages:
-            raise ConfigError("fault", f"{what}: {n} is not a multiple of the {stages} pipeline stages: a hybrid run "
-                              "grows and shrinks by whole lanes (one replica of every stage)")
-        if config.resize_rule == "keep" and config.batch_size // (n // stages) < config.micro_batches:
-            raise ConfigError("fault", f"{what}: {n // stages} lanes leave fewer samples per lane than "
-                              f"micro_batches={config.micro_batches}")
+    if mode.check_resize is not None:
+        mode.check_resize(config, n, what)
     if n > config.batch_size and config.resize_rule == "keep":  # linear: each rank keeps its batch
         raise ConfigError("fault", f"{what}: {n} ranks cannot split a global batch of {config.batch_size}")
     return n
@@ -61,7 +53,7 @@ def check_notice(config: Any) -> None:
 def leaving(config: Any, members: list[int], n: int) -> list[int]:
     """The members that leave a shrink to ``n`` ranks: the highest labels (the newest ranks) first; in a hybrid run
     the newest of each stage, so that every stage keeps n / stages replicas."""
-    if config.parallelism != "hybrid":
+    if not config.mode.lanes:
         return sorted(members)[n:]
     keep = n // config.pipeline_stages
     by_stage: dict[int, list[int]] = {}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import strategies
+from workbench.config import modes
 from workbench.config.callables import IMPORT_PATH, resolve_callable
 from workbench.config.errors import ConfigError, ProtocolError
 from workbench.config.files import missing_checkpoint, read_settings
@@ -43,10 +44,10 @@ OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = strategies.NAMES  # workbench/strategies/registry.py: one object per name
 REGROW_STRATEGIES = strategies.regrowing()
 DETECTORS = ("fingerprint", "guard", "spike")
-PARALLELISMS = ("data", "pipeline", "gossip", "hybrid")
+PARALLELISMS = modes.NAMES  # workbench/config/modes.py: one object per mode
 SHUFFLES = ("ring", "none")
 SPAWNS = ("template", "fresh")
-PARALLEL_STRATEGIES = {mode: strategies.for_mode(mode) for mode in PARALLELISMS}  # which apply to each mode
+PARALLEL_STRATEGIES = {m.name: tuple(filter(m.allows, STRATEGIES)) for m in modes.REGISTRY.values()}  # per mode
 # settings whose default follows from others (None: derived in __post_init__ or by preflight.prepare), and what
 # each follows from: RunConfig.overridden derives one again when an override changes what it follows from
 DERIVED = {"warm_spares": ("regrow", "strategy"), "checkpoint_every": ("strategy",), "spawn": ("strategy",),
@@ -203,28 +204,13 @@ class RunConfig:
         devices.check_choice(self)  # which modes run on GPUs
         _choice("shuffle", self.shuffle, SHUFFLES)
         _int_in("consensus_every", self.consensus_every, 1, 10_000_000)
-        mode = self.parallelism
-        if mode == "gossip" and (self.world_size < 2 or self.world_size & (self.world_size - 1)):
-            raise ConfigError("world_size", f"{self.world_size} is not a power of two: parallelism 'gossip' pairs "
-                              "rank r with rank r XOR 2^h (GossipGraD's hypercube); use 2, 4, 8, 16, 32 or 64")
-        if mode == "pipeline":
-            if self.pipeline_stages not in (None, self.world_size):
-                raise ConfigError("pipeline_stages", f"{self.pipeline_stages} != world_size={self.world_size}: "
-                                  "a pipeline has one stage per rank (replicated stages: parallelism 'hybrid')")
-            self.pipeline_stages = self.world_size
-            if self.world_size < 2:
-                raise ConfigError("world_size", "parallelism 'pipeline' needs at least 2 ranks (one stage each)")
-        elif mode == "hybrid":
-            if self.pipeline_stages is None:
-                self.pipeline_stages = 2
-            _int_in("pipeline_stages", self.pipeline_stages, 2, MAX_WORLD_SIZE)
-            if self.world_size % self.pipeline_stages or self.world_size == self.pipeline_stages:
-                raise ConfigError("pipeline_stages", f"{self.pipeline_stages} stages do not replicate over "
-                                  f"world_size={self.world_size}: hybrid needs world_size = stages x replicas with "
-                                  "at least 2 replicas (one replica per stage: parallelism 'pipeline')")
-        elif self.pipeline_stages is not None:
-            raise ConfigError("pipeline_stages", f"applies to parallelism 'hybrid' or 'pipeline', not {mode!r}")
-        if mode in ("pipeline", "hybrid"):
+        mode = self.mode
+        if mode.check is not None:
+            mode.check(self)  # its world size and stages (pipeline_stages derived where it has stages)
+        if not mode.staged and self.pipeline_stages is not None:
+            raise ConfigError("pipeline_stages", f"applies to parallelism {modes.said(lambda m: m.staged)}, not "
+                              f"{mode.name!r}")
+        if mode.staged:
             _int_in("micro_batches", self.micro_batches, 1, 4096)
             lane = self.batch_size // self.replicas
             if lane < self.micro_batches:
@@ -232,20 +218,21 @@ class RunConfig:
                                   f"{lane} samples each pipeline gets (batch_size {self.batch_size} / "
                                   f"{self.replicas} replicas)")
         self._check_stage_cuts()
-        allowed = PARALLEL_STRATEGIES[mode]
-        if self.strategy not in allowed:
-            raise ConfigError("strategy", f"{self.strategy!r} does not apply to parallelism {mode!r} "
-                              f"({strategies.MODE_LIMITS[mode]}): allowed {', '.join(allowed)}")
-        if mode != "data" and self.detect:
-            raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism {mode!r} "
-                              "takes bit flips without detectors (outcomes are classified against a golden run)")
+        if not mode.allows(self.strategy):
+            raise ConfigError("strategy", f"{self.strategy!r} does not apply to parallelism {mode.name!r} "
+                              f"({mode.no_strategy}): allowed {', '.join(PARALLEL_STRATEGIES[mode.name])}")
+        if not mode.detectors and self.detect:
+            raise ConfigError("detect", f"the soft-error detectors watch data-parallel replicas; parallelism "
+                              f"{mode.name!r} takes bit flips without detectors (outcomes are classified against a "
+                              "golden run)")
         check_rule(self)  # what the rule keeps per rank or per lane (before the planned resizes' checks)
 
     def _check_stage_cuts(self) -> None:
         """User-given cuts: their count and order here, their range against the model at the start (check_model)."""
         cuts, n = self.stage_cuts, self.pipeline_stages
-        if cuts is not None and self.parallelism not in ("pipeline", "hybrid"):
-            raise ConfigError("stage_cuts", f"applies to parallelism 'hybrid' or 'pipeline', not {self.parallelism!r}")
+        if cuts is not None and not self.mode.staged:
+            raise ConfigError("stage_cuts", f"applies to parallelism {modes.said(lambda m: m.staged)}, not "
+                              f"{self.parallelism!r}")
         if cuts is not None and not (isinstance(cuts, (list, tuple)) and len(cuts) == n - 1 and all(
                 type(c) is int for c in cuts) and all(a < b for a, b in zip([0, *cuts], cuts))):
             raise ConfigError("stage_cuts", f"{cuts!r} must be {n - 1} increasing module indices > 0: where stages "
@@ -264,8 +251,6 @@ class RunConfig:
                 raise ConfigError("strategy", f"{self.strategy!r} runs the peer system as its users do; {name} is "
                                   "ours and does not apply to it")
         kinds.refuse_on_peer(self.strategy, self.faults)  # which kinds a peer takes: their objects say
-        if self.parallelism != "data":
-            raise ConfigError("strategy", f"{self.strategy!r} trains data-parallel only, not {self.parallelism!r}")
         peer.require(self.strategy)
         self.spawn = "fresh"  # what runs: a peer's ranks start as its users' do, never forked by our template
 
@@ -277,10 +262,11 @@ class RunConfig:
 
         rule = ApoptosisConfig.parse(self.apoptosis)
         self.apoptosis = None if rule is None else str(rule)
-        if rule is not None and self.parallelism != "data":
-            raise ConfigError("apoptosis", f"works with parallelism 'data' only, not {self.parallelism!r}: removing "
-                              "units changes the shapes every rank holds, which pipeline stages and gossip replicas "
-                              "(each with its own parameters) would have to agree on first")
+        if rule is not None and not self.mode.apoptosis:
+            raise ConfigError("apoptosis", f"works with parallelism {modes.said(lambda m: m.apoptosis)} only, not "
+                              f"{self.parallelism!r}: removing units changes the shapes every rank holds, which "
+                              "pipeline stages and gossip replicas (each with its own parameters) would have to agree "
+                              "on first")
 
     @property
     def flushes_denormals(self) -> bool:
@@ -299,23 +285,28 @@ class RunConfig:
         return ApoptosisConfig.parse(self.apoptosis)
 
     @property
+    def mode(self) -> modes.ParallelMode:
+        """The run's parallel mode, the object ``parallelism`` names (:mod:`workbench.config.modes`)."""
+        return modes.get(self.parallelism)
+
+    @property
     def replicas(self) -> int:
         """Copies of each pipeline stage: world_size / stages for hybrid, 1 for pipeline, world_size otherwise."""
-        if self.parallelism in ("pipeline", "hybrid") and self.pipeline_stages:
+        if self.mode.staged and self.pipeline_stages:
             return self.world_size // self.pipeline_stages
         return self.world_size
 
     def stage_of(self, rank: int) -> int:
         """Pipeline stage held by rank number ``rank`` (stable labels: stage s holds ranks s*R .. s*R+R-1; ranks a
         resize added, numbered from world_size on, take the stages in turn)."""
-        if self.parallelism not in ("pipeline", "hybrid"):
+        if not self.mode.staged:
             return 0
         return rank // self.replicas if rank < self.world_size else (rank - self.world_size) % self.pipeline_stages
 
     def _resolve_stage(self, fault: FaultSpec | RandomFailures) -> FaultSpec | RandomFailures:
         if not isinstance(fault, FaultSpec) or fault.stage is None:
             return fault
-        if self.parallelism not in ("pipeline", "hybrid"):
+        if not self.mode.staged:
             raise ConfigError("fault", f"{fault} names a stage but parallelism {self.parallelism!r} has no stages")
         if fault.stage >= self.pipeline_stages:
             raise ConfigError("fault", f"{fault}: stage {fault.stage} is out of range: the pipeline has stages "

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:
     if not faults:
         return
-    staged = config.parallelism in ("pipeline", "hybrid")
+    staged = config.mode.staged
     for f in faults:
         params, modules = model_tensors(config, f.rank if staged else None)
         where = f" on stage {config.stage_of(f.rank)} (rank {f.rank})" if staged else ""
@@ -49,7 +49,7 @@ def check_flip_targets(config: RunConfig, faults: list[FaultSpec]) -> None:
 def rank_holding(config: RunConfig, name: str) -> int:
     """The first rank whose model holds parameter or module ``name``: rank 0 for data-parallel and gossip runs
     (every rank a replica), the first replica of the stage that holds it in pipeline and hybrid runs."""
-    if config.parallelism not in ("pipeline", "hybrid"):
+    if not config.mode.staged:
         return 0
     for stage in range(config.pipeline_stages):
         rank = stage * config.replicas

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench import strategies
+from workbench.config import modes
 from workbench.config.errors import ConfigError
 from workbench.results.fallbacks import taken
 
@@ -98,9 +99,9 @@ def check_choice(config: Any) -> None:
         raise ConfigError("device", f"{device!r} is not known: allowed {', '.join(DEVICES)}")
     if device == "cpu":
         return
-    if config.parallelism != "data":
-        raise ConfigError("device", f"{device!r} runs parallelism 'data'; parallelism {config.parallelism!r} "
-                          "ranks run on the CPU (--device cpu)")
+    if not config.mode.gpus:
+        raise ConfigError("device", f"{device!r} runs parallelism {modes.said(lambda m: m.gpus)}; parallelism "
+                          f"{config.parallelism!r} ranks run on the CPU (--device cpu)")
     if strategies.get(config.strategy).peer is not None:
         raise ConfigError("device", f"{device!r} runs our strategies; strategy {config.strategy!r} runs the peer "
                           "system on the CPU (--device cpu)")

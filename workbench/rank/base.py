@@ -261,7 +261,7 @@ class BaseTrainer:
         step = self.step
         record = {"rule": "linear", **self.scale.message(), "units": self.scale.units_at(step),
                   "lr": self.lr_at(step), "global_batch": self.scale.global_batch(step)}
-        if self.config.parallelism != "gossip":  # gossip reads its own partitions, not the stream
+        if not self.config.mode.partitions:  # a gossip rank reads its own partition, not the stream
             epoch, offset, _ = self.batches.cursor(step)
             record["cursor"] = {"epoch": epoch, "offset": offset, "samples": self.batches.samples(step)}
         return record

@@ -9,6 +9,7 @@ the run's parallel mode). The process always ends with ``os._exit``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -67,17 +68,10 @@ def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
 
 
 def trainer_class(config: RunConfig) -> type[BaseTrainer]:
-    if config.parallelism == "gossip":
-        from workbench.rank.gossip import GossipTrainer
-
-        return GossipTrainer
-    if config.parallelism in ("pipeline", "hybrid"):
-        from workbench.rank.pipeline import PipelineTrainer
-
-        return PipelineTrainer
-    from workbench.rank.replicated import Trainer
-
-    return Trainer
+    """The trainer of the run's parallel mode: its object names it (``module:Class``), imported here, in the rank
+    process."""
+    module, _, name = config.mode.trainer.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def join_from_store(address: str, rank_hint: int | None, timeout: float,

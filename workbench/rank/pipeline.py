@@ -180,7 +180,7 @@ class PipelineTrainer(BaseTrainer):
         self.pipe: StagePipeline | None = None
         self.stage_comm: Comm | None = None
         self.pre_update: dict[str, Any] | None = None  # hybrid shrink: this step's state before its update
-        self.keep_pre_update = config.parallelism == "hybrid" and self.strategy.reaction is strategies.Reaction.REGROUP
+        self.keep_pre_update = config.mode.lanes and self.strategy.reaction is strategies.Reaction.REGROUP
 
     # -- the stage this process holds ---------------------------------------------------------------------------
     def _take_stage(self, stage: int) -> None:

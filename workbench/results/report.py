@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.campaigns.studies.sensitivity import SENSITIVITY_FILE, load_trials
+from workbench.config import modes
 from workbench.results.h5files import check_output_place, write_text
 from workbench.results.provenance import describe
 from workbench.results.run_result import RESULT_FILE, RunResult
@@ -90,9 +91,9 @@ def figures(frame: pd.DataFrame) -> list[tuple[str, go.Figure]]:
 
         fig = plots.bit_sensitivity(pd.concat(trials, ignore_index=True))
         found.append((f"Bit sensitivity ({sum(len(t) for t in trials)} trials from {len(trials)} points)", fig))
-    runs = _runs_by_mode(done)
-    if "gossip" in runs and len(runs) >= 2:
-        found.append((f"Gossip vs {', '.join(sorted(m for m in runs if m != 'gossip'))} (mean over "
+    runs, gossip = _runs_by_mode(done), modes.GOSSIP.name  # runs by the name of their mode
+    if gossip in runs and len(runs) >= 2:
+        found.append((f"Gossip vs {', '.join(sorted(m for m in runs if m != gossip))} (mean over "
                       f"{sum(len(r) for r in runs.values())} runs)", plots.gossip_vs_allreduce(_mean_metrics(runs))))
     return found
 

@@ -8,7 +8,6 @@ The name ``peers`` here is the subpackage; the function listing the peer strateg
 from workbench.strategies.registry import (
     CHECKPOINT_RESTART,
     FORWARD,
-    MODE_LIMITS,
     MPI_INSTALL_HINT,
     NAMES,
     NONE,
@@ -24,7 +23,6 @@ from workbench.strategies.registry import (
     PeerRuntime,
     Reaction,
     Strategy,
-    for_mode,
     get,
     mpirun_path,
     recovered_by,
@@ -32,7 +30,6 @@ from workbench.strategies.registry import (
     replacing,
 )
 
-__all__ = ["CHECKPOINT_RESTART", "FORWARD", "MODE_LIMITS", "MPI_INSTALL_HINT", "NAMES", "NONE", "PEER_INSTALL_HINT",
-           "REGISTRY", "REINIT", "ROLLBACK", "ROLLBACK_THEN_RESTART", "SHRINK", "TORCHFT", "TORCHRUN", "ULFM",
-           "PeerRuntime", "Reaction", "Strategy", "for_mode", "get", "mpirun_path", "recovered_by", "regrowing",
-           "replacing"]
+__all__ = ["CHECKPOINT_RESTART", "FORWARD", "MPI_INSTALL_HINT", "NAMES", "NONE", "PEER_INSTALL_HINT", "REGISTRY",
+           "REINIT", "ROLLBACK", "ROLLBACK_THEN_RESTART", "SHRINK", "TORCHFT", "TORCHRUN", "ULFM", "PeerRuntime",
+           "Reaction", "Strategy", "get", "mpirun_path", "recovered_by", "regrowing", "replacing"]

@@ -1,9 +1,10 @@
 """Recovery strategies: one frozen :class:`Strategy` per name, looked up once (:func:`get`).
 
-A strategy says everything the rest of the code asks of it: the parallel modes it applies to, whether it
-regrows, its defaults, what its ranks keep each step and do in a recovery, and the supervisor's
-:class:`Reaction` to a death. Configuration validates by lookup, membership dispatches on the reaction, ranks
-read the behaviour. Adding a strategy is one object here and its tests (docs/strategies.md shows one).
+A strategy says everything the rest of the code asks of it: whether it regrows, its defaults, what its ranks keep
+each step and do in a recovery, and the supervisor's :class:`Reaction` to a death. Configuration validates by
+lookup, membership dispatches on the reaction, ranks read the behaviour. Which parallel modes it applies to, each
+mode says (:mod:`workbench.config.modes`: data takes every strategy, the others name theirs). Adding a strategy is
+one object here and its tests (docs/strategies.md shows one).
 """
 
 from __future__ import annotations
@@ -71,7 +72,6 @@ class Strategy:
     name: str
     summary: str  # one line: CLI help, the lab's tooltip, the docs
     reaction: Reaction
-    modes: tuple[str, ...] = ("data", "pipeline", "gossip", "hybrid")  # the parallelisms it applies to
     regrow: bool = False  # a warm spare or a fresh rank may rejoin the shrunk world (``--regrow``)
     no_regrow: str = "no recovery"  # why regrow does not combine with it
     checkpoint_every: int | None = None  # default checkpoint (or snapshot) period; None: only when asked
@@ -100,15 +100,12 @@ class Strategy:
             return self.escalate_to
         return self.recover_as or self
 
-    def applies_to(self, mode: str) -> bool:
-        return mode in self.modes
-
     def default_spares(self, regrow: bool) -> int:
         return self.spares + (1 if regrow else 0)
 
 
-_REGROUPING = dict(reaction=Reaction.REGROUP, modes=("data",), regrow=True)
-_PEER = dict(reaction=Reaction.PEER, modes=("data",), no_regrow="it recovers by its own means")
+_REGROUPING = dict(reaction=Reaction.REGROUP, regrow=True)
+_PEER = dict(reaction=Reaction.PEER, no_regrow="it recovers by its own means")
 
 NONE = Strategy("none", "no recovery: a death ends the run", Reaction.END)
 CHECKPOINT_RESTART = Strategy(
@@ -116,7 +113,7 @@ CHECKPOINT_RESTART = Strategy(
     no_regrow="it restarts ranks itself", checkpoint_every=25, needs_survivors=False, writes_checkpoints=True)
 SHRINK = Strategy(
     "shrink", "the survivors go on without the dead rank; the failed step is finished among them (ULFM shrink)",
-    **{**_REGROUPING, "modes": ("data", "gossip", "hybrid")}, update_per_bucket=False, keep_local=True)
+    **_REGROUPING, update_per_bucket=False, keep_local=True)
 ROLLBACK = Strategy(
     "rollback", "the survivors undo the failed step's applied updates and redo it (immediate mini-batch rollback)",
     **_REGROUPING, snapshot_buckets=True)
@@ -148,13 +145,6 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     NONE, CHECKPOINT_RESTART, SHRINK, ROLLBACK, FORWARD, REINIT, ROLLBACK_THEN_RESTART, TORCHFT, TORCHRUN, ULFM)}
 NAMES = tuple(REGISTRY)
 
-# why a strategy that does not apply to a parallel mode cannot
-MODE_LIMITS = {"data": "it is not a data-parallel strategy",
-               "pipeline": "a dead stage cannot be shrunk away or rolled back: no other rank holds its layers",
-               "gossip": "gossip has no collective step to roll back or finish lossily",
-               "hybrid": "a stage's replicas shrink; rollback/forward are data-parallel strategies"}
-
-
 def get(name: str) -> Strategy:
     """The strategy called ``name``; a ConfigError naming the allowed ones otherwise."""
     strategy = REGISTRY.get(name) if isinstance(name, str) else None
@@ -167,11 +157,6 @@ def recovered_by(recovery: str | None) -> Strategy | None:
     """The strategy a generation's ``recovery`` names; None for a start, a regrow, or a change at a step boundary
     that needs no recovery (``preempt``, ``resize``: every member holds the same step's state)."""
     return REGISTRY.get(recovery) if recovery else None
-
-
-def for_mode(mode: str) -> tuple[str, ...]:
-    """The names of the strategies that apply to parallelism ``mode``."""
-    return tuple(s.name for s in REGISTRY.values() if s.applies_to(mode))
 
 
 def regrowing() -> tuple[str, ...]:

@@ -68,7 +68,7 @@ class Supervisor:
         self.metrics, self.events, self.status = self.recorder.metrics, self.recorder.events, self.recorder.status
         self.membership = Membership(
             self.strategy, config.world_size, regrow=config.regrow, warm_spares=config.warm_spares,
-            resume=config.resume, stage_of=config.stage_of if config.parallelism == "hybrid" else None,
+            resume=config.resume, stage_of=config.stage_of if config.mode.lanes else None,
             verify=partial(ckpt.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
         self.plan = FaultPlan(config, start=ckpt.step_of(config.resume) if config.resume else 0)
         self.watchdog = Watchdog(config.progress_timeout, config.heartbeat_timeout)
@@ -640,7 +640,7 @@ class Supervisor:
         for label in causes:
             if (w := self.worker(label)) is not None:
                 self.control.send(w, protocol.message("stop", reason=f"left the run at step {b.step}"))
-        if b.world is not None and self.config.parallelism == "hybrid":
+        if b.world is not None and self.config.mode.lanes:
             self.lanes = b.world // self.config.pipeline_stages  # every generation message says so from here on
         if b.world is not None and self.scale is not None:  # from the step the members stopped before (a live
             at = max([b.step, *b.paused.values()])  # boundary may lie behind them when its message reached them)
@@ -651,7 +651,7 @@ class Supervisor:
     def _unstaged(self, b: Boundary) -> int | None:
         """A preempted rank that holds the only copy of its pipeline stage, where the strategy does not restart the
         world from the boundary's checkpoint (reinit: its replacement would find no copy to take)."""
-        if self.config.parallelism not in ("pipeline", "hybrid") or self.strategy.recovering(
+        if not self.config.mode.staged or self.strategy.recovering(
                 self.membership.failures).reaction is strategies.Reaction.RESTART:
             return None
         stay = [m for m in self.membership.members if m not in b.notices]

@@ -97,7 +97,7 @@ class Recorder:
         self.last_checkpoint: dict[str, Any] | None = None
         self.final_checkpoint: str | None = None
         self.status: dict[str, Any] = {"state": "starting", "generation": -1, "world_size": 0, "step": 0}
-        stages = config.pipeline_stages if config.parallelism in ("pipeline", "hybrid") else None
+        stages = config.pipeline_stages if config.mode.staged else None
         self.rank_time = clock.RankTime(bubble=(config.micro_batches + stages - 1) / config.micro_batches
                                         if stages else 1.0, say=self.fallback)
         self._fallbacks: deque[tuple[float, str, str]] = deque()  # said by any thread, recorded by this one
@@ -198,7 +198,7 @@ class Recorder:
         self.status.update(generation=decision.gen, world_size=len(decision.members),
                            members=list(decision.members))
         size = len(decision.members)
-        if self.config.parallelism == "gossip" and size & (size - 1):
+        if self.config.mode.hypercube and size & (size - 1):
             cube = 1 << (size - 1).bit_length()
             self.event("gossip", self.committed, f"{size} members gossip on a {cube}-slot hypercube: a member "
                        "whose partner slot is empty skips that round's average (the replicas' mean is kept)")

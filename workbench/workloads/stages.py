@@ -51,7 +51,7 @@ def stage_cuts(config: RunConfig) -> list[int] | None:
     """Where a pipeline or hybrid run's model is cut into stages (None for other modes): ``config.stage_cuts``
     when given (checked against the model), else a cut balanced by measured forward+backward time of each
     top-level module (:func:`workbench.workloads.models.block_costs`), measured once per model in this process."""
-    if config.parallelism not in ("pipeline", "hybrid"):
+    if not config.mode.staged:
         return None
     model, input_shape = _built(config)
     return _cuts(config, model, input_shape)
@@ -62,7 +62,7 @@ def _held_model(config: RunConfig, rank: int | None) -> torch.nn.Module:
     from workbench.workloads.models import stage_module, stages_from_cuts
 
     model, input_shape = _built(config)
-    if rank is not None and config.parallelism in ("pipeline", "hybrid"):
+    if rank is not None and config.mode.staged:
         stages = stages_from_cuts(model, _cuts(config, model, input_shape))
         model = stage_module(model, stages[config.stage_of(rank)])
     return model

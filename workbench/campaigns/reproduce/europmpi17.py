@@ -25,6 +25,7 @@ from workbench.campaigns.reproduce.common import (
     preflight,
     progress,
 )
+from workbench.config import modes
 from workbench.config.errors import ConfigError
 
 KEY = "europmpi17"
@@ -187,7 +188,7 @@ def verdict(frame: Any, scale: str) -> Verdict:
     non-inferior to the failure-free run and ulfm equivalent to shrink (paired by seed, per k), and the exact
     model-parallel finding."""
     v = Verdict(KEY, TITLE, PAPER, scale)
-    data = frame[frame.parallelism == "data"]
+    data = frame[frame.parallelism == modes.DATA.name]
     if data.empty:
         v.comparable, v.reason = False, "the campaign ran no data-parallel run"
         return v
@@ -255,13 +256,18 @@ def not_run(v: Verdict, key: str, label: str, reason: str) -> None:
                         "detail": f"not run: {reason}", "run": False})
 
 
+def _staged(frame: Any) -> Any:
+    """Which rows are runs of a mode that cuts the model into stages (the pipeline and hybrid arms)."""
+    return frame.parallelism.isin([m.name for m in modes.REGISTRY.values() if m.staged])
+
+
 def model_parallel(v: Verdict, frame: Any) -> bool:
     """The exact finding, seed by seed, under the same kill of a last-stage rank: the pipeline (one rank per stage)
     without a checkpoint ends failed by the planned kill, while the hybrid (the same stages on replica lanes) shrinks
     to its surviving lanes and completes, no checkpoint written; the pipeline with checkpoints completes on its whole
     world, restarted from one (fewer steps redone than the kill's step), where its failure-free run ends. A seed
     missing an arm fails it."""
-    staged = frame[frame.parallelism.isin(["pipeline", "hybrid"])].set_index(["arm", "failures", "seed"])
+    staged = frame[_staged(frame)].set_index(["arm", "failures", "seed"])
     seeds, wrong = sorted(frame.seed.unique().tolist()), []
     for seed in seeds:
         try:
@@ -315,7 +321,7 @@ def figure(frame: Any) -> Any:
                                  error_y={"type": "data", "symmetric": False,
                                           "array": part.accuracy_high - part.accuracy_pct,
                                           "arrayminus": part.accuracy_pct - part.accuracy_low}), row=1, col=1)
-    pipe = frame[frame.parallelism.isin(["pipeline", "hybrid"])].copy()
+    pipe = frame[_staged(frame)].copy()
     if len(pipe):
         pipe["label"] = pipe.arm.str.replace("pipeline_", "") + pipe.failures.map({0: " (failure-free)", 1: ""})
         done = pipe.groupby("label", sort=False).agg(steps=("steps_completed", "mean"), outcome=("outcome", "first"))

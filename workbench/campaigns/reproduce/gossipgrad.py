@@ -20,6 +20,7 @@ from workbench.campaigns.reproduce.common import (
     progress,
     run_extras,
 )
+from workbench.config import modes
 
 KEY = "gossipgrad"
 TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"
@@ -32,7 +33,8 @@ SCALES: dict[str, dict[str, Any]] = {  # the paper scale is the registry's workl
               "lr_schedule": "cosine", "accuracy": "consensus_accuracy", "per_rank_batch": None},
     "paper": {"seeds": None},
 }
-MODES = ("data", "gossip")
+ALLREDUCE, GOSSIP = modes.DATA.name, modes.GOSSIP.name  # the two arms, named in the result rows as parallelism
+MODES = (ALLREDUCE, GOSSIP)
 PLATEAU_EVALUATIONS = 3  # the plateau accuracy: the mean of the last 3 of a run's 10 evaluations
 READINGS = ("plateau_accuracy", "final_test_accuracy", "consensus_accuracy")  # a workload's ``accuracy`` names one
 
@@ -48,12 +50,12 @@ def mode_run(settings: dict[str, Any], p: int, mode: str) -> dict[str, Any]:
             "dataset": settings["dataset"], "eval_interval": max(settings["steps"] // 10, 1),
             "synthetic_size": settings["synthetic_size"], **run_extras(settings),
             **({"batch_size": per_rank * p} if per_rank else {}),
-            **({"consensus_every": 5} if mode == "gossip" else {})}
+            **({"consensus_every": 5} if mode == GOSSIP else {})}
 
 
 def failure_free_runs(settings: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """(p, run settings but the seed) of the runs gossip's accuracy is compared against: allreduce at every p."""
-    return [(p, mode_run(settings, p, "data")) for p in settings["worlds"]]
+    return [(p, mode_run(settings, p, ALLREDUCE)) for p in settings["worlds"]]
 
 
 def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad", entry: str = KEY,
@@ -89,7 +91,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/gossipgrad"
                              "reason": result.summary["reason"], "final_test_accuracy": final,
                              "plateau_accuracy": plateau_accuracy(frame),
                              # gossip: the replicas' consensus after ceil(log2 p) rounds; allreduce: its one model
-                             "consensus_accuracy": spread.get("test_acc") if mode == "gossip" else final,
+                             "consensus_accuracy": spread.get("test_acc") if mode == GOSSIP else final,
                              "accuracy_reading": reading,
                              "train_s": float(frame.step_time.sum()),
                              "rank_train_s": float(frame.rank_step_time.sum()),
@@ -125,7 +127,7 @@ def verdict(frame: Any, scale: str, entry: str = KEY) -> Verdict:
         v.comparable, v.reason = False, "the communication claim needs at least two values of p"
         return v
     per_p = done.groupby(["parallelism", "world_size"])[["messages", "bytes_sent"]].median()
-    gossip, allreduce = per_p.loc["gossip"], per_p.loc["data"]
+    gossip, allreduce = per_p.loc[GOSSIP], per_p.loc[ALLREDUCE]
     v.check("gossip: messages per rank per step constant in p", gossip.messages.nunique() == 1,
             "messages " + ", ".join(f"p={p}: {m:.0f}" for p, m in gossip.messages.items()), mechanism=True)
     v.check("allreduce: messages per rank per step grow with p", allreduce.messages.is_monotonic_increasing
@@ -135,9 +137,9 @@ def verdict(frame: Any, scale: str, entry: str = KEY) -> Verdict:
     v.statistics["accuracy_reading"] = reading
     for p in sorted(done.world_size.unique()):  # registered: non-inferiority, the lower bound carries the claim
         at = done[done.world_size == p].pivot_table(index="seed", columns="parallelism", values=reading)
-        v.decide(f"{entry}.accuracy_non_inferior", (100 * (at["gossip"] - at["data"])).dropna(), f"p={p}",
-                 reference=float(at["data"].mean()))  # the failure-free allreduce run, beside the ceiling
-    gossip_runs = done[done.parallelism == "gossip"]
+        v.decide(f"{entry}.accuracy_non_inferior", (100 * (at[GOSSIP] - at[ALLREDUCE])).dropna(), f"p={p}",
+                 reference=float(at[ALLREDUCE].mean()))  # the failure-free allreduce run, beside the ceiling
+    gossip_runs = done[done.parallelism == GOSSIP]
     cons = gossip_runs[gossip_runs.consensus_late.notna()]
     grows = (cons.consensus_late > 2 * cons.consensus_early).sum()
     v.check("gossip replicas stay close (consensus distance does not grow)", len(cons) == len(gossip_runs) > 0

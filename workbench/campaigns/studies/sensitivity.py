@@ -40,7 +40,7 @@ class LocalResume:
         self.data = load_dataset(self.config)
         self.batches = BatchSequence(len(self.data.y_train), self.config.batch_size, self.config.seed)
         # a pipeline's checkpoint resumes as a pipeline computes: micro-batch by micro-batch
-        self.micro_batches = self.config.micro_batches if self.config.parallelism in ("pipeline", "hybrid") else 1
+        self.micro_batches = self.config.micro_batches if self.config.mode.staged else 1
         torch.set_num_threads(1)
 
     def run(self, steps: int, model_state: dict[str, torch.Tensor] | None = None) -> tuple[float, list[float]]:
