@@ -43,8 +43,18 @@ from workbench.supervisor.boundary import MARGIN_STEPS, SETTLE_S, Boundary
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
-from workbench.supervisor.membership import (Assign, Decision, End, Generation, Lost, Membership, Note, Restart,
-                                             Retire, Start)
+from workbench.supervisor.membership import (
+    Assign,
+    Decision,
+    End,
+    Generation,
+    Lost,
+    Membership,
+    Note,
+    Restart,
+    Retire,
+    Start,
+)
 from workbench.supervisor.recorder import EventCallback, Recorder
 from workbench.supervisor.stragglers import Straggler, Stragglers
 from workbench.supervisor.watchdog import Watchdog
