@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.faults.outcomes import OUTCOMES
 from workbench.results import clock as clocks
 from workbench.supervisor import events as ev
 
@@ -106,7 +107,7 @@ def bit_sensitivity(frame: Any) -> go.Figure:
     from workbench.campaigns.studies.sensitivity import outcome_shares
 
     shares = frame if "share" in frame.columns else outcome_shares(frame)
-    outcomes = [o for o in ("masked", "degraded", "nonfinite", "crash") if o in set(shares.outcome)]
+    outcomes = [o for o in OUTCOMES if o in set(shares.outcome)]
     bits = sorted(set(shares.bit))
     table = shares.set_index(["outcome", "bit"])
     z = [[table.loc[(o, b), "share"] for b in bits] for o in outcomes]
@@ -336,7 +337,7 @@ def outcome_comparison(frame: Any, group: str = "parallelism", by: str = "target
     """Share of each outcome (masked / degraded / nonfinite / crash) per ``group`` and ``by`` value, stacked: the
     same injection campaign on two kinds of training side by side. ``frame``: rows of ``faults.campaign`` with
     the ``group`` column added."""
-    colours = {"masked": "seagreen", "degraded": "darkorange", "nonfinite": "crimson", "crash": "black"}
+    colours = dict(zip(OUTCOMES, ("seagreen", "darkorange", "crimson", "black")))
     counts = frame.groupby([group, by, "outcome"]).size()
     totals = frame.groupby([group, by]).size()
     labels = [f"{g} · {b}" for g, b in totals.index]

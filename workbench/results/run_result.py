@@ -147,7 +147,9 @@ class RunResult:
     def events_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        return pd.DataFrame(self.events, columns=["time", "step", "rank", "kind", "detail"])
+        from workbench.supervisor.events import COLUMNS
+
+        return pd.DataFrame(self.events, columns=list(COLUMNS))
 
     def summary_row(self) -> dict[str, Any]:
         row = {f"config.{k}": (json.dumps(v) if isinstance(v, list) else v) for k, v in self.config.items()}
