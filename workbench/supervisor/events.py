@@ -2,7 +2,7 @@
 :func:`get`. A run's events are rows ``{time, step, rank, kind, detail, **fields}`` (:data:`COLUMNS`): every kind
 declares its fields, which the recorder (:meth:`workbench.supervisor.recorder.Recorder.event`) checks: an undeclared
 kind, a declared field missing or an undeclared one given raises :class:`EventError` (a programming error). Readers
-(the figures, the lab, the campaigns) select rows by these objects (:func:`of`, :func:`faults`) and read the fields,
+(the figures, the lab, the campaigns) select rows by these objects (:func:`of`, :func:`fired`) and read the fields,
 never the ``detail`` prose, which is for people (:func:`text`). A kind's :class:`Marker` is how figures mark it.
 The docs' table (``docs/reference/workbench.supervisor.events.md``) is :func:`markdown`'s; a test checks it.
 """
