@@ -19,10 +19,11 @@ def fake_result(strategy, seed, parallelism):
                 "world_size": 4 if s < 10 else 3, "generation": 0 if s < 10 else 1, "step_time": 0.01}
                for s in range(20)]
     events = [{"time": 0.0, "step": 0, "rank": -1, "kind": "generation", "detail": "generation 0: ranks [0, 1, 2, 3]",
-               "gen": 0, "members": [0, 1, 2, 3]},
-              {"time": 0.1, "step": 10, "rank": 2, "kind": "failure", "detail": "rank 2 died"},
+               "gen": 0, "members": [0, 1, 2, 3], "recovery": None},
+              {"time": 0.1, "step": 10, "rank": 2, "kind": "failure", "detail": "rank 2 died", "cause": "died",
+               "world_after": 3},
               {"time": 0.2, "step": 10, "rank": -1, "kind": "generation", "detail": "generation 1: ranks [0, 1, 3]",
-               "gen": 1, "members": [0, 1, 3]}]
+               "gen": 1, "members": [0, 1, 3], "recovery": strategy}]
     failures = [{"rank": 2, "step": 10, "cause": "killed", "detection_s": 0.02, "resume_s": 0.05, "steps_redone": 0,
                  "samples_lost": 16, "world_size_after": 3, "strategy": strategy}]
     summary = {"outcome": "completed", "reason": "", "final_test_accuracy": 0.9 - 0.01 * STRATEGIES.index(strategy),

@@ -30,7 +30,16 @@ from workbench.faults.hdf5 import (
 from workbench.launch import cli
 from workbench.results import checkpoint
 from workbench.results.checkpoint import Checkpoint
-from workbench.results.h5files import CHECKPOINT, RESULT, SWEEP_TABLE, TABLE, FileKindError, OutputError, inspect
+from workbench.results.h5files import (
+    CHECKPOINT,
+    FORMATS,
+    RESULT,
+    SWEEP_TABLE,
+    TABLE,
+    FileKindError,
+    OutputError,
+    inspect,
+)
 from workbench.results.run_result import RunResult, load_results, load_table
 from workbench.sweeps.run import load_sweep
 
@@ -295,7 +304,7 @@ def test_inspect_tells_each_kind(tmp_path, good):
              SWEEP_TABLE: tmp_path / "s" / "results.h5", TABLE: tmp_path / "s" / ids[0] / "sensitivity.h5"}
     for kind, path in kinds.items():
         info = inspect(path)
-        assert info.kind == kind and info.format == 1
+        assert info.kind == kind and info.format == FORMATS[kind]
     assert inspect(good).datasets == {W: ((8, 4), "float32"), "model/fc1.bias": ((8,), "float32")}
     assert inspect(good).config == {"hidden": [8]}
     with h5py.File(kinds[RESULT], "r+") as f:  # a column of another length: a damaged layout

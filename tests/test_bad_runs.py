@@ -133,10 +133,10 @@ def test_the_same_mistakes_from_python_raise_config_error(tmp_path):
 
 
 def test_preflight_knows_the_digits_size_without_loading_them():
-    from workbench.config.preflight import DIGITS_TRAIN
+    from workbench.config.preflight import dataset_info
     from workbench.workloads.data import digits
 
-    assert len(digits().y_train) == DIGITS_TRAIN
+    assert len(digits().y_train) == dataset_info("digits", 4096).n_train
 
 
 def test_a_resume_with_the_checkpoints_own_settings_is_accepted(tmp_path):

@@ -121,8 +121,9 @@ def test_live_resize_grows_and_shrinks_a_running_run(tmp_path):
     finally:
         run.stop()
         result = run.wait(60)
-    changes = [e["detail"] for e in result.events if e["kind"] == "resize" and "world size" in e["detail"]]
-    assert len(changes) == 2 and "ranks [2, 3] joined" in changes[0] and "ranks [1, 2, 3] left" in changes[1]
+    changes = [e for e in result.events if e["kind"] == "resized"]
+    assert [(e["world"], e["joined"], e["left"]) for e in changes] == [(4, [2, 3], []), (1, [], [1, 2, 3])]
+    assert "ranks [2, 3] joined" in changes[0]["detail"] and "ranks [1, 2, 3] left" in changes[1]["detail"]
 
 
 @pytest.mark.parametrize("settings,message", [

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from ranks_in_threads import run_ranks
 from torch import nn
 
-from workbench.config.run import MODELS, RunConfig
+from workbench.config.run import RunConfig
 from workbench.rank.gradient_exchange import DEFAULT_BUCKETS, GradientExchange, bucket_layout
 from workbench.rank.soft_errors import ALARM_SLOTS
+from workbench.workloads import registry
 from workbench.workloads.data import checksum_of, sample_checksum
 from workbench.workloads.models import build_model, mlp
 
@@ -131,7 +132,7 @@ def test_bucket_layout_count_cap_and_parameter_boundaries():
         assert all(group == list(range(group[0], group[-1] + 1)) for group in layout)  # contiguous, in order
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", registry.model_names())
 def test_every_built_in_model_has_several_buckets_by_default(model):
     shape = (1, 8, 8) if model in ("mlp", "cnn") else (40,) if model.startswith("mnist1d_") else (3, 32, 32)
     params = [p for p in build_model(RunConfig(model=model), shape, 10).parameters() if p.requires_grad][::-1]

@@ -354,11 +354,12 @@ def test_float_datasets_index_through_train_batch(spec):
 
 # -- built-in datasets read their bundled files, never a silent rebuild ------------------------------------------
 def test_each_bundled_dataset_file_exists_in_the_repository():
-    from workbench.workloads.dataset_files import BUNDLED_FILES, DATA_DIR
+    from workbench.workloads import registry
+    from workbench.workloads.dataset_files import DATA_DIR, bundled_file
 
     assert DATA_DIR.name == "data" and (DATA_DIR.parent / "pyproject.toml").is_file(), DATA_DIR
-    for name, path in BUNDLED_FILES.items():
-        assert path.is_file(), f"{name}: {path} is missing"
+    bundled = [name for name, entry in registry.DATASETS.items() if entry.bundled]
+    assert bundled == ["digits", "mnist1d"] and all(bundled_file(name).is_file() for name in bundled)
 
 
 def test_digits_is_read_from_its_bundled_file_and_never_imports_scikit_learn(monkeypatch):
@@ -367,9 +368,9 @@ def test_digits_is_read_from_its_bundled_file_and_never_imports_scikit_learn(mon
     import subprocess
     import sys
 
-    from workbench.workloads.dataset_files import BUNDLED_FILES
+    from workbench.workloads.dataset_files import bundled_file
 
-    with np.load(BUNDLED_FILES["digits"]) as f:
+    with np.load(bundled_file("digits")) as f:
         images, target = f["images"], f["target"]
     data = load("digits")
     assert len(data.y_train) + len(data.y_test) == len(target) == 1797
@@ -386,7 +387,7 @@ def test_digits_is_read_from_its_bundled_file_and_never_imports_scikit_learn(mon
 def test_a_missing_bundled_file_is_an_error_before_any_process(monkeypatch, tmp_path):
     from workbench.workloads import dataset_files
 
-    monkeypatch.setitem(dataset_files.BUNDLED_FILES, "digits", tmp_path / "digits.npz")
+    monkeypatch.setattr(dataset_files, "DATA_DIR", tmp_path)  # no digits.npz there
     with pytest.raises(ConfigError, match="bundled file .*digits.npz, which is missing"):
         RunConfig(dataset="digits")
     with pytest.raises(ConfigError, match="which is missing"):

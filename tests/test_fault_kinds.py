@@ -18,10 +18,9 @@ from workbench.config.run import FAULT_KINDS, RunConfig
 from workbench.faults import kinds
 from workbench.faults.kinds import Fires
 from workbench.faults.spec import FaultSpec, RandomFailures
-from workbench.launch.lab import MARKED
 from workbench.rank import protocol
 from workbench.results import checkpoint
-from workbench.results.plots import FAULT_MARKERS
+from workbench.supervisor import events
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -45,7 +44,7 @@ def test_every_kind_is_one_frozen_object_and_the_tables_are_read_from_them():
         assert kind.signal in (None, "SIGKILL", "SIGSTOP") and not (kind.signal and kind.blocks)
         assert kind.names_rank or kind.fires is Fires.BOUNDARY
         assert kind.button is None or kind.live  # a button fires the kind live
-        assert (name in FAULT_MARKERS) == (kind.marker is not None and kind.curve) and name in MARKED
+        assert events.get(name).fault and events.get(name).marker.live  # its event, marked in the lab
     assert [name for name in kinds.REGISTRY if kinds.get(name).accepts(peer=True)] == ["kill", "hang"]
     assert RandomFailures(mtbf_steps=5).kind in kinds.RANDOM_NAMES == ("kill", "slow")
     assert all(form in SETTINGS["faults"].help for form in kinds.GRAMMAR)

@@ -52,7 +52,7 @@ def test_a_bad_file_is_a_settings_error(tmp_path, monkeypatch, damage):
     elif damage == "other arrays":
         arrays = mnist1d.read(COMMITTED)
         mnist1d.write({**arrays, "x": arrays["x"][:100]}, bad)
-    monkeypatch.setitem(dataset_files.BUNDLED_FILES, "mnist1d", bad)
+    monkeypatch.setattr(dataset_files, "DATA_DIR", tmp_path)  # its mnist1d.npz: the damaged one
     with pytest.raises(ConfigError) as caught:
         RunConfig(model="mnist1d_cnn", dataset="mnist1d", world_size=1)
     message = str(caught.value)

@@ -12,12 +12,13 @@ def timeline_result():
     result = make_result()
     result.events = [
         {"time": 0.0, "step": 0, "rank": -1, "kind": "generation", "detail": "generation 0: ranks [0, 1, 2, 3]",
-         "gen": 0, "members": [0, 1, 2, 3]},
-        {"time": 1.0, "step": 1, "rank": 2, "kind": "failure", "detail": "rank 2 died (SIGKILL)"},
+         "gen": 0, "members": [0, 1, 2, 3], "recovery": None},
+        {"time": 1.0, "step": 1, "rank": 2, "kind": "failure", "detail": "rank 2 died (SIGKILL)",
+         "cause": "died (SIGKILL)", "world_after": 3},
         {"time": 1.0, "step": 1, "rank": -1, "kind": "generation", "detail": "generation 1: ranks [0, 1, 3] (shrink)",
-         "gen": 1, "members": [0, 1, 3]},
+         "gen": 1, "members": [0, 1, 3], "recovery": "shrink"},
         {"time": 2.0, "step": 2, "rank": -1, "kind": "generation", "detail": "generation 2: ranks [0, 1, 2, 3]",
-         "gen": 2, "members": [0, 1, 2, 3]},
+         "gen": 2, "members": [0, 1, 2, 3], "recovery": None},
     ]
     return result
 

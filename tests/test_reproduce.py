@@ -85,7 +85,8 @@ def test_cached_runs_rerun_for_other_code_and_for_unplanned_failures(tmp_path, m
     assert len(calls) == 2
 
     saved = RunResult.load(tmp_path / "result.h5")
-    saved.events.append({"time": 1.0, "step": 3, "rank": 1, "kind": "failure", "detail": "rank 1 died (SIGKILL)"})
+    saved.events.append({"time": 1.0, "step": 3, "rank": 1, "kind": "failure", "detail": "rank 1 died (SIGKILL)",
+                         "cause": "died (SIGKILL)", "world_after": 1})
     saved.summary.update(outcome="failed", reason="rank 1 died (SIGKILL) at step 3; strategy 'none' does not recover")
     saved.save(tmp_path)
     assert not common.reusable(saved)

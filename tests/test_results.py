@@ -11,7 +11,7 @@ def make_result(outcome="completed", seed=0):
     metrics = [{"step": s, "time": 0.1 * s, "loss": 2.0 / (s + 1), "train_acc": 0.5, "samples": 64,
                 "test_acc": 0.9 if s == 2 else math.nan, "test_loss": 0.3 if s == 2 else math.nan, "world_size": 4,
                 "generation": 0, "step_time": 0.01} for s in range(3)]
-    events = [{"time": 0.2, "step": 1, "rank": 2, "kind": "kill", "detail": "planned fault fired"}]
+    events = [{"time": 0.2, "step": 1, "rank": 2, "kind": "kill", "detail": "planned fault fired", "source": "planned"}]
     failures = [{"rank": 2, "step": 1, "cause": "died (SIGKILL)", "strategy": "shrink", "detection_s": 0.02,
                  "resume_s": 0.05, "world_size_after": 3}]
     summary = {"outcome": outcome, "reason": "r", "final_test_accuracy": 0.9, "steps_completed": 3,

@@ -46,8 +46,8 @@ def test_the_allowed_values_are_the_tuples_the_configuration_checks():
     for name, setting in SETTINGS.items():
         if setting.choices:
             assert "{choices}" in setting.help, name
-            assert all(choice in help_text(name) for choice in setting.choices), name
-            assert all(f"`{choice}`" in help_text(name, markdown=True) for choice in setting.choices), name
+            assert all(choice in help_text(name) for choice in setting.allowed), name
+            assert all(f"`{choice}`" in help_text(name, markdown=True) for choice in setting.allowed), name
 
 
 def test_the_run_flags_are_generated_from_the_settings():

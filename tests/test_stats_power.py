@@ -57,7 +57,7 @@ def test_share_n_from_the_wilson_bound():
 def test_every_sampled_finding_has_a_power_block_that_its_numbers_give():
     reg = registry.load()
     for finding in reg.findings.values():
-        block = power.power_of(finding)
+        block = finding.power
         if finding.test == "exact":
             assert block is None or block.get("descriptive") or finding.kind == "mechanism", finding.key
             continue
@@ -66,7 +66,7 @@ def test_every_sampled_finding_has_a_power_block_that_its_numbers_give():
             assert block.get("reason"), finding.key
             continue
         assert {"sesoi", "sd_source", "sd", "n_required", "n_registered"} <= set(block), finding.key
-        assert block["n_required"] == power.required_n(finding), finding.key
+        assert block["n_required"] == registry.required_n(finding), finding.key
 
 
 def planted(power_block: dict | None) -> registry.Finding:

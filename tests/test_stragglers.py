@@ -22,6 +22,7 @@ from workbench.faults.slow import check_live_slow
 from workbench.rank import throttle as throttle_module
 from workbench.rank.throttle import Throttle
 from workbench.results.run_result import RunResult
+from workbench.supervisor import events
 from workbench.supervisor.core import Supervisor
 from workbench.supervisor.stragglers import Stragglers, find
 
@@ -93,8 +94,9 @@ def test_slow_downs_are_events_and_every_step_time_is_kept():
         for key in range(2):
             slow = 3.0 if key == 1 and 2 <= step < 4 else None
             events, _ = detector.step(key, key + 10, 0, step, 0.01, slow)
-            seen += [(step, kind, detail) for kind, detail in events]
-    assert seen == [(2, "slow", "rank 11 runs 3x slower"), (4, "slow_end", "rank 11 runs at full speed again")]
+            seen += [(step, kind, detail, fields) for kind, detail, fields in events]
+    assert seen == [(2, "slow", "rank 11 runs 3x slower", {"factor": 3.0}),
+                    (4, "slow_end", "rank 11 runs at full speed again", {"factor": 3.0})]
     table = detector.table()
     assert list(table) == ["step", "generation", "rank", "cpu_s", "slow"] and len(table["step"]) == 12
     assert table["slow"][5] == 3.0 and table["rank"][5] == 11
@@ -159,7 +161,9 @@ def test_live_and_timed_slow_downs_reach_the_rank_as_throttle_messages():
     supervisor.commands = queue.Queue()
     supervisor.membership = SimpleNamespace(members=[0, 1])
     supervisor.control = SimpleNamespace(send=lambda w, m: sent.append((w.label, m)))
-    supervisor.recorder = SimpleNamespace(event=lambda kind, step, detail, rank: sent.append((kind, detail)))
+    supervisor.slow_sources = {}
+    supervisor.recorder = SimpleNamespace(event=lambda kind, step, detail, rank, **fields: sent.append(
+        (events.name(kind), detail, fields)))
     supervisor.worker = lambda label: SimpleNamespace(proc=object(), conn=None, label=label) if label in (0, 1) \
         else None
     supervisor._inject("slow", 1, "planned", fault=FaultSpec.parse("slow:rank=1,time=1.5,factor=3,until=4"))
@@ -168,7 +172,9 @@ def test_live_and_timed_slow_downs_reach_the_rank_as_throttle_messages():
     supervisor._run_commands()
     assert sent == [(1, {"type": "throttle", "factor": 3.0, "seconds": 2.5}),
                     (0, {"type": "throttle", "factor": 4.0, "seconds": None}),
-                    ("fault_skipped", "slow of rank 7: not alive")]
+                    ("fault_skipped", "slow of rank 7: not alive", {"fault": "slow", "source": "live",
+                                                                    "reason": "not_alive"})]
+    assert supervisor.slow_sources == {1: "planned", 0: "live"}  # what their slow events will say
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ import time
 
 import pytest
 
-from workbench.launch.lab import MARKED, Lab
+from workbench.launch.lab import Lab
+from workbench.supervisor import events
+
+MARKED = [k.name for k in events.marked(live=True)]  # the kinds the live figure marks
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

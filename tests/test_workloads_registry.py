@@ -12,9 +12,8 @@ import torch
 from structure_tool import comparisons
 
 from workbench.config import preflight
-from workbench.config import run as config_module
 from workbench.config.errors import ConfigError
-from workbench.config.fields import SETTINGS
+from workbench.config.fields import SETTINGS, help_text
 from workbench.config.run import RunConfig
 from workbench.launch.lab import Lab
 from workbench.workloads import dataset_files, registry
@@ -29,16 +28,17 @@ ABOUT = ("model", "dataset", "spec")  # a comparison counts where the other side
 
 
 def test_the_lists_are_read_from_the_entries():
-    assert config_module.MODELS == registry.model_names() == (
+    assert registry.model_names() == (
         "mlp", "cnn", "lenet5", "alexnet", "vgg11", "resnet20", "resnet18", "mnist1d_logistic", "mnist1d_mlp",
         "mnist1d_cnn", "mnist1d_cnn_bn", "mnist1d_gru", "mnist1d_reference")
-    assert config_module.DATASETS == ("digits", "synthetic", "synthetic_image", "synthetic_noisy", "synthetic_faint",
-                                      "mnist1d")
-    assert registry.dataset_forms() == config_module.DATASETS + config_module.DATASET_FORMS
-    assert SETTINGS["model"].choices == config_module.MODELS
-    assert SETTINGS["dataset"].choices == registry.dataset_forms()
-    assert dataset_files.BUNDLED_FILES == {"digits": dataset_files.DATA_DIR / "digits.npz",
-                                           "mnist1d": dataset_files.DATA_DIR / "mnist1d.npz"}
+    assert registry.dataset_names() == ("digits", "synthetic", "synthetic_image", "synthetic_noisy", "synthetic_faint",
+                                        "mnist1d")
+    assert registry.dataset_forms() == registry.dataset_names() + tuple(
+        f"{name}:DIR" for name in registry.dataset_names(on_disk=True))
+    assert SETTINGS["model"].allowed == registry.model_names()
+    assert SETTINGS["dataset"].allowed == registry.dataset_forms()
+    assert dataset_files.bundled_file("digits") == dataset_files.DATA_DIR / "digits.npz"
+    assert dataset_files.bundled_file("mnist1d") == dataset_files.DATA_DIR / "mnist1d.npz"
     assert registry.dataset_choices() == ("digits", "synthetic", "synthetic_image", "synthetic_noisy",
                                           "synthetic_faint", "mnist1d", "cifar10:",
                                           "cifar100:",
@@ -92,6 +92,7 @@ def tiny_entry():
 def test_a_dataset_registered_at_run_time_is_checked_offered_and_loaded(tiny_entry):
     config = RunConfig(world_size=2, steps=3, dataset="tiny", synthetic_size=64, model="cnn")
     assert config.dataset == "tiny" and "tiny" in Lab().dataset.options
+    assert "tiny" in SETTINGS["dataset"].allowed and "tiny" in help_text("dataset")  # the registry now, no copy
     assert preflight.dataset_info("tiny", 64) == preflight.DatasetInfo(64, (2, 4, 4), None)
     with pytest.raises(ConfigError, match="'crop_flip' crops and flips images; 'tiny' is 4x4"):
         RunConfig(dataset="tiny", augment="crop_flip")

@@ -26,11 +26,16 @@ class Setting:
     """One field's documentation. ``{choices}`` in ``help`` stands where the allowed values are listed."""
 
     help: str
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] = ()  # a function: a registry's, read when asked
     flag: str | None = ""  # "": --the-field-name; None: no flag (a YAML key and a keyword argument only)
     parse: Callable[[str], Any] | None = None  # the flag's argparse type; default: from the field's annotation
     repeat: bool = False  # the flag may be given again, each time adding an entry
     docs: str = ""  # docs/settings.md only: Markdown after the help (links to more)
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """The allowed values as they stand now (a model or dataset a notebook registered included)."""
+        return self.choices() if callable(self.choices) else self.choices
 
 
 def _int_list(what: str, example: str) -> Callable[[str], list[int]]:
@@ -60,13 +65,13 @@ SETTINGS: dict[str, Setting] = {
     "optimizer": Setting("the optimizer: {choices}", config.OPTIMIZERS),
     "momentum": Setting("momentum of sgd, in [0, 1)", flag=None),
     "model": Setting("{choices}, or package.module:callable returning an nn.Module (it may take input_shape, "
-                     "num_classes)", registry.model_names(), docs="[Models](#models)"),
+                     "num_classes)", registry.model_names, docs="[Models](#models)"),
     "hidden": Setting("MLP hidden widths, e.g. 128,64", parse=_int_list("the hidden layers' widths", "128,64")),
     "width": Setting("vgg11, alexnet: multiplier of every convolution's channels (0 < width <= 4)"),
     "dataset": Setting("{choices}, or package.module:callable returning (x_train, y_train, x_test, y_test); "
                        "synthetic_image is 3x32x32, 10 classes; the files on disk: CIFAR binary version (cifar10, "
                        "cifar100), IDX files, .gz or not (mnist, fashion_mnist), class/*.png (imagefolder)",
-                       registry.dataset_forms(), docs="[Datasets](#datasets)"),
+                       registry.dataset_forms, docs="[Datasets](#datasets)"),
     "synthetic_size": Setting("training samples of synthetic and synthetic_image"),
     "augment": Setting("image datasets: {choices}; crop_flip is a 4-pixel padded random crop + horizontal flip, "
                        "decided per seed, step and sample: the same whatever the world size", config.AUGMENTS,
@@ -165,7 +170,7 @@ SETTINGS: dict[str, Setting] = {
 def help_text(name: str, markdown: bool = False) -> str:
     """Field ``name``'s help with its allowed values filled in (as code spans when ``markdown``)."""
     setting = SETTINGS[name]
-    values = [f"`{c}`" if markdown else c for c in setting.choices]
+    values = [f"`{c}`" if markdown else c for c in setting.allowed]
     return setting.help.format(choices=", ".join(values)) if setting.choices else setting.help
 
 

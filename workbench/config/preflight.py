@@ -28,8 +28,6 @@ from workbench.launch import machine
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset, user_arrays
 
-# scikit-learn's 1797 digits less the fixed 20 % test split (workbench.workloads.data.digits): its registry entry's
-DIGITS_TRAIN = registry.DATASETS["digits"].train_size
 _IDX_SIZES = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}  # IDX type code -> bytes per value
 
 

@@ -32,14 +32,13 @@ from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, Faul
 from workbench.launch import devices
 from workbench.launch.cluster.hosts_file import check_hosts
 from workbench.workloads import registry
-from workbench.workloads.dataset_files import AUGMENTS, DATASET_FORMS, DATASETS, check_dataset
+from workbench.workloads.dataset_files import AUGMENTS, check_dataset
 
-__all__ = ["AUGMENTS", "DATASETS", "DATASET_FORMS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS",
-           "LR_SCHEDULES", "MAX_WORLD_SIZE", "MODELS", "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES",
-           "REGROW_STRATEGIES", "SHUFFLES", "SPAWNS", "STRATEGIES", "FaultSpec", "RandomFailures", "RunConfig",
-           "parse_fault", "resolve_callable"]
+# the models and datasets allowed are the workloads registry's as it stands (registry.model_names, dataset_forms)
+__all__ = ["AUGMENTS", "DETECTORS", "DISTRIBUTIONS", "FAULT_KINDS", "FLIP_TARGETS", "LR_SCHEDULES", "MAX_WORLD_SIZE",
+           "OPTIMIZERS", "PARALLELISMS", "PARALLEL_STRATEGIES", "REGROW_STRATEGIES", "SHUFFLES", "SPAWNS", "STRATEGIES",
+           "FaultSpec", "RandomFailures", "RunConfig", "parse_fault", "resolve_callable"]
 
-MODELS = registry.model_names()  # the registered models as this module was imported (workbench.workloads.registry)
 OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = strategies.NAMES  # workbench/strategies/registry.py: one object per name
 REGROW_STRATEGIES = strategies.regrowing()

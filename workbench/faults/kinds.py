@@ -1,10 +1,11 @@
 """Fault kinds: one frozen :class:`FaultKind` per kind, looked up once (:func:`get`, :func:`of`).
 
 A kind says everything the rest of the code asks of it: the keys it takes beside rank and step|time, where it
-fires (:class:`Fires`), the signal it sends, whether the lab fires it live, its button and plot marker, its help
-line and whether the peer systems accept it; its own checks and behaviour are functions held by the object.
-Parsing validates by lookup, the supervisor and the ranks dispatch on the fields. Adding a kind is one object here
-and its tests (docs/concepts.md, "Fault kinds", shows ``delay``).
+fires (:class:`Fires`), the signal it sends, whether the lab fires it live, its button, its help line and whether
+the peer systems accept it; its own checks and behaviour are functions held by the object. Parsing validates by
+lookup, the supervisor and the ranks dispatch on the fields. Adding a kind is one object here, its event (fields
+and plot marker) in :mod:`workbench.supervisor.events`, and its tests (docs/concepts.md, "Fault kinds", shows
+``delay``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ class FaultKind:
     peer_refusal: str = "{fault} is ours and does not apply to it"  # said when a peer strategy is given it
     live: bool = False  # run.NAME(rank) fires it live (the supervisor's command NAME)
     button: str | None = None  # the lab's per-rank button style ("" plain); None: no button
-    marker: tuple[str, str] | None = None  # plotly symbol and colour of its events
-    curve: bool = True  # marked on plots.training_curve too (not only on the lab's live figure)
     check: Callable[[Any], None] | None = None  # its own keys' checks (a ConfigError)
     hold: Callable[[Any], None] | None = None  # behaviour at the rank's fault point; then the step goes on
 
@@ -123,38 +122,33 @@ def _hold_delay(f: Any) -> None:
 
 
 KILL = FaultKind("kill", "SIGKILL: the rank dies at once", ("kill:rank=R,step=S", "kill:rank=R,time=T"),
-                 signal="SIGKILL", random=True, peers=True, live=True, button="danger", marker=("x", "crimson"))
+                 signal="SIGKILL", random=True, peers=True, live=True, button="danger")
 HANG = FaultKind("hang", "SIGSTOP: the rank freezes; only its missing heartbeats tell", ("hang:rank=R,step=S",),
-                 signal="SIGSTOP", peers=True, live=True, button="warning", marker=("square", "darkorange"))
+                 signal="SIGSTOP", peers=True, live=True, button="warning")
 STALL = FaultKind("stall", "the training thread blocks while the heartbeat goes on (the progress watchdog finds it)",
                   ("stall:rank=R,step=S",), blocks=True, next_step=True, peer_refusal="stall faults is ours and "
-                  "does not apply to it", live=True, button="info", marker=("hourglass", "goldenrod"))
+                  "does not apply to it", live=True, button="info")
 PREEMPT = FaultKind("preempt", "notice: grace=G seconds to leave at a step boundary",
                     ("preempt:rank=R,step=S,grace=G",), keys=("grace",), notice=True, live=True, button="",
-                    marker=("hexagram", "sienna"), check=_check_preempt)
+                    check=_check_preempt)
 SLOW = FaultKind("slow", "the rank's steps take factor=F times as long, from step (or time) until until=U",
                  ("slow:rank=R,factor=F,step=S,until=U",), keys=("factor", "until"), fires=Fires.THROTTLE,
                  random=True, peer_refusal="slow faults are ours and do not apply to it", live=True, button="",
-                 marker=("triangle-down", "peru"), check=_check_slow)
+                 check=_check_slow)
 FLIP = FaultKind("flip", "a bit flip in a weight, buffer, gradient, activation or optimizer state",
                  (f"flip:target={'|'.join(FLIP_TARGETS)},rank=R,step=S,tensor=NAME,index=I,bit=B",),
                  keys=("target", "tensor", "index", "bit", "seed", "stage"), fires=Fires.INJECTOR, next_step=True,
-                 peer_refusal="flip faults is ours and does not apply to it", live=True,
-                 marker=("bowtie", "goldenrod"), curve=False, check=_check_flip)
+                 peer_refusal="flip faults is ours and does not apply to it", live=True, check=_check_flip)
 RESIZE = FaultKind("resize", "the world becomes world=N ranks at a step boundary", ("resize:world=N,step=S",),
-                   keys=("world",), fires=Fires.BOUNDARY, names_rank=False, live=True,
-                   marker=("triangle-right", "slategray"), check=_check_resize)
+                   keys=("world",), fires=Fires.BOUNDARY, names_rank=False, live=True, check=_check_resize)
 DELAY = FaultKind("delay", "at step S the rank's messages are held back ms=M milliseconds; nothing else changes",
                   ("delay:rank=R,step=S,ms=M",), keys=("ms",), next_step=True,
-                  peer_refusal="delay faults are ours and do not apply to it", marker=("star-triangle-up", "steelblue"),
-                  check=_check_delay, hold=_hold_delay)
+                  peer_refusal="delay faults are ours and do not apply to it", check=_check_delay, hold=_hold_delay)
 
 REGISTRY: dict[str, FaultKind] = {k.name: k for k in (KILL, HANG, STALL, PREEMPT, SLOW, FLIP, RESIZE, DELAY)}
 NAMES = tuple(REGISTRY)
 KEYS = tuple(dict.fromkeys(key for kind in REGISTRY.values() for key in kind.keys))  # every kind-specific key
 RANDOM_NAMES = tuple(k.name for k in REGISTRY.values() if k.random)
-MARKERS = {k.name: k.marker for k in REGISTRY.values() if k.marker is not None}  # the lab's live figure
-CURVE_MARKERS = {k.name: k.marker for k in REGISTRY.values() if k.marker is not None and k.curve}
 BUTTONS = {k.name: k.button for k in REGISTRY.values() if k.button is not None}  # lab method name -> style
 GRAMMAR = tuple(form for k in REGISTRY.values() for form in k.grammar)
 

@@ -10,14 +10,16 @@ from typing import Any
 from workbench.faults.kinds import FLIP
 from workbench.supervisor import events as ev
 
+MASKED, DEGRADED, NONFINITE, CRASH = OUTCOMES = ("masked", "degraded", "nonfinite", "crash")  # best to worst
+
 
 def classify_values(accuracy: float | None, golden_accuracy: float, losses: list[float], completed: bool,
                     tolerance: float) -> str:
     if not completed:
-        return "crash"
+        return CRASH
     if any(not math.isfinite(v) for v in losses) or accuracy is None or not math.isfinite(accuracy):
-        return "nonfinite"
-    return "degraded" if accuracy < golden_accuracy - tolerance else "masked"
+        return NONFINITE
+    return DEGRADED if accuracy < golden_accuracy - tolerance else MASKED
 
 
 # a flip that moves a value by at most this share of itself (fp32 mantissa bits 0-9) is masked: the JPDC'24 finding
@@ -30,10 +32,10 @@ def possible_outcomes(old: float, new: float) -> tuple[str, ...]:
     at most ``MASKED_RELATIVE_CHANGE`` of the value (or of 1e-30 for zeros) is ``masked``; anything else may be
     any class but a crash (a flipped value never stops a run by itself)."""
     if not math.isfinite(new):
-        return ("nonfinite",)
+        return (NONFINITE,)
     if abs(new - old) <= MASKED_RELATIVE_CHANGE * max(abs(old), 1e-30):
-        return ("masked",)
-    return ("masked", "degraded", "nonfinite")
+        return (MASKED,)
+    return (MASKED, DEGRADED, NONFINITE)
 
 
 def classify(result: Any, golden: Any, tolerance: float = 0.01) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from workbench.faults import kinds
 from workbench.faults.bitflip import bit_field
 from workbench.launch.devices import DEVICES
 from workbench.launch.session import Run, start
-from workbench.results.plots import FAULT_MARKERS
 from workbench.supervisor import events as ev
 from workbench.workloads import registry
 
@@ -36,9 +35,7 @@ REFRESH_HZ = 5
 # the most points a live curve sends the browser at each refresh: a long run's every step, resent 5 times a
 # second, outruns the page (a stride over the run keeps its shape, the last step always shown)
 LIVE_POINTS = 1000
-MARKED = (*kinds.MARKERS, *(k.name for k in (ev.STRAGGLER, ev.FAILURE, ev.DETECTED, ev.RECOVERED, ev.GENERATION)))
 STRIP_STEPS = 200  # the per-rank strip shows this many latest steps
-MARKER_STYLE = {**FAULT_MARKERS, **kinds.MARKERS, ev.DETECTED.name: ("circle", "black")}
 
 
 # what the panel's number boxes can show: a default outside is refused, not clamped to the box
@@ -294,10 +291,9 @@ class Lab:
         fig.add_scatter(name="training loss", mode="lines")
         fig.add_scatter(name="test accuracy", mode="lines+markers", yaxis="y2")
         fig.add_scatter(name="world size (fraction)", mode="lines", yaxis="y2", line={"shape": "hv", "dash": "dot"})
-        for kind in MARKED:
-            symbol, colour = MARKER_STYLE[kind]
-            fig.add_scatter(name=kind, mode="markers", yaxis="y2", marker={"symbol": symbol, "size": 12,
-                                                                           "color": colour}, hoverinfo="text")
+        for kind in ev.marked(live=True):  # each marked kind's marker: its declaration (supervisor.events)
+            fig.add_scatter(name=kind.name, mode="markers", yaxis="y2", hoverinfo="text",
+                            marker={"symbol": kind.marker.symbol, "size": 12, "color": kind.marker.colour})
         return go.FigureWidget(fig)
 
     def _reset_figure(self, world_size: int) -> None:
@@ -340,12 +336,11 @@ class Lab:
             evals = thinned([r for r in rows if not math.isnan(r["test_acc"])])
             acc.x, acc.y = [r["step"] for r in evals], [r["test_acc"] for r in evals]
             world.x, world.y = [r["step"] for r in shown], [r["world_size"] / self._world_size for r in shown]
-            for trace, kind in zip(self.figure.data[3:], MARKED):
+            for trace, kind in zip(self.figure.data[3:], ev.marked(live=True)):
                 marks = ev.of(events, kind)
                 trace.x = [max(e["step"], 0) for e in marks]
                 trace.y = [1.04] * len(marks)
-                trace.hovertext = [f"{kind}: {'rank ' + str(e['rank']) + ' ' if e['rank'] >= 0 else ''}{e['detail']}"
-                                   for e in marks]
+                trace.hovertext = [f"{kind.name}: {ev.text(e)}" for e in marks]
         self._redraw_strip(rank_steps)
         for rank, box in enumerate(self.rank_buttons.children):
             gone = bool(members) and rank not in members  # failed, or left (a resize, a preemption)

@@ -37,7 +37,7 @@ def live_rank(rank: Any, action: str, status: dict[str, Any], events: list[dict[
             since_generation = set()
         elif event.get("kind") in _DEAD:
             since_generation.add(event.get("rank", -1))
-            last_fault[event.get("rank", -1)] = f"{event['kind']} at step {event.get('step')}: {event.get('detail')}"
+            last_fault[event.get("rank", -1)] = f"{event['kind']} at step {event.get('step')}: {ev.text(event, False)}"
     if rank not in members or rank in since_generation:
         why = f" ({last_fault[rank]})" if rank in last_fault else ""
         alive = [m for m in members if m not in since_generation]

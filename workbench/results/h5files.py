@@ -21,8 +21,9 @@ from typing import Any
 from workbench.config.errors import ResultsError, WorkbenchError
 
 CHECKPOINT, RESULT, SWEEP_TABLE, TABLE = "checkpoint", "result", "sweep table", "table"
-# the newest layout ``format`` of each kind this code reads (and writes)
-FORMATS = {CHECKPOINT: 1, RESULT: 1, SWEEP_TABLE: 1, TABLE: 1}
+# the newest layout ``format`` of each kind this code reads (and writes); a run result's format 2: every event row
+# carries its kind's declared fields (workbench.supervisor.events), format 1 holds the rows without them
+FORMATS = {CHECKPOINT: 1, RESULT: 2, SWEEP_TABLE: 1, TABLE: 1}
 DESCRIPTIONS = {CHECKPOINT: "a workbench checkpoint", RESULT: "a run result (result.h5)",
                 SWEEP_TABLE: "a sweep table (results.h5)", TABLE: "a workbench table (e.g. sensitivity.h5)"}
 

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.faults import kinds
-from workbench.faults.kinds import CURVE_MARKERS
+from workbench.faults.outcomes import OUTCOMES
 from workbench.results import clock as clocks
 from workbench.supervisor import events as ev
 
@@ -17,15 +16,12 @@ if TYPE_CHECKING:
     from workbench.results.run_result import RunResult
 
 _PALETTE = ("royalblue", "crimson", "seagreen", "darkorange", "purple", "teal")
-# the fault kinds' markers are their objects' (workbench/faults/kinds.py); the rest mark what the run did
-FAULT_MARKERS = {**CURVE_MARKERS, ev.FAILURE.name: ("x-thin", "crimson"),
-                 ev.GENERATION.name: ("diamond", "royalblue"), ev.RECOVERED.name: ("triangle-up", "seagreen"),
-                 ev.RESTART.name: ("circle-open", "purple"), ev.REGROW.name: ("star", "teal"),
-                 ev.PREEMPT_FALLBACK.name: ("x-open", "sienna"), ev.STRAGGLER.name: ("star-diamond", "orangered")}
 
 
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
-    """Loss and test accuracy vs step, world size as a step line, faults and generation changes marked."""
+    """Loss and test accuracy vs step, world size as a step line; the faults that fired and what the run did
+    (generations, failures, recoveries, ...) marked as their event kinds say (:func:`events.marked
+    <workbench.supervisor.events.marked>`)."""
     frame = result.to_dataframe()
     evals = frame[frame.test_acc.notna()]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
@@ -35,15 +31,14 @@ def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
     fig.add_trace(go.Scatter(x=frame.step, y=frame.world_size / result.summary["world_size_initial"],
                              name="world size (fraction)", mode="lines", line={"shape": "hv", "dash": "dot"}),
                   secondary_y=True)
-    for kind, (symbol, colour) in FAULT_MARKERS.items():
+    for kind in ev.marked(curve=True):
         marks = [e for e in ev.of(result.events, kind) if e["step"] >= 0]
         if not marks:
             continue
         fig.add_trace(go.Scatter(
-            x=[e["step"] for e in marks], y=[1.02] * len(marks), mode="markers", name=kind,
-            marker={"symbol": symbol, "size": 12, "color": colour},
-            hovertext=[f"rank {e['rank']}: {e['detail']}" if e["rank"] >= 0 else e["detail"] for e in marks]),
-            secondary_y=True)
+            x=[e["step"] for e in marks], y=[1.02] * len(marks), mode="markers", name=kind.name,
+            marker={"symbol": kind.marker.symbol, "size": 12, "color": kind.marker.colour},
+            hovertext=[ev.text(e) for e in marks]), secondary_y=True)
     fig.update_layout(title=title or f"{result.config['strategy']} — {result.summary['outcome']}",
                       xaxis_title="step", hovermode="x unified", template="plotly_white")
     fig.update_yaxes(title_text="loss", secondary_y=False)
@@ -66,15 +61,14 @@ def membership_timeline(results: dict[str, RunResult], title: str = "world size 
         fig.add_trace(go.Scatter(x=evals.step, y=evals.test_acc, name=name, mode="lines+markers", legendgroup=name,
                                  showlegend=False, line={"color": colour}), 2, 1)
         sizes = dict(zip(frame.step, frame.world_size))
-        for kind in (kinds.PREEMPT.name, kinds.RESIZE.name, ev.FAILURE.name):
+        for kind in (ev.PREEMPT, ev.RESIZE, ev.FAILURE):
             marks = [e for e in ev.of(result.events, kind) if e["step"] >= 0 and e["step"] in sizes]
             if marks:
-                symbol, _ = FAULT_MARKERS[kind]
                 fig.add_trace(go.Scatter(
                     x=[e["step"] for e in marks], y=[sizes[e["step"]] for e in marks], mode="markers",
-                    name=f"{name}: {kind}", legendgroup=name, marker={"symbol": symbol, "size": 11, "color": colour},
-                    hovertext=[f"rank {e['rank']}: {e['detail']}" if e["rank"] >= 0 else e["detail"] for e in marks]),
-                    1, 1)
+                    name=f"{name}: {kind.name}", legendgroup=name,
+                    marker={"symbol": kind.marker.symbol, "size": 11, "color": colour},
+                    hovertext=[ev.text(e) for e in marks]), 1, 1)
     fig.update_layout(title=title, template="plotly_white", hovermode="closest", height=560)
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(title_text="ranks", rangemode="tozero", row=1, col=1)
@@ -113,7 +107,7 @@ def bit_sensitivity(frame: Any) -> go.Figure:
     from workbench.campaigns.studies.sensitivity import outcome_shares
 
     shares = frame if "share" in frame.columns else outcome_shares(frame)
-    outcomes = [o for o in ("masked", "degraded", "nonfinite", "crash") if o in set(shares.outcome)]
+    outcomes = [o for o in OUTCOMES if o in set(shares.outcome)]
     bits = sorted(set(shares.bit))
     table = shares.set_index(["outcome", "bit"])
     z = [[table.loc[(o, b), "share"] for b in bits] for o in outcomes]
@@ -343,7 +337,7 @@ def outcome_comparison(frame: Any, group: str = "parallelism", by: str = "target
     """Share of each outcome (masked / degraded / nonfinite / crash) per ``group`` and ``by`` value, stacked: the
     same injection campaign on two kinds of training side by side. ``frame``: rows of ``faults.campaign`` with
     the ``group`` column added."""
-    colours = {"masked": "seagreen", "degraded": "darkorange", "nonfinite": "crimson", "crash": "black"}
+    colours = dict(zip(OUTCOMES, ("seagreen", "darkorange", "crimson", "black")))
     counts = frame.groupby([group, by, "outcome"]).size()
     totals = frame.groupby([group, by]).size()
     labels = [f"{g} · {b}" for g, b in totals.index]
@@ -399,7 +393,7 @@ def apoptosis(runs: Any, group: str = "run", smooth: int = 10, clock: str | None
             fig.add_trace(go.Scatter(
                 x=[e["step"] for e in marks], y=[at.get(e["step"], None) for e in marks], mode="markers",
                 marker={"symbol": "triangle-down", "size": 9, **style}, name=f"{name}: removal",
-                legendgroup=str(name), showlegend=False, hovertext=[e["detail"] for e in marks], hoverinfo="text"),
+                legendgroup=str(name), showlegend=False, hovertext=[ev.text(e) for e in marks], hoverinfo="text"),
                 1, 1)
     fig.update_yaxes(title_text="parameters", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="accuracy", row=2, col=1)

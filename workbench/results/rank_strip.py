@@ -1,6 +1,6 @@
 """The per-rank strip: every member's own step time (its CPU per step, the rank-time clock's stamps) over the step's
 median across ranks, rank x step, so a straggler is a bright row (docs/permanent-faults.md, "Slow ranks and
-stragglers"). Beside :mod:`workbench.results.plots`, whose markers it uses.
+stragglers"). Beside :mod:`workbench.results.plots`; its marks are the event kinds' markers.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from workbench.faults import kinds
-from workbench.results.plots import FAULT_MARKERS
 from workbench.supervisor import events as ev
 
 if TYPE_CHECKING:
@@ -34,13 +32,13 @@ def rank_strip(result: RunResult, title: str | None = None) -> go.Figure:
                                  customdata=ms.values, colorscale="YlOrRd", zmin=0.5, zmax=max(3.0, grid.max().max()),
                                  colorbar={"title": "x step median"},
                                  hovertemplate="%{y}, step %{x}: %{customdata:.2f} ms (%{z:.2f}x)<extra></extra>"))
-    for kind in (kinds.SLOW.name, ev.STRAGGLER.name):
+    for kind in (ev.SLOW, ev.STRAGGLER):
         marks = [e for e in ev.of(result.events, kind) if e["rank"] >= 0]
-        symbol, colour = FAULT_MARKERS[kind]
-        fig.add_trace(go.Scatter(x=[e["step"] for e in marks], y=[f"rank {e['rank']}" for e in marks], name=kind,
-                                 mode="markers", marker={"symbol": symbol, "size": 13, "color": colour,
-                                                         "line": {"width": 1, "color": "black"}},
-                                 hovertext=[e["detail"] for e in marks]))
+        fig.add_trace(go.Scatter(x=[e["step"] for e in marks], y=[f"rank {e['rank']}" for e in marks],
+                                 name=kind.name, mode="markers",
+                                 marker={"symbol": kind.marker.symbol, "size": 13, "color": kind.marker.colour,
+                                         "line": {"width": 1, "color": "black"}},
+                                 hovertext=[ev.text(e, rank=False) for e in marks]))
     fig.update_layout(title=title or "per-rank step time (own CPU per step, x the step's median)",
                       xaxis_title="step", template="plotly_white", height=180 + 30 * table["rank"].nunique()
                       if not table.empty else 240, legend={"orientation": "h", "y": -0.35})

@@ -2,7 +2,8 @@
 
 ``result.h5`` holds root attributes ``config``, ``summary``, ``provenance`` and ``format``, a group ``metrics``
 with one 1-D dataset per column (NaN where a step has no value), a group ``rank_steps`` (every member's CPU per step),
-and ``events`` and ``failures`` as JSON rows.
+and ``events`` and ``failures`` as JSON rows. From format 2 on every event row carries its kind's declared fields;
+a reader that needs them asks :meth:`RunResult.fielded_events`, which refuses an older file in one line.
 Files are written to a temporary name and renamed; every loader checks the file's kind first
 (:func:`workbench.results.h5files.require`). The columns: docs/settings.md; the layout: docs/internals.md.
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FORMAT = FORMATS[RESULT]
+EVENT_FIELDS = 2  # the result format from which every event row carries its kind's declared fields
 RESULT_FILE = "result.h5"
 METRIC_COLUMNS = ("step", "time", "loss", "train_acc", "samples", "sample_checksum", "test_acc", "test_loss", "val_acc",
                   "world_size", "generation", "step_time", "rank_step_time", "rank_time", "messages", "bytes_sent",
@@ -45,6 +47,7 @@ class RunResult:
     # every member's own CPU per step (columns step, generation, rank, cpu_s, slow: the supervisor's straggler
     # bookkeeping, workbench.results.rank_strip); {} for older files
     rank_steps: dict[str, list[Any]] = field(default_factory=dict)
+    format: int = FORMAT  # the layout it was written in (a file's; EVENT_FIELDS: its events carry their fields)
 
     @property
     def outcome(self) -> str:
@@ -53,6 +56,19 @@ class RunResult:
     @property
     def completed(self) -> bool:
         return self.outcome == "completed"
+
+    @property
+    def events_have_fields(self) -> bool:
+        """Whether every event row carries its kind's declared fields (a result of format 2 or later)."""
+        return self.format >= EVENT_FIELDS
+
+    def fielded_events(self, purpose: str) -> list[dict[str, Any]]:
+        """The events, each with its kind's declared fields; :class:`ResultsError` in one line for a result
+        written before events carried them (format 1): ``purpose`` says what reads them; run it again."""
+        if not self.events_have_fields:
+            raise ResultsError(f"{self.path or 'this result'} was written before run events carried their fields "
+                               f"(result format {self.format}): {purpose} reads them; run it again")
+        return self.events
 
     def set_baseline(self, baseline: RunResult) -> None:
         """Record ``overhead_s``: training time beyond a no-fault run of the same configuration, and
@@ -75,7 +91,7 @@ class RunResult:
         text = h5py.string_dtype()
 
         def fill(f: Any) -> None:
-            f.attrs["format"] = FORMAT
+            f.attrs["format"] = self.format  # an older result's events stay as they were: its format says so
             f.attrs["config"] = json.dumps(self.config)
             f.attrs["summary"] = json.dumps(self.summary)
             f.attrs["provenance"] = json.dumps(self.provenance)
@@ -104,7 +120,7 @@ class RunResult:
         path = Path(path)
         if path.is_dir():
             path = path / RESULT_FILE
-        require(path, RESULT)
+        info = require(path, RESULT)
         try:
             with h5py.File(path, "r") as f:
                 n = len(f["metrics"]["step"])
@@ -117,7 +133,8 @@ class RunResult:
                 return cls(json.loads(f.attrs["config"]), metrics,
                            [json.loads(e) for e in f["events"].asstr()[()]],
                            [json.loads(e) for e in f["failures"].asstr()[()]],
-                           json.loads(f.attrs["summary"]), path, json.loads(f.attrs.get("provenance", "{}")), steps)
+                           json.loads(f.attrs["summary"]), path, json.loads(f.attrs.get("provenance", "{}")), steps,
+                           info.format)
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
             raise ResultsError(f"{path} is a damaged workbench result file ({reason(exc)})") from None
 
@@ -130,7 +147,9 @@ class RunResult:
     def events_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        return pd.DataFrame(self.events, columns=["time", "step", "rank", "kind", "detail"])
+        from workbench.supervisor.events import COLUMNS
+
+        return pd.DataFrame(self.events, columns=list(COLUMNS))
 
     def summary_row(self) -> dict[str, Any]:
         row = {f"config.{k}": (json.dumps(v) if isinstance(v, list) else v) for k, v in self.config.items()}
@@ -214,8 +233,10 @@ def save_table(frame: pd.DataFrame, path: str | os.PathLike, **attrs: Any) -> Pa
     import h5py
     import numpy as np
 
+    kind = SWEEP_TABLE if {"signature", "notebook"} <= set(attrs) else TABLE  # as h5files tells them apart
+
     def fill(f: Any) -> None:
-        f.attrs["format"] = FORMAT
+        f.attrs["format"] = FORMATS[kind]
         f.attrs["columns"] = json.dumps([str(c) for c in frame.columns])
         for key, value in attrs.items():
             f.attrs[key] = json.dumps(value)

@@ -133,7 +133,7 @@ def track_result(uri: str, result: RunResult, out: str | os.PathLike | None = No
         with tempfile.TemporaryDirectory(prefix="workbench-track-") as scratch:
             if result.path is None or not Path(result.path).is_file():  # a run without out: its file, for MLflow
                 RunResult(result.config, result.metrics, result.events, result.failures, dict(result.summary),
-                          provenance=result.provenance).save(scratch)
+                          provenance=result.provenance, format=result.format).save(scratch)
                 artifact = Path(scratch) / "result.h5"
             else:
                 artifact = Path(result.path)

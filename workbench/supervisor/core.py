@@ -43,8 +43,18 @@ from workbench.supervisor.boundary import MARGIN_STEPS, SETTLE_S, Boundary
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
 from workbench.supervisor.launcher import Launcher, Worker, replicas_identical
-from workbench.supervisor.membership import (Assign, Decision, End, Generation, Lost, Membership, Note, Restart,
-                                             Retire, Start)
+from workbench.supervisor.membership import (
+    Assign,
+    Decision,
+    End,
+    Generation,
+    Lost,
+    Membership,
+    Note,
+    Restart,
+    Retire,
+    Start,
+)
 from workbench.supervisor.recorder import EventCallback, Recorder
 from workbench.supervisor.stragglers import Straggler, Stragglers
 from workbench.supervisor.watchdog import Watchdog
@@ -71,6 +81,10 @@ class Supervisor:
             resume=config.resume, stage_of=config.stage_of if config.mode.lanes else None,
             verify=partial(ckpt.unusable, elsewhere=bool(self.placement)) if config.resume_verify else None)
         self.plan = FaultPlan(config, start=ckpt.step_of(config.resume) if config.resume else 0)
+        # where the faults a rank fires itself came from, which its report does not say: (rank, fault kind) -> the
+        # sources of those sent to it to fire at its next step, oldest first; rank -> its last throttle's source
+        self.sent: dict[tuple[int, str], list[str]] = {}
+        self.slow_sources: dict[int, str] = {}
         self.watchdog = Watchdog(config.progress_timeout, config.heartbeat_timeout)
         self.stragglers = Stragglers(config.straggler_factor, config.straggler_window,
                                      enabled=config.straggler_response != "off")
@@ -122,10 +136,10 @@ class Supervisor:
             self._cleanup()
         self.status.update(state=outcome)
         for fault in self.plan.unfired(self._steps_finished()) if outcome == "completed" else []:
-            self.recorder.event("fault_skipped", fault.step, f"{fault} did not fire: rank {fault.rank} did not reach "
-                                f"step {fault.step} (no member then, or the step was finished without it)",
-                                rank=fault.rank)
-        self.recorder.event("end", -1, f"{outcome}: {reason}")
+            self.recorder.event(events.FAULT_SKIPPED, fault.step, f"{fault} did not fire: rank {fault.rank} did not "
+                                f"reach step {fault.step} (no member then, or the step was finished without it)",
+                                rank=fault.rank, fault=fault.kind, source=events.PLANNED, reason=events.NOT_REACHED)
+        self.recorder.event(events.END, -1, f"{outcome}: {reason}", outcome=outcome, reason=reason)
         workers = [w for w in self.member_workers if w is not None and (w.done or outcome != "completed")]
         members = {"detector_s": round(max((w.detector_s for w in workers), default=0.0), 4),
                    "diffusion": next((w.diffusion for w in workers if w.diffusion), None),  # gossip: the same
@@ -145,14 +159,17 @@ class Supervisor:
         self.store.set(CONTROL_KEY, self.control.address)
         self.store_address = f"{self.host}:{listen.getsockname()[1]}"
         if self.placement:
-            self.recorder.event("store", -1, f"store at {self.store_address}; ranks on " + ", ".join(
-                f"{h.address} ({h.slots})" for h in dict.fromkeys(self.placement.values())))
+            hosts = list(dict.fromkeys(self.placement.values()))
+            self.recorder.event(events.STORE, -1, f"store at {self.store_address}; ranks on " + ", ".join(
+                f"{h.address} ({h.slots})" for h in hosts), address=self.store_address,
+                hosts=[h.address for h in hosts])
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         rank_module = self.strategy.peer.rank_module if self.strategy.peer else "workbench.rank"
         self.launcher = Launcher(self.config.spawn, rank_module, self.log_dir, self.placement, self.this_host,
                                  self.config.startup_timeout,
-                                 note=lambda detail: self.recorder.event("template", -1, detail))
+                                 note=lambda detail, shared: self.recorder.event(events.TEMPLATE, -1, detail,
+                                                                                 shared=shared))
         if self.peer is not None:
             self.lighthouse_address = self.peer.start_service(self.launcher, self.host, self.config.heartbeat_timeout)
         self.scale = self.recorder.scale = resize_rule.start(self.config)  # None under keep
@@ -175,7 +192,7 @@ class Supervisor:
                 return self.peer.agent_ended(self.agent.returncode, self.membership.started, self._log_hint)
             for fault in self.plan.due(None if self.recorder.train_start is None
                                        else time.time() - self.recorder.train_start):
-                self._inject(fault.kind, fault.rank, source=f"planned ({fault})", fault=fault)
+                self._inject(fault.kind, fault.rank, source=events.PLANNED, fault=fault)
             if self._all_done():
                 world = sum(w.done for w in self.member_workers)
                 if self.finish_steps is not None:
@@ -268,7 +285,7 @@ class Supervisor:
                 self._announce(d)
             elif isinstance(d, Note):
                 self.recorder.event(d.kind, self.recorder.committed if d.kind == events.RESTART.name else -1, d.detail,
-                                    rank=d.rank)
+                                    rank=d.rank, **d.fields)
             elif isinstance(d, End):
                 self._outcome = (d.outcome, d.reason)
 
@@ -278,8 +295,8 @@ class Supervisor:
             return
         w = self.launcher.start_rank(d.id, d.label, self.control.address)
         if w.remote and w.proc is None:
-            self.recorder.event("waiting", -1, f"rank {d.label} is to join from {w.host}: workbench rank --store "
-                                f"{self.store_address} --rank-hint {d.label}", rank=d.label)
+            self.recorder.event(events.WAITING, -1, f"rank {d.label} is to join from {w.host}: workbench rank --store "
+                                f"{self.store_address} --rank-hint {d.label}", rank=d.label, host=w.host)
 
     def _announce(self, d: Generation) -> None:
         members = list(d.members)
@@ -330,10 +347,11 @@ class Supervisor:
     def _hello(self, pending: Pending, messages: list[dict[str, Any]]) -> None:
         hello = messages[0]
         if hello["id"] is None:  # a rank started elsewhere, joining through the store
-            worker, refusal = self.launcher.joining_slot(hello.get("rank_hint"), pending.conn.getpeername()[0])
+            host = pending.conn.getpeername()[0]
+            worker, refusal = self.launcher.joining_slot(hello.get("rank_hint"), host)
             if worker is None:
                 self.control.refuse(pending, refusal)
-                self.recorder.event("join_refused", -1, refusal)
+                self.recorder.event(events.JOIN_REFUSED, -1, refusal, host=host)
                 return
             if self.peer is not None and self.peer.agent:
                 worker.pid = hello.get("pid")  # a process of this machine, started by the peer's launcher
@@ -373,7 +391,7 @@ class Supervisor:
             w.ready = True
             self.recorder.rank_time.on_ready(w.spawn_id, m)
             if w.remote and w.proc is None and w.pid is None:
-                self.recorder.event("host", -1, f"rank {w.label} joined from {w.host}", rank=w.label)
+                self.recorder.event(events.HOST, -1, f"rank {w.label} joined from {w.host}", rank=w.label, host=w.host)
             if not self._all_done():  # the last step is committed: nothing is left to join
                 self._apply(self.membership.ready(w.spawn_id))
         elif kind == "joined":
@@ -386,18 +404,18 @@ class Supervisor:
         elif kind == "fault":
             self._fault_fired(w, m)
         elif kind == "notice":
-            self._notice(w, m["grace"], w.steps_done, f"{m['signal']}")
+            self._notice(w, m["grace"], w.steps_done, events.SIGNAL, said=m["signal"])
         elif kind == "paused":
             self._on_paused(w, m)
         elif kind == "flip":
-            self.plan.flipped(w.label, m)
-            self.recorder.rank_message(w.label, m)
+            planned = self.plan.flipped(w.label, m)
+            self.recorder.flip(w.label, m, events.PLANNED if planned else self._sent_source(w.label, kinds.FLIP))
         elif kind in ("detected", "apoptosis", "fallback"):
             self.recorder.rank_message(w.label, m)
         elif self.peer is not None and kind in self.peer.handlers:
             self.peer.handlers[kind](self.recorder, w.spawn_id, w.label, m)
         elif kind == "peer_error":
-            self.recorder.event("peer_error", w.steps_done, m["message"], rank=w.label)
+            self.recorder.event(events.PEER_ERROR, w.steps_done, m["message"], rank=w.label, reason=m.get("reason"))
         elif kind == "done":
             # finished in an older generation than the latest announced to it: it joins that one (no step left)
             w.done = m.get("gen") is None or w.gen is None or m["gen"] >= w.gen
@@ -432,30 +450,40 @@ class Supervisor:
 
     def _live(self, kind: FaultKind, arg: Any) -> None:
         if kind.fires is Fires.THROTTLE:  # (rank, factor, seconds): _slow
-            self._slow(*arg)
+            self._slow(*arg, source=events.LIVE)
         elif kind.fires is Fires.BOUNDARY:
             self._resize(arg)
         elif kind.fires is Fires.INJECTOR:
             w = self.worker(arg.rank)
             if w is None or arg.rank not in self.membership.members:
-                self.recorder.event("fault_skipped", -1, f"{kind.name} on rank {arg.rank}: not alive", rank=arg.rank)
+                self.recorder.event(events.FAULT_SKIPPED, -1, f"{kind.name} on rank {arg.rank}: not alive",
+                                    rank=arg.rank, fault=kind.name, source=events.LIVE, reason=events.NOT_ALIVE)
             else:
+                self.sent.setdefault((arg.rank, kind.name), []).append(events.LIVE)
                 self.control.send(w, protocol.message("faults_add", faults=[str(arg)]))
         elif isinstance(arg, FaultSpec):  # a notice with its grace
-            self._inject(kind.name, arg.rank, source="live", fault=arg)
+            self._inject(kind.name, arg.rank, source=events.LIVE, fault=arg)
         else:
-            self._inject(kind.name, arg, source="live")
+            self._inject(kind.name, arg, source=events.LIVE)
 
     def _fault_fired(self, w: Worker, m: dict[str, Any]) -> None:
-        """A rank fired a planned fault of its own at its step and said so (``fault``)."""
+        """A rank fired a fault at its step and said so (``fault``): one of its plan's, or one the supervisor sent it
+        to fire at its next step (live, or planned at a time)."""
         kind, fired = kinds.get(m["kind"]), self.plan.fired(w.label, m)
         if kind.notice:
             grace = next((f.grace for f in fired if f.grace is not None), DEFAULT_GRACE_S)
-            self._notice(w, grace, m["step"], "planned", planned=True)
+            self._notice(w, grace, m["step"], events.PLANNED, planned=True)
             return
         if kind.ends_rank:  # its death (if it dies) is this fault's; a delay goes on
             w.fault = m
-        self.recorder.event(kind.name, m["step"], "planned fault fired", rank=w.label)
+        source = events.PLANNED if fired or m.get("random") else self._sent_source(w.label, kind)
+        self.recorder.event(kind.name, m["step"], f"{source} fault fired", rank=w.label, source=source)
+
+    def _sent_source(self, label: int | None, kind: FaultKind) -> str:
+        """Where a fault that rank ``label`` fired at its next step came from: the oldest of that kind sent to it
+        (live, or planned at a time); planned when none was (its plan's)."""
+        sent = self.sent.get((label, kind.name))
+        return sent.pop(0) if sent else events.PLANNED
 
     def _stop(self, reason: str) -> None:
         self._apply(self.membership.stop(reason))
@@ -485,10 +513,11 @@ class Supervisor:
             self._stop(f"the job was preempted {why}")
             return
         for label in members:
-            self._inject("preempt", label, source="job", fault=FaultSpec("preempt", label, time=0.0, grace=grace))
+            self._inject("preempt", label, source=events.JOB, fault=FaultSpec("preempt", label, time=0.0, grace=grace))
 
     def _inject(self, name: str, label: int | None, source: str, fault: FaultSpec | None = None) -> None:
-        """A fault sent by the supervisor (live, or planned at a time); its kind's object says how."""
+        """A fault sent by the supervisor (``source``: live, planned at a time, the job's); its kind's object says
+        how."""
         kind = kinds.get(name)
         if kind.fires is Fires.BOUNDARY:
             self._resize(fault.world, planned=fault)
@@ -496,21 +525,24 @@ class Supervisor:
         if kind.fires is Fires.THROTTLE:  # a slow fault at a time: _slow_planned
             self._slow_planned(fault)
             return
+        said = f"{source} ({fault})" if source == events.PLANNED else source  # a planned one names itself
         w = self.worker(label)
         if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
-            self.recorder.event("fault_skipped", -1, f"{name} of rank {label}: not alive", rank=label)
+            self.recorder.event(events.FAULT_SKIPPED, -1, f"{name} of rank {label}: not alive", rank=label, fault=name,
+                                source=source, reason=events.NOT_ALIVE)
             return
         if kind.notice:
             grace = fault.grace if fault is not None and fault.grace is not None else DEFAULT_GRACE_S
-            self._notice(w, grace, w.steps_done, source)
+            self._notice(w, grace, w.steps_done, source, said=said)
             return
         if kind.signal is None:  # the rank fires it itself at its next step and says so (stall, delay, a flip)
             sent = FaultSpec(name, label, step=-1) if fault is None else replace(fault, step=-1, time=None)
+            self.sent.setdefault((label, name), []).append(source)
             self.control.send(w, protocol.message("faults_add", faults=[str(sent)]))
             return
         w.fault = {"kind": name, "step": w.steps_done, "t": time.time()}
         self.launcher.signal(w, kind.signal, self.control.send)
-        self.recorder.event(name, w.steps_done, f"{source} fault", rank=label)
+        self.recorder.event(name, w.steps_done, f"{said} fault", rank=label, source=source)
 
     # -- step boundaries: a preemption notice, a resize (.boundary) --------------------------------------------------
     def planned_pause(self, members: list[int]) -> dict[str, Any] | None:
@@ -535,7 +567,8 @@ class Supervisor:
             if step is None:
                 step = max((w.steps_done for w in self.member_workers if w is not None), default=0) + MARGIN_STEPS
             if step >= self.config.steps:
-                self.recorder.event("boundary_skipped", -1, f"a step boundary at step {step}: the run ends first")
+                self.recorder.event(events.BOUNDARY_SKIPPED, -1, f"a step boundary at step {step}: the run ends first",
+                                    boundary=step)
                 return None
             self.boundary = Boundary(step)
         return self.boundary
@@ -553,14 +586,18 @@ class Supervisor:
         rank is preempted (the whole job) ends there, to be resumed from it."""
         return self.boundary is not None and bool(self.boundary.notices) and self.peer is None
 
-    def _notice(self, w: Worker, grace: float, step: int, source: str, planned: bool = False) -> None:
-        """``w`` has ``grace`` seconds to leave: at the planned boundary, or at a live one."""
+    def _notice(self, w: Worker, grace: float, step: int, source: str, planned: bool = False,
+                said: str | None = None) -> None:
+        """``w`` has ``grace`` seconds to leave: at the planned boundary, or at a live one. ``source``: where the
+        notice came from (:data:`events.SOURCES`); ``said``: how its event's text names it (default: the source)."""
+        said = said or source
         if w.label not in self.membership.members or w.done:  # a spare, a newcomer, a rank that finished
-            self.recorder.event("fault_skipped", step, f"{source} notice to a rank that is no member", rank=-1)
+            self.recorder.event(events.FAULT_SKIPPED, step, f"{said} notice to a rank that is no member", rank=-1,
+                                fault=kinds.PREEMPT.name, source=source, reason=events.NOT_MEMBER)
             return
         w.fault = {"kind": "preempt", "step": step, "t": time.time()}
-        self.recorder.event("preempt", step, f"{source} notice: {grace:g} s to leave at a step boundary",
-                            rank=w.label)
+        self.recorder.event(events.PREEMPT, step, f"{said} notice: {grace:g} s to leave at a step boundary",
+                            rank=w.label, source=source, grace=grace)
         b = self._arm(step + 1 if planned else None)
         if b is None:
             return  # the run ends before the boundary: nothing to leave
@@ -570,8 +607,10 @@ class Supervisor:
     def _resize(self, world: int, planned: FaultSpec | None = None) -> None:
         members = self.membership.members
         now = self.boundary.world if self.boundary is not None and self.boundary.world is not None else len(members)
+        source = events.LIVE if planned is None else events.PLANNED
         if world == now and planned is None:
-            self.recorder.event("resize", -1, f"the world has {world} ranks already")
+            self.recorder.event(events.RESIZE, -1, f"the world has {world} ranks already", source=source, world=world,
+                                world_before=now)
             return
         at = planned.step if planned is not None else None  # a planned one at a step: its generation says so
         b = self._arm(at)
@@ -585,7 +624,8 @@ class Supervisor:
             self._tell_members()
         rule = "" if self.scale is None else "; " + self.scale.resized(b.step, units(self.config, world)).describe(
             b.step)
-        self.recorder.event("resize", b.step, f"{len(members)} -> {world} ranks at step {b.step}{rule}")
+        self.recorder.event(events.RESIZE, b.step, f"{len(members)} -> {world} ranks at step {b.step}{rule}",
+                            source=source, world=world, world_before=len(members))
 
     def _on_paused(self, w: Worker, m: dict[str, Any]) -> None:
         if self.boundary is not None and m["gen"] == self.membership.gen:
@@ -607,8 +647,9 @@ class Supervisor:
                 if not b.notices and b.world is None:
                     self.boundary = None
                 self.launcher.kill(w, self.control.send)
-                self.recorder.event("preempt_fallback", step, f"the grace of {grace:g} s ran out before the step "
-                                    f"boundary (step {b.step}): recovered as a failure", rank=label)
+                self.recorder.event(events.PREEMPT_FALLBACK, step, f"the grace of {grace:g} s ran out before the "
+                                    f"step boundary (step {b.step}): recovered as a failure", rank=label, grace=grace,
+                                    boundary=b.step)
                 self._on_death(w, f"was preempted: its {grace:g} s of notice ran out before the step boundary")
                 return
         if self._carry_out(b, now):
@@ -676,18 +717,21 @@ class Supervisor:
                              "temporary directory: give the run an out directory to keep one)")
 
     # -- slow ranks and stragglers (.stragglers) ---------------------------------------------------------------------
-    def _slow(self, label: int, factor: float, seconds: float | None) -> None:
+    def _slow(self, label: int, factor: float, seconds: float | None, source: str) -> None:
         """Slow rank ``label`` down ``factor`` times from its next step (1: full speed again) for ``seconds`` (None:
-        until changed); its step reports say so (``slow`` / ``slow_end`` events)."""
+        until changed); its step reports say so (``slow`` / ``slow_end`` events, from ``source``)."""
         w = self.worker(label)
         if w is None or (w.proc is None and w.conn is None) or label not in self.membership.members:
-            self.recorder.event("fault_skipped", -1, f"slow of rank {label}: not alive", rank=label)
+            self.recorder.event(events.FAULT_SKIPPED, -1, f"slow of rank {label}: not alive", rank=label,
+                                fault=kinds.SLOW.name, source=source, reason=events.NOT_ALIVE)
             return
+        self.slow_sources[label] = source
         self.control.send(w, protocol.message("throttle", factor=factor, seconds=seconds))
 
     def _slow_planned(self, fault: FaultSpec) -> None:
         """A slow fault at a time (``time=T``): until its ``until``, in seconds too (None: to the end)."""
-        self._slow(fault.rank, fault.factor, None if fault.until is None else fault.until - fault.time)
+        self._slow(fault.rank, fault.factor, None if fault.until is None else fault.until - fault.time,
+                   source=events.PLANNED)
 
     def _straggler_step(self, w: Worker, m: dict[str, Any]) -> None:
         """A member's step report: its step time to the detector (its CPU for the step, as the rank-time clock
@@ -695,18 +739,21 @@ class Supervisor:
         if w.label is None:  # a peer's slot not yet named
             return
         spent = self.recorder.rank_time.spent.get((m["gen"], m["step"]), {}).get(w.spawn_id)
-        events, flagged = self.stragglers.step(w.spawn_id, w.label, m["gen"], m["step"], spent, m.get("slow"),
+        slowed, flagged = self.stragglers.step(w.spawn_id, w.label, m["gen"], m["step"], spent, m.get("slow"),
                                                group=self.config.stage_of(w.label))  # a stage's replicas compared
-        for kind, detail in events:
-            self.recorder.event(kind, m["step"], detail, rank=w.label)
+        for kind, detail, fields in slowed:
+            source = self.slow_sources.pop(w.label, events.PLANNED)  # the throttle sent to it; else its plan's
+            self.recorder.event(kind, m["step"], detail, rank=w.label, **fields,
+                                **({"source": source} if events.get(kind).fault else {}))
         if spent is not None and self.recorder.on_event:  # the lab's per-rank strip
             self.recorder.on_event("rank_step", {"step": m["step"], "generation": m["gen"], "rank": w.label,
                                                  "cpu_s": spent, "slow": m.get("slow") or 1.0})
         drop = self.config.straggler_response == "drop"
         for straggler in flagged:
             dropped = drop and self._drop(straggler)
-            self.recorder.event("straggler", straggler.step, straggler.detail(self.stragglers.window)
-                                + ("; dropped" if dropped else ""), rank=straggler.label)
+            self.recorder.event(events.STRAGGLER, straggler.step, straggler.detail(self.stragglers.window)
+                                + ("; dropped" if dropped else ""), rank=straggler.label, own_s=straggler.own,
+                                others_s=straggler.others, dropped=dropped)
             if dropped:
                 self._on_death(self.launcher.workers[straggler.key],
                                f"was dropped as a straggler ({straggler.ratio:.2f}x the others' step time)")

@@ -3,7 +3,8 @@ carried out: start, assign, retire, restart, lost, generation, note, end."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,12 @@ class Generation:
 
 @dataclass(frozen=True)
 class Note:
+    """An event worth recording: its kind (workbench.supervisor.events), text, rank and its kind's fields."""
+
     kind: str
     detail: str
     rank: int = -1
+    fields: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

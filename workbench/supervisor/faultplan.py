@@ -49,10 +49,13 @@ class FaultPlan:
         return [f for f in self.step_faults
                 if f.step is not None and f.step < steps_done and kinds.of(f).fires in (Fires.RANK, Fires.INJECTOR)]
 
-    def flipped(self, label: int | None, m: dict[str, Any]) -> None:
+    def flipped(self, label: int | None, m: dict[str, Any]) -> bool:
+        """A rank reported a flip (``flip``): a planned one at a step is crossed off; whether it was one."""
+        before = len(self.step_faults)
         self.step_faults = [f for f in self.step_faults if not (
             kinds.of(f).fires is Fires.INJECTOR and f.rank == label and f.step == m["planned"]
             and f.target == m["target"])]
+        return len(self.step_faults) < before
 
     def forget_slow(self, label: int) -> None:
         """Rank ``label``'s process was dropped as a straggler: its slow-downs do not follow the number to a

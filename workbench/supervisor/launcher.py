@@ -23,7 +23,7 @@ from typing import Any
 from workbench.config.errors import RunStartError
 from workbench.launch.cluster.hosts_file import Host
 from workbench.launch.processes import child_env, die_with_parent, kill_session
-from workbench.launch.template import ForkedProcess, Template, TemplateError, local_template
+from workbench.launch.template import ForkedProcess, SharedTemplate, Template, TemplateError, local_template
 from workbench.rank.protocol import LineDecoder, message
 
 TITLE = "workbench.rank"  # forked ranks' command line starts with this: `ps` and the leak checks find them
@@ -57,7 +57,7 @@ class Worker:
 
 class Launcher:
     def __init__(self, spawn: str, rank_module: str, log_dir: Path | None, placement: dict[int, Host],
-                 this_host: Host | None, ready_timeout: float, note: Callable[[str], None] | None = None) -> None:
+                 this_host: Host | None, ready_timeout: float, note: Callable[[str, bool], None] | None = None) -> None:
         self.spawn = spawn if rank_module == "workbench.rank" else "fresh"  # the peers start as their users' do
         self.rank_module = rank_module
         self.log_dir = log_dir.absolute() if log_dir else None  # the same directory if this process changes its own
@@ -68,7 +68,7 @@ class Launcher:
         self.services: list[subprocess.Popen] = []
         self.scratch: list[str] = []  # directories the run's processes write to (mpirun's session files)
         self.host_templates: dict[tuple[str, ...], Template] = {}
-        self.note = note  # says what a run should know of the template it forks from (a "template" event)
+        self.note = note  # says what a run should know of the template it forks from, and whether it is shared
         self._noted: list[Template] = []
 
     # -- ranks ----------------------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class Launcher:
             template = local_template()  # a sweep worker's shared one, if this process's environment names it
             if template.notice and self.note is not None and template not in self._noted:
                 self._noted.append(template)
-                self.note(template.notice)
+                self.note(template.notice, isinstance(template, SharedTemplate))
             return template
         key = tuple(prefix)
         if key not in self.host_templates or not self.host_templates[key].alive:

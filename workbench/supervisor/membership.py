@@ -1,12 +1,12 @@
 """Membership: who is in the run, and what each recovery strategy does when that changes — a pure state machine,
-no sockets, no processes, no clocks.
-
-Events in: ``start()``, ``ready(id)``, ``died(id, cause)``, ``checkpoint(path)``, ``stop()``. Decisions out, in
-the order they are carried out: :class:`Start`, :class:`Retire`, :class:`Restart` (carried out by ``restart()``,
-after the retired ranks' last reports), :class:`Lost`, :class:`Generation`, :class:`Note`, :class:`End`. Processes have spawn ids; ranks have stable labels, which a replacement inherits. A
-process that dies before it is a member is started anew, at most ``max_starts`` times in a row per label. A death
-is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it; at a step boundary
-(a resize, a preemption: ``at_boundary``) nothing is lost or redone (docs/internals.md, docs/permanent-faults.md).
+no sockets, no processes, no clocks. Events in: ``start()``, ``ready(id)``, ``died(id, cause)``,
+``checkpoint(path)``, ``stop()``. Decisions out, in the order they are carried out: :class:`Start`,
+:class:`Retire`, :class:`Restart` (carried out by ``restart()``, after the retired ranks' last reports),
+:class:`Lost`, :class:`Generation`, :class:`Note`, :class:`End`. Processes have spawn ids; ranks have stable
+labels, which a replacement inherits. A process that dies before it is a member is started anew, at most
+``max_starts`` times in a row per label. A death is met with the :class:`~workbench.strategies.Reaction` of the
+strategy that recovers it; at a step boundary (a resize, a preemption: ``at_boundary``) nothing is lost or redone
+(docs/internals.md, docs/permanent-faults.md).
 """
 
 from __future__ import annotations
@@ -113,10 +113,12 @@ class Membership:
             self.pending.remove(id)
             if self._agent_restarts() and self.restarting:
                 return [Note("restart", f"a restarted torchrun worker (rank {proc.label}) {cause}; the agent "
-                             "restarts the world again"), *self._restart_agent_world()]
+                             "restarts the world again", fields={"world": self.world_size, "resume": None}),
+                        *self._restart_agent_world()]
             return self._start_again(proc, cause)
         if proc.label is None or proc.label not in self.members or self.restarting:
-            out: list[Decision] = [Note("spare_lost", f"a starting or spare rank {cause}")]
+            out: list[Decision] = [Note("spare_lost", f"a starting or spare rank {cause}",
+                                        fields={"cause": cause, "refilled": False})]
             if proc.label is None and self._wants_spares():
                 out = self._start_again(proc, cause)  # keep the pool full, bounded like a replacement
             return out
@@ -178,14 +180,16 @@ class Membership:
         peer = recovering.peer
         assert peer is not None
         if peer.restarts_world:
-            return [lost(self.world_size), Note("restart", f"{recovering.name} restarts the world"),
+            return [lost(self.world_size), Note("restart", f"{recovering.name} restarts the world",
+                                                fields={"world": self.world_size, "resume": None}),
                     *self._restart_agent_world()]
         self.members = survivors
         if peer.replaces:  # the replicas find out by themselves; recovery is a restart + heal
             start = self._replace(label)
             return [lost(len(survivors), start[0].id), *start]
         # the survivors' MPI layer shrinks the communicator itself
-        return [lost(len(survivors)), Note(recovering.name, f"the {len(survivors)} survivors revoke, shrink and go on")]
+        return [lost(len(survivors)), Note("shrinking", f"the {len(survivors)} survivors revoke, shrink and go on",
+                                           fields={"survivors": len(survivors)})]
 
     def _restart_world(self) -> list[Decision]:
         """checkpoint_restart: every member retires; once their last reports are in, a fresh world starts
@@ -202,7 +206,8 @@ class Membership:
         starts = [self._new(label) for label in self.world_labels()]
         self.pending = [s.id for s in starts]
         where = f"checkpoint {self.resume}" if self.resume else "step 0"
-        return [*skipped, *starts, Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}")]
+        return [*skipped, *starts, Note("restart", f"world stopped; {self.world_size} fresh ranks resume from {where}",
+                                        fields={"world": self.world_size, "resume": self.resume})]
 
     def _choose_resume(self) -> list[Decision]:
         """The newest checkpoint that verifies becomes ``resume``; a Note for each one skipped (and forgotten)."""
@@ -216,7 +221,7 @@ class Membership:
             self.checkpoints.pop()
             older = f"checkpoint {self.checkpoints[-1]}" if self.checkpoints else "no older checkpoint"
             notes.append(Note("checkpoint_skipped", f"checkpoint {path} cannot be resumed from ({why}); trying "
-                              f"{older}"))
+                              f"{older}", fields={"path": path, "reason": why}))
         self.resume = None
         return notes
 
@@ -242,7 +247,8 @@ class Membership:
             self.pending.append(taken[0].id)
             return taken
         start = self._fresh(label)
-        return [start, Note("respawn", f"starting a fresh process for rank {label}", rank=label)]
+        return [start, Note("respawn", f"starting a fresh process for rank {label}", rank=label,
+                            fields={"cause": None})]
 
     def _fresh(self, label: int) -> Start:
         start = self._new(label)
@@ -255,7 +261,8 @@ class Membership:
             if proc.label is None and proc.alive and proc.ready:
                 proc.label = label
                 return [Assign(proc.id, label), self._new(None),
-                        Note("spare", f"a warm spare takes the place of rank {label}", rank=label)]
+                        Note("spare", f"a warm spare takes the place of rank {label}", rank=label,
+                             fields={"spawn_id": proc.id})]
         return []
 
     def _start_again(self, proc: Proc, cause: str) -> list[Decision]:
@@ -266,15 +273,17 @@ class Membership:
         if label is None:
             if failures >= self.max_starts:
                 return [Note("spare_lost", f"a warm spare {cause}; {failures} in a row failed to start: the pool "
-                             "is not refilled")]
-            return [Note("spare_lost", f"a starting or spare rank {cause}"), self._new(None)]
+                             "is not refilled", fields={"cause": cause, "refilled": False})]
+            return [Note("spare_lost", f"a starting or spare rank {cause}", fields={"cause": cause, "refilled": True}),
+                    self._new(None)]
         self._starts[label] = failures
         if failures >= self.max_starts:
             return self._end("failed", f"rank {label}'s replacement failed to start {failures} times in a row "
                              f"(last: {cause})")
         start = self._new(label, slot=proc.slot)
         self.pending.append(start.id)
-        return [Note("respawn", f"rank {label}'s replacement {cause}; starting another", rank=label), start]
+        return [Note("respawn", f"rank {label}'s replacement {cause}; starting another", rank=label,
+                     fields={"cause": cause}), start]
 
     def _admit(self) -> list[Decision]:
         """Bring ready replacements into the next generation (regrow, reinit, torchft, a restarted world)."""
@@ -301,7 +310,8 @@ class Membership:
             self.pending.remove(id)
         labels = [self.procs[id].label for id in ready]
         members = sorted(self.members + labels)
-        return [*self._generation(members), Note("regrow", f"ranks {labels} rejoined: world size {len(members)}")]
+        return [*self._generation(members), Note("regrow", f"ranks {labels} rejoined: world size {len(members)}",
+                                                 fields={"ranks": labels})]
 
     # -- a step boundary (a resize, a preemption) -------------------------------------------------------------------
     def grow(self, n: int) -> list[Decision]:
@@ -309,8 +319,9 @@ class Membership:
         first = 1 + max((p.label for p in self.procs.values() if p.label is not None), default=-1)
         starts = [self._new(label) for label in range(first, first + n)]
         self.growing += [s.id for s in starts]
-        return [*starts, Note("resize", f"starting ranks {list(range(first, first + n))}: they join at the next "
-                              "step boundary")]
+        labels = list(range(first, first + n))
+        return [*starts, Note("newcomers", f"starting ranks {labels}: they join at the next step boundary",
+                              fields={"ranks": labels})]
 
     def growing_labels(self) -> list[int]:
         """The labels of a resize's newcomers that are alive."""
@@ -376,9 +387,10 @@ class Membership:
         out += self._generation(members, recovery=BOUNDARY)  # the most advanced member: all hold its state
         shrunk = [label for label, cause in leaving.items() if not cause]
         if newcomers or shrunk:
-            out.append(Note("resize", f"world size {len(members)} from step {step}"
+            out.append(Note("resized", f"world size {len(members)} from step {step}"
                             + (f": ranks {newcomers} joined" if newcomers else "")
-                            + (f"; ranks {shrunk} left" if shrunk else "")))
+                            + (f"; ranks {shrunk} left" if shrunk else ""),
+                            fields={"world": len(members), "joined": list(newcomers), "left": shrunk}))
         return out
 
     def _leaving_record(self, label: int, cause: str, announced: list[int], after: int,

@@ -143,7 +143,8 @@ class Recorder:
                           world_size_after=decision.world_size_after,
                           replacement=decision.replacement, teardown=None if peer else teardown)
         self.failures.append(failure)
-        self.event("failure", step, f"rank {decision.label} {decision.cause}", rank=decision.label)
+        self.event(events.FAILURE, step, f"rank {decision.label} {decision.cause}", rank=decision.label,
+                   cause=decision.cause, world_after=decision.world_size_after)
         self.peer_mark()  # the survivors may have reported their detection before the supervisor saw the death
         return failure
 
@@ -200,11 +201,12 @@ class Recorder:
         size = len(decision.members)
         if self.config.mode.hypercube and size & (size - 1):
             cube = 1 << (size - 1).bit_length()
-            self.event("gossip", self.committed, f"{size} members gossip on a {cube}-slot hypercube: a member "
-                       "whose partner slot is empty skips that round's average (the replicas' mean is kept)")
+            self.event(events.GOSSIP, self.committed, f"{size} members gossip on a {cube}-slot hypercube: a member "
+                       "whose partner slot is empty skips that round's average (the replicas' mean is kept)",
+                       members=size, slots=cube)
         self.event(events.GENERATION, self.committed, f"generation {decision.gen}: ranks {list(decision.members)}"
                    + (f" ({decision.recovery})" if decision.recovery else ""), gen=decision.gen,
-                   members=list(decision.members))
+                   members=list(decision.members), recovery=decision.recovery)
 
     def joined(self, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
         calling = [f for f in self.failures if f.recovery_gen == m["gen"]]
@@ -232,8 +234,9 @@ class Recorder:
         if m.get("gpu_wait_s") is not None:  # a GPU rank took its GPU for this generation
             moved += f"; took its GPU after {m['gpu_wait_s']:.3f} s waiting for dead ranks' memory"
             gpu = {"gpu_wait_s": m["gpu_wait_s"]}
-        self.event("joined", m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s{moved}",
-                   rank=label if label is not None else -1, gen=m["gen"], bytes_in=m.get("bytes_in", 0), **gpu)
+        self.event(events.JOINED, m["step"], f"generation {m['gen']}: state synced in {m['sync_s']:.3f} s{moved}",
+                   rank=label if label is not None else -1, gen=m["gen"], sync_s=m["sync_s"],
+                   bytes_in=m.get("bytes_in", 0), **gpu)
 
     def _recovery(self, m: dict[str, Any]) -> None:
         """Rank 0 of a recovery generation says where the state resumed and whether it finished the failed step."""
@@ -244,7 +247,8 @@ class Recorder:
                 failure.samples_lost = failure.lost_share if m.get("retried") else 0
         detail = f"resumed at step {m['resume_step']}" + (", failed step finished by the survivors"
                                                            if m.get("retried") else "")
-        self.event("recovered", m["resume_step"], f"{m['recovery']}: {detail}")
+        self.event(events.RECOVERED, m["resume_step"], f"{m['recovery']}: {detail}", recovery=m["recovery"],
+                   action=None, retried=bool(m.get("retried")))
 
     # -- steps ------------------------------------------------------------------------------------------------
     def step(self, m: dict[str, Any]) -> None:
@@ -286,32 +290,39 @@ class Recorder:
             return False
         self.last_checkpoint = m
         self.rank_time.measure_disk(Path(m["path"]).parent)  # once per machine, in the background
-        self.event("checkpoint", m["step"], f"{m['path']} (stall {m['stall_s'] * 1e3:.1f} ms, "
-                   f"write {m['write_s'] * 1e3:.1f} ms)")
+        self.event(events.CHECKPOINT, m["step"], f"{m['path']} (stall {m['stall_s'] * 1e3:.1f} ms, "
+                   f"write {m['write_s'] * 1e3:.1f} ms)", path=m["path"], stall_s=m["stall_s"], write_s=m["write_s"])
         return True
 
     def rank_message(self, label: int | None, m: dict[str, Any]) -> None:
-        """Events ranks report that only need recording (flip, detected, apoptosis, fallback)."""
+        """Events ranks report that only need recording (detected, apoptosis, fallback)."""
         kind = m["type"]
         if kind == "fallback":  # taken in a rank's process (workbench.rank.channel forwards it): this run's
             self.fallback(m["what"], f"rank {label}: {m['detail']}")
-        elif kind == "flip":
-            self.event("flip", m["step"], f"{m['target']} {m['tensor']}[{m['index']}] bit {m['bit']}: "
-                       f"{m['old']!r} -> {m['new']!r}", rank=label)  # repr: the exact values, replayable
         elif kind == "detected":
-            self.event("detected", m["step"], f"{m['detector']}: {m['detail']}")
-            self.event("recovered", m["to_step"], f"soft error: {m['action']} (resumed at step {m['to_step']})")
+            self.event(events.DETECTED, m["step"], f"{m['detector']}: {m['detail']}", detector=m["detector"],
+                       action=m["action"])
+            self.event(events.RECOVERED, m["to_step"], f"soft error: {m['action']} (resumed at step {m['to_step']})",
+                       recovery=None, action=m["action"], retried=False)
         elif kind == "apoptosis":
             for layer, removed in m["removed"].items():
                 before, after = m["widths"][layer]
-                self.event("apoptosis", m["step"], f"{layer}: {removed} units removed ({before} -> {after}), "
+                self.event(events.APOPTOSIS, m["step"], f"{layer}: {removed} units removed ({before} -> {after}), "
                            f"tau {m['tau']:.4g}; model now {m['hidden_units']} hidden units, "
-                           f"{m['parameters']} parameters")
+                           f"{m['parameters']} parameters", layer=layer, removed=removed, before=before, after=after,
+                           tau=m["tau"], hidden_units=m["hidden_units"], parameters=m["parameters"])
+
+    def flip(self, label: int | None, m: dict[str, Any], source: str) -> None:
+        """A rank flipped a bit (its ``flip`` report) of a fault from ``source`` (:data:`events.SOURCES`); ``old``
+        and ``new`` are the exact values (the text's repr too: replayable)."""
+        self.event(events.FLIP, m["step"], f"{m['target']} {m['tensor']}[{m['index']}] bit {m['bit']}: "
+                   f"{m['old']!r} -> {m['new']!r}", rank=label, source=source, target=m["target"],
+                   tensor=m["tensor"], index=m["index"], bit=m["bit"], old=m["old"], new=m["new"])
 
     def rank_error(self, label: int | None, step: int, m: dict[str, Any]) -> str:
         """A rank's ``error``: an event, and the reason the run fails. An error with a ``reason`` of its own (a
         checkpoint that could not be written) is that reason: the run failed on its outputs, not on a rank."""
-        self.event("error", step, m["message"], rank=label if label is not None else -1)
+        self.event(events.ERROR, step, m["message"], rank=label if label is not None else -1, reason=m.get("reason"))
         return m.get("reason") or f"rank {label} raised an error at step {step}: {m['message']}"
 
     # -- the result -------------------------------------------------------------------------------------------

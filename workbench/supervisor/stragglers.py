@@ -73,13 +73,13 @@ class Stragglers:
     rows: dict[str, array] = field(default_factory=lambda: {c: array("d") for c in COLUMNS})
 
     def step(self, key: int, label: int, gen: int, step: int, spent: float | None, slow: float | None,
-             group: int = 0) -> tuple[list[tuple[str, str]], list[Straggler]]:
-        """One member's step report: (events as (kind, detail), the members newly flagged). Members are compared
-        within their ``group`` only: a pipeline's stages differ by design, a stage's replicas do not."""
+             group: int = 0) -> tuple[list[tuple[str, str, dict[str, Any]]], list[Straggler]]:
+        """One member's step report: (events as (kind, detail, fields), the members newly flagged). Members are
+        compared within their ``group`` only: a pipeline's stages differ by design, a stage's replicas do not."""
         events, self.labels[key], self.groups[key] = [], label, group
         if (slow or 1.0) != self.slowed.get(key, 1.0):
-            events.append(("slow", f"rank {label} runs {slow:g}x slower") if slow else
-                          ("slow_end", f"rank {label} runs at full speed again"))
+            events.append(("slow", f"rank {label} runs {slow:g}x slower", {"factor": slow}) if slow else
+                          ("slow_end", f"rank {label} runs at full speed again", {"factor": self.slowed[key]}))
             self.slowed[key] = slow or 1.0
         if spent is None or spent != spent:
             return events, []

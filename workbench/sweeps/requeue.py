@@ -123,7 +123,7 @@ def continued(earlier: RunResult, later: RunResult) -> RunResult:
                        **({"rank_time": r["rank_time"] + rank_shift} if "rank_time" in r else {})}
                       for r in later.metrics]
     mark = ev.row(t_shift, ev.REQUEUED, first, f"the point ran again: resumed from the checkpoint of step {first} "
-                  "kept when its job was preempted")
+                  "kept when its job was preempted", checkpoint=later.config.get("resume"))
     events = [e for e in earlier.events if not ev.kind_is(e, ev.END)] + [mark] + [
         {**e, "time": e["time"] + t_shift, **({"gen": e["gen"] + gens} if "gen" in e else {})} for e in later.events]
     failures = earlier.failures + later.failures
@@ -135,4 +135,5 @@ def continued(earlier: RunResult, later: RunResult) -> RunResult:
     if "generation" in steps:
         n = len(earlier.rank_steps.get("generation", []))
         steps["generation"] = steps["generation"][:n] + [g + gens for g in steps["generation"][n:]]
-    return RunResult(config, metrics, events, failures, summary, provenance=later.provenance, rank_steps=steps)
+    return RunResult(config, metrics, events, failures, summary, provenance=later.provenance, rank_steps=steps,
+                     format=min(earlier.format, later.format))  # an earlier attempt's rows without fields: said

@@ -50,7 +50,7 @@ def digits() -> Dataset:
 
     Read from the repository's ``data/digits.npz`` (the same arrays, saved so a rank need not import
     scikit-learn: ~2.4 s of CPU per rank start). A missing file is an error, never a silent fall back to
-    scikit-learn: that path once made every rank start 16x slower for three issues (docs/benchmarks.md).
+    scikit-learn, which makes every rank start 16x slower (docs/benchmarks.md).
     """
     with np.load(bundled_file(digits.__name__)) as f:
         images, target = f["images"], f["target"]

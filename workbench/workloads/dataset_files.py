@@ -12,14 +12,8 @@ from workbench.config.callables import IMPORT_PATH, resolve_callable
 from workbench.config.errors import ConfigError
 from workbench.workloads import registry
 
-# the registry's names, as they stood when this module was imported (workbench.workloads.registry: the entries)
-DATASETS = registry.dataset_names()  # built in; re-exported by workbench.config.run
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder
-# built-in datasets read from a file shipped with the repository
-BUNDLED_FILES = {e.name: DATA_DIR / e.bundled for e in registry.DATASETS.values() if e.bundled}
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder: the bundled files
 AUGMENTS = ("none", "crop_flip")
-FILE_DATASETS = registry.dataset_names(on_disk=True)  # each named PREFIX:DIR
-DATASET_FORMS = tuple(f"{name}:DIR" for name in FILE_DATASETS)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 CIFAR = {  # name: (files, extracted folder, label bytes per record, classes, where the user gets the files)
     "cifar10": ([f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"], "cifar-10-batches-bin", 1, 10,
@@ -72,7 +66,7 @@ def bundled_file(name: str) -> Path:
     it (digits from scikit-learn costs each rank ~2.4 s of CPU at start: docs/concepts.md, "No silent
     fallback")."""
     entry = registry.dataset(name)
-    path = BUNDLED_FILES.get(name) or DATA_DIR / str(entry.bundled if entry else name)
+    path = DATA_DIR / str(entry.bundled if entry and entry.bundled else name)
     if not path.is_file():
         raise ConfigError("dataset", f"{name!r} reads its bundled file {path}, which is missing: restore it from the "
                                      f"repository (git checkout -- data/{path.name})")

@@ -23,7 +23,6 @@ from workbench.config.entry import OneLineParser, answer
 from workbench.config.errors import ConfigError
 
 LENGTH = 40  # points per signal
-CLASSES = 10
 TRAIN, TEST = 4000, 1000
 # sha256 of the arrays x, y, x_test, y_test as stored (float32, int64; C order), in that order
 CHECKSUM = "b09ad3e22c854bc5a1948b85c373aab653ceb38c9170f5ed05b7d054e4160db9"

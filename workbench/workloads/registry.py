@@ -1,8 +1,8 @@
 """The workloads, each one registered entry (torchtitan's ``TrainSpec`` is the model): a :class:`Model` or a
 :class:`Dataset` says its name, its builder (an import path, imported in the rank: this module needs no torch),
 what it takes and gives (input shape, classes, size, knobs), and its files. Everything else reads these
-entries: the configuration's checks and choices (``workbench.config.run.MODELS``, the settings table, the command
-line's help), the lab's boxes, the pre-flight checks, the ranks' builders. A new model or dataset is one
+entries as they stand, never a copy taken at import: the configuration's checks and choices, the settings table,
+the command line's help, the lab's boxes, the pre-flight checks, the ranks' builders. A new model or dataset is one
 :func:`register` call; no name is compared anywhere else (tests/test_workloads_registry.py scans for it).
 """
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from workbench.campaigns.reproduce.registry import overall
 from workbench.campaigns.reproduce.stats import mean_interval, one_sided, wilson
+from workbench.faults import kinds
 from workbench.supervisor import events as ev
 
 __all__ = ["Check", "Progress", "Verdict", "cached_run", "campaign_settings", "fewer_runs", "fmt", "mean_interval",
@@ -386,11 +387,22 @@ def cached_run(directory: str | os.PathLike, **settings: Any) -> Any:
 def reusable(result: Any) -> bool:
     """Whether a saved run says what its settings alone would make it say again: it completed or failed by a fault
     it planned, and no rank was lost to anything else (a rank killed from outside, a machine too loaded to start
-    it). Anything else is run again rather than replayed: a transient failure must not stick to a campaign."""
-    planned = sum(e.get("detail") == "planned fault fired" for e in result.events)
+    it). Anything else is run again rather than replayed: a transient failure must not stick to a campaign; so is a
+    run saved before its events carried their fields (what it planned cannot be read from it)."""
+    if not result.events_have_fields:
+        return False
+    planned = planned_losses(result)
     if ev.count(result.events, ev.FAILURE) > planned:
         return False
     return result.outcome == "completed" or planned > 0
+
+
+def planned_losses(result: Any) -> int:
+    """How many faults of ``result``'s plan fired that lose a rank (a kill, hang or stall; a preemption's notice),
+    read from its events' fields (:meth:`~workbench.results.run_result.RunResult.fielded_events` refuses a result
+    saved before they carried them)."""
+    fired = ev.fired(result.fielded_events("counting the planned faults that fired"), ev.PLANNED)
+    return sum(1 for e in fired if kinds.get(e["kind"]).ends_rank or kinds.get(e["kind"]).notice)
 
 
 # -- statistics: workbench.campaigns.reproduce.stats (mean_interval, one_sided), re-exported

@@ -22,6 +22,7 @@ from workbench.campaigns.reproduce.common import (
     campaign_settings,
     mean_interval,
     on_reporting_seeds,
+    planned_losses,
     preflight,
     progress,
 )
@@ -147,7 +148,7 @@ def _measured(result: Any) -> dict[str, Any]:
             "wall_train_s": s["train_s"], "train_s": s.get("rank_train_s", s["train_s"]),  # rank-time clock
             "world_size_final": s["world_size_final"], "steps_completed": s.get("steps_completed"),
             "steps_redone": s["steps_redone_total"], "checkpoints": s["checkpoints"],
-            "planned": sum(e.get("detail") == "planned fault fired" for e in result.events)}
+            "planned": planned_losses(result)}
 
 
 def statistics(frame: Any) -> Any:

@@ -28,6 +28,7 @@ from workbench.campaigns.reproduce.common import (
     progress,
     wilson,
 )
+from workbench.faults import outcomes
 
 KEY = "jpdc24"
 TITLE = "Soft errors in data- and model-parallel DL (JPDC'24)"
@@ -150,9 +151,7 @@ def _bits(original: str, settings: dict[str, Any], seed: int) -> Any:
 
 
 def _outcome(result: Any, clean: Any, tolerance: float, start: int) -> dict[str, Any]:
-    from workbench.faults.outcomes import classify
-
-    outcome = classify(result, clean, tolerance)
+    outcome = outcomes.classify(result, clean, tolerance)
     golden = {r["step"]: r["loss"] for r in clean.metrics}
     diverged = None
     for r in result.metrics:
@@ -170,22 +169,23 @@ def shares(frame: Any, by: list[str]) -> Any:
 
     rows = []
     for key, part in frame.groupby(by):
-        share, low, high = wilson(int((part.outcome != "masked").sum()), len(part))
+        share, low, high = wilson(int((part.outcome != outcomes.MASKED).sum()), len(part))
         key = key if isinstance(key, tuple) else (key,)
         rows.append({**dict(zip(by, key)), "trials": len(part), "not_masked": share, "low": low, "high": high,
-                     **{f"share_{o}": float((part.outcome == o).mean()) for o in ("degraded", "nonfinite", "crash")}})
+                     **{f"share_{o}": float((part.outcome == o).mean()) for o in outcomes.OUTCOMES[1:]}})
     return pd.DataFrame(rows)
 
 
 def not_masked(frame: Any, by: Any) -> Any:
     """The share of ``frame``'s trials not masked per ``by`` (a Series; e.g. one value per model seed)."""
-    return (frame.outcome != "masked").groupby([frame[b] for b in ([by] if isinstance(by, str) else by)]).mean()
+    return (frame.outcome != outcomes.MASKED).groupby([frame[b] for b in ([by] if isinstance(by, str) else by)]).mean()
 
 
 def exponent_bits(bits: Any) -> dict[str, dict[int, float]]:
     """Per platform, each exponent bit's share of single flips not masked (pooled over the models)."""
     part = bits[bits.bit.isin(EXPONENT_BITS)]
-    return {platform: {int(b): float(share) for b, share in (one.outcome != "masked").groupby(one.bit).mean().items()}
+    return {platform: {int(b): float(share)
+                       for b, share in (one.outcome != outcomes.MASKED).groupby(one.bit).mean().items()}
             for platform, one in part.groupby("platform")}
 
 
@@ -228,8 +228,6 @@ def mechanism(v: Verdict, alterations: Any, bits: Any) -> None:
     """The checks every scale must pass, counted: the references ran, each flip landed once where aimed, each
     single flip's outcome is one its value allows, mantissa flips are masked in a clear majority, the top exponent
     bit wrecks (and which of the others wreck or are masked is told, not checked: the paper names no bit)."""
-    from workbench.faults.outcomes import possible_outcomes
-
     bad = alterations[alterations.clean_outcome != "completed"][["seed", "platform", "world_size"]].drop_duplicates()
     v.check("every unaltered resume completes", bad.empty,
             f"{len(bad)} failed: " + ", ".join(f"seed {r.seed} {r.platform} w{r.world_size}" for r in bad.itertuples())
@@ -239,15 +237,15 @@ def mechanism(v: Verdict, alterations: Any, bits: Any) -> None:
             f"{len(alterations) - len(missed)} of {len(alterations)} altered checkpoints differ from their original "
             f"in exactly their {int(alterations.flipped.sum())} flips"
             + ("" if missed.empty else f"; not: {missed[['seed', 'platform', 'group', 'flips', 'landed']].values}"))
-    allowed = [o in possible_outcomes(a, b) for o, a, b in zip(bits.outcome, bits.old, bits.new)]
+    allowed = [o in outcomes.possible_outcomes(a, b) for o, a, b in zip(bits.outcome, bits.old, bits.new)]
     v.check("every single flip's outcome is one its value allows", all(allowed),
             f"{sum(allowed)} of {len(allowed)} (non-finite weight: non-finite; a change <= 2^-13 of it: masked)")
     for platform, part in bits.groupby("platform"):
         mantissa = part[part.bit.isin(MANTISSA_BITS)]
-        share, low, high = wilson(int((mantissa.outcome == "masked").sum()), len(mantissa))
+        share, low, high = wilson(int((mantissa.outcome == outcomes.MASKED).sum()), len(mantissa))
         v.check(f"mantissa flips (bits 0-22) masked in a clear majority ({platform})", low > 0.5,
                 f"{share:.0%} [{low:.0%}, {high:.0%}] of {len(mantissa)} masked (Wilson lower bound > 50 %)")
-        wrecked = int((part[part.bit == TOP_BIT].outcome != "masked").sum())
+        wrecked = int((part[part.bit == TOP_BIT].outcome != outcomes.MASKED).sum())
         v.check(f"flips of the top exponent bit (30) wreck training ({platform})", wrecked > 0,
                 f"{wrecked} of {int((part.bit == TOP_BIT).sum())} not masked; per exponent bit: "
                 + describe_bits(v.statistics.get("exponent_bits", {}).get(platform, {})))
@@ -261,7 +259,7 @@ def decide(v: Verdict, alterations: Any, bits: Any) -> None:
         # the exponent's 8 bits with equal trials each: its share is the mean of the bits' shares
         wrecks = not_masked(part[part.bit.isin(EXPONENT_BITS)], "seed") - not_masked(mantissa, "seed")
         v.decide(f"{KEY}.exponent_wrecks", wrecks.dropna(), platform)
-        v.decide_share(f"{KEY}.low_mantissa_masked", int((mantissa.outcome != "masked").sum()), len(mantissa),
+        v.decide_share(f"{KEY}.low_mantissa_masked", int((mantissa.outcome != outcomes.MASKED).sum()), len(mantissa),
                        platform, sign=-1)
     per_model = not_masked(alterations, ["seed", "platform"]).unstack("platform")
     a, b = sorted(per_model.columns)[:2]

@@ -1,8 +1,9 @@
 """Power before registration: each sampled finding of registry.yaml carries a ``power`` block (the
 smallest effect of interest, the spread and where it comes from, the n for 80 % power at its paper's next attempt's
-alpha, the n registered) or is declared descriptive; :func:`required_n` recomputes the block's n from its numbers
-(:mod:`workbench.campaigns.reproduce.stats`), :func:`powered` says an underpowered finding's power beside its
-decision (a note: the decision stands), and :func:`table` lists every block for the report and the docs."""
+alpha, the n registered) or is declared descriptive; :func:`~.registry.required_n` recomputes the block's n from
+its numbers (:mod:`workbench.campaigns.reproduce.stats`), :func:`powered` says an underpowered finding's power
+beside its decision (a note: the decision stands), and :func:`table` lists every block for the report and the
+docs."""
 
 from __future__ import annotations
 
@@ -10,19 +11,6 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.campaigns.reproduce.registry import Decision, Finding
-from workbench.campaigns.reproduce.registry import required_n as registry_required_n
-
-
-def power_of(finding: Finding) -> dict[str, Any] | None:
-    """The finding's power block as registered (None where it has none)."""
-    return finding.power
-
-
-def required_n(finding: Finding) -> int | None:
-    """The n its power block's numbers give for 80 % power at the block's alpha: pairs for a t decision
-    (:func:`workbench.campaigns.reproduce.stats.n_paired`), trials for a Wilson share (:func:`~.stats.n_share`);
-    the registry checks a study's blocks with the same function (:func:`~.registry.required_n`)."""
-    return registry_required_n(finding)
 
 
 def powered(finding: Finding, decision: Decision) -> Decision:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from workbench.campaigns.reproduce.acceptance import CEILING_GAP  # a comparison is made this far below the ceiling
 from workbench.campaigns.reproduce.stats import mean_interval
 from workbench.config.errors import WorkbenchError
 from workbench.config.files import DuplicateKeyError, load_yaml
@@ -42,7 +43,6 @@ CLOCKS = ("wall", "rank", "none")
 KINDS = ("finding", "mechanism", "secondary")
 # set while workbench.campaigns.reproduce.failure_free measures what a registration's failure_free will say
 MEASURING: contextvars.ContextVar[bool] = contextvars.ContextVar("measuring_failure_free", default=False)
-CEILING_GAP = 0.05  # an accuracy comparison is made at least 5 pt below its dataset's ceiling
 
 
 class RegistryError(WorkbenchError):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from workbench.config.run import RunConfig
 from workbench.faults.bitflip import apply_masks, bit_field
-from workbench.faults.outcomes import classify_values, wilson
+from workbench.faults.outcomes import OUTCOMES, classify_values, wilson
 from workbench.rank.optim import make_optimizer
 from workbench.results import checkpoint as ckpt
 from workbench.workloads.apoptosis.rule import resize_to
@@ -110,7 +110,7 @@ def outcome_shares(frame: Any, z: float = 1.96) -> Any:
     rows = []
     for bit, group in frame.groupby("bit"):
         n = len(group)
-        for outcome in ("masked", "degraded", "nonfinite", "crash"):
+        for outcome in OUTCOMES:
             share, low, high = wilson(int((group.outcome == outcome).sum()), n, z)
             rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": share,
                          "low": low, "high": high})

@@ -50,7 +50,8 @@ def start_torchrun(launcher: Any, config: Any, store_address: str, planned: int,
     """torchrun's elastic agent for the whole world; its workers join our slots through the store by ``$RANK``."""
     host, world = config.bind, config.world_size
     restarts = planned + 3  # every planned kill/hang and random failure, plus 3 for restarts failing on their own
-    recorder.event("torchrun", -1, f"torchrun agent started: {world} workers, up to {restarts} restarts of the world")
+    recorder.event("torchrun", -1, f"torchrun agent started: {world} workers, up to {restarts} restarts of the world",
+                   world=world, restarts=restarts)
     return launcher.launch(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr", host,
          "--master-port", str(free_port(host)), "--nproc-per-node", str(world),
@@ -66,8 +67,10 @@ def start_mpirun(launcher: Any, config: Any, store_address: str, recorder: Any) 
     # Open MPI's session files (killed at the run's end, mpirun cannot remove them) go where the run removes them
     env["TMPDIR"] = tempfile.mkdtemp(prefix="workbench-mpi-")
     launcher.scratch.append(env["TMPDIR"])
-    recorder.event("ulfm", -1, f"mpirun started {world} MPI processes" + (" with ULFM" if "--with-ft" in argv else
-                                                                         " WITHOUT fault tolerance (benchmark)"))
+    ft = "--with-ft" in argv
+    recorder.event("mpirun", -1, f"mpirun started {world} MPI processes" + (" with ULFM" if ft else
+                                                                           " WITHOUT fault tolerance (benchmark)"),
+                   world=world, ft=ft)
     return launcher.launch([*argv, sys.executable, "-m", "workbench.strategies.peers.ulfm_rank", "--store",
                             store_address], "mpirun.log", what="Open MPI's mpirun", env=env)
 
@@ -102,13 +105,15 @@ def mpirun_ended(code: int, started: bool, log_hint: Any) -> tuple[str, str]:
 def ulfm_message(recorder: Any, label: int | None, m: dict[str, Any]) -> None:
     """What the ULFM survivors report: a failed MPI call (detection), the shrunk communicator (settled)."""
     if m["event"] == "failure":
-        recorder.event("ulfm_error", m["step"], f"MPI call failed at step {m['step']}: {m['error']}", rank=label)
+        recorder.event("ulfm_error", m["step"], f"MPI call failed at step {m['step']}: {m['error']}", rank=label,
+                       error=m["error"])
         recorder.peer_mark("detect", m["t"])
     elif m["event"] == "shrunk":
         moved = f", state broadcast from the survivor at step {m['step']} ({m['bytes']} bytes)" if m["bytes"] else ""
         recorder.event("ulfm", m["step"], f"revoke {m['revoke_s'] * 1e3:.1f} ms, shrink {m['shrink_s'] * 1e3:.1f} ms, "
                        f"agree {m['agree_s'] * 1e3:.1f} ms: {m['size']} ranks go on{moved}; step {m['step']} retried",
-                       rank=label)
+                       rank=label, size=m["size"], revoke_s=m["revoke_s"], shrink_s=m["shrink_s"], agree_s=m["agree_s"],
+                       bytes=m["bytes"])
         recorder.world_size = m["size"]
         recorder.status.update(world_size=m["size"])
         recorder.peer_mark("settle", m["t"])
@@ -123,14 +128,15 @@ def torchft_step(recorder: Any, spawn_id: int, label: int | None, reporter: bool
             failure.regrow_time = m["t"]
             how = (f"healed from a peer and committed step {m['step']}" if m["step"] > 0 else
                    "found no peer to heal from (they had finished) and started from step 0")
-            recorder.event("regrow", m["step"], f"rank {label}'s replacement {how}", rank=label)
+            recorder.event("regrow", m["step"], f"rank {label}'s replacement {how}", rank=label, ranks=[label])
         elif failure.resume_time is not None and failure.regrow_time is None and reporter:
             failure.samples_lost += failure.lost_share
 
 
 def torchft_quorum(recorder: Any, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
     """A survivor's first new quorum after the fault: torchft has seen it."""
-    recorder.event("quorum", m["step"], f"torchft quorum {m['quorum_id']}: {m['participants']} replicas", rank=label)
+    recorder.event("quorum", m["step"], f"torchft quorum {m['quorum_id']}: {m['participants']} replicas", rank=label,
+                   quorum_id=m["quorum_id"], participants=m["participants"])
     for failure in recorder.failures:
         if not failure.peer_seen and failure.fault_time <= m["t"] and failure.replacement != spawn_id:
             failure.detect_time, failure.peer_seen = m["t"], True
@@ -138,7 +144,7 @@ def torchft_quorum(recorder: Any, spawn_id: int, label: int | None, m: dict[str,
 
 def torchft_discarded(recorder: Any, label: int | None, m: dict[str, Any]) -> None:
     recorder.event("discarded", m["step"], "torchft did not commit the step" + (f": {m['error']}" if m.get(
-        "error") else ""), rank=label)
+        "error") else ""), rank=label, error=m.get("error") or None)
     for failure in recorder.failures:
         if failure.resume_time is None and failure.fault_time <= m["t"]:
             failure.discarded.add(m["step"])
