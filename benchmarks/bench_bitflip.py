@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 import workbench
+from workbench.base import checkpoint
 from workbench.faults.hdf5 import alter_checkpoint
-from workbench.results import checkpoint
 
 
 def make_checkpoint(path: Path, megabytes: float) -> None:

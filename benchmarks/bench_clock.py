@@ -71,8 +71,8 @@ def wake_us(cores: tuple[int, int], rounds: int = 2000) -> list[float]:
 
 
 def host_speed_us(core: int) -> float:
-    """The speed probe's fixed work on one core, now (us; :func:`workbench.launch.machine.measure_probe`)."""
-    from workbench.launch import machine
+    """The speed probe's fixed work on one core, now (us; :func:`workbench.base.machine.measure_probe`)."""
+    from workbench.base import machine
 
     return machine.measure_probe(core, rounds=200)
 
@@ -218,7 +218,7 @@ def main() -> None:
     if len(available) >= 4:
         settings["4 cores"] = set(available[:4])
     sys.path.insert(0, str(ROOT))
-    from workbench.launch import machine
+    from workbench.base import machine
 
     latency = machine.latency_us()  # measured now, on two cores, if this machine has not measured it yet
     probe = machine.probe_us() if args.speed_probe else None  # the same, on one core

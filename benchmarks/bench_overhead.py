@@ -27,8 +27,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import workbench
+from workbench.base.processes import RANK_ENV_DEFAULTS
 from workbench.config.run import RunConfig
-from workbench.launch.processes import RANK_ENV_DEFAULTS
 from workbench.workloads.data import BatchSequence, load_dataset, shard
 from workbench.workloads.models import build_model
 

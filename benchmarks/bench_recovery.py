@@ -41,7 +41,7 @@ import sys
 import time
 
 import workbench
-from workbench.supervisor import events as ev
+from workbench.faults import events as ev
 
 MODELS = {
     "small": {"hidden": [128, 64], "steps_between": 150, "bucket_cap_mb": 1.0, "params_m": 0.02},
@@ -170,7 +170,7 @@ def main() -> None:
         print(json.dumps({"benchmark": "checkpoint_stall", "rows": rows}))
         return
     if args.peers:
-        from workbench.config.errors import ConfigError
+        from workbench.base.errors import ConfigError
         from workbench.strategies.peers import require_peer
 
         try:

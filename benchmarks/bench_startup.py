@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import workbench
-from workbench.launch.processes import RANK_ENV_DEFAULTS
+from workbench.base.processes import RANK_ENV_DEFAULTS
 from workbench.results.run_result import RunResult
 
 PATHS = ("cli_cold_template", "cli_cold_fresh", "warm_template", "warm_fresh", "torchrun_workers")

@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     fixed = {"world_size": args.world_size, "steps": args.steps,
              "fault": f"kill:rank={args.world_size - 1},step={args.steps // 2}"}
-    from workbench.sweeps.run import default_jobs, notebook_parameters
+    from workbench.launch.sweeps.run import default_jobs, notebook_parameters
 
     jobs = args.jobs or default_jobs(points(fixed), notebook_parameters(NOTEBOOK))
     loop_s, sweep_s, cpu = [], [], {"loop": 0.0, "sweep": 0.0}

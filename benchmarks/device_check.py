@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from a copy of the repository
 
-from workbench.launch import devices  # noqa: E402
+from workbench.config import devices  # noqa: E402
 from workbench.launch.session import run  # noqa: E402
 
 STRATEGIES = {"shrink": {"strategy": "shrink"}, "rollback+regrow": {"strategy": "rollback", "regrow": True},

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.campaigns.studies.sensitivity import save_trials
+from workbench.launch.sweeps.run import point_id
 from workbench.results.run_result import RunResult
-from workbench.sweeps.run import point_id
 
 STRATEGIES = ("shrink", "rollback", "checkpoint_restart")
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import workbench
 from workbench import ConfigError, RunConfig
-from workbench.results import checkpoint
+from workbench.base import checkpoint
 from workbench.results.run_result import model_size
 from workbench.workloads.apoptosis import rule as apo
 from workbench.workloads.models import cnn, mlp

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.launch.cli import _config_from_args, build_parser
 from workbench.workloads.architectures import ARCHITECTURES, BasicBlock, conv_bn_pairs

@@ -18,19 +18,10 @@ import pytest
 import torch
 from sweep_fixtures import fake_result, fake_sweep, fake_trials
 
-from workbench.campaigns.studies.sensitivity import save_trials
-from workbench.config.errors import WorkbenchError
-from workbench.faults.hdf5 import (
-    NotComparable,
-    alter_checkpoint,
-    compare_checkpoints,
-    float_datasets,
-    replay_checkpoint,
-)
-from workbench.launch import cli
-from workbench.results import checkpoint
-from workbench.results.checkpoint import Checkpoint
-from workbench.results.h5files import (
+from workbench.base import checkpoint
+from workbench.base.checkpoint import Checkpoint
+from workbench.base.errors import WorkbenchError
+from workbench.base.h5files import (
     CHECKPOINT,
     FORMATS,
     RESULT,
@@ -40,8 +31,17 @@ from workbench.results.h5files import (
     OutputError,
     inspect,
 )
+from workbench.campaigns.studies.sensitivity import save_trials
+from workbench.faults.hdf5 import (
+    NotComparable,
+    alter_checkpoint,
+    compare_checkpoints,
+    float_datasets,
+    replay_checkpoint,
+)
+from workbench.launch import cli
+from workbench.launch.sweeps.run import load_sweep
 from workbench.results.run_result import RunResult, load_results, load_table
-from workbench.sweeps.run import load_sweep
 
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
 W = "model/fc1.weight"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.launch.cli import main
-from workbench.launch.outdir import LOCK_FILE, claim, holder, run_files
+from workbench.results.outdir import LOCK_FILE, claim, holder, run_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "workbench", "run"]
@@ -83,7 +83,7 @@ def test_two_cli_runs_on_one_out_keep_one(tmp_path, apart):
 
 API_RUN = """
 import sys, workbench
-from workbench.config.errors import WorkbenchError
+from workbench.base.errors import WorkbenchError
 try:
     result = workbench.run(dataset="synthetic", world_size=2, hidden=[16], eval_interval=1000, steps={steps},
                            seed=int(sys.argv[2]), out=sys.argv[1])
@@ -267,7 +267,7 @@ def test_a_lock_file_that_is_no_lock_file_is_named(tmp_path, capsys, monkeypatch
                 raise PermissionError(1, "Operation not permitted", str(file))
             return real_open(file, flags, *args)
 
-        monkeypatch.setattr("workbench.launch.outdir.os.open", immutable)
+        monkeypatch.setattr("workbench.results.outdir.os.open", immutable)
         what = "a lock file that cannot be opened for writing (Operation not permitted)"
     code, _, err = cli(capsys, "run", *TINY, "--steps", "3", "--out", "out")
     assert one_line(err, code, 2) == f"workbench: error: out: out/{LOCK_FILE} is {what}: remove it if no run uses out"

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base import checkpoint as ckpt
+from workbench.base.errors import ConfigError
+from workbench.base.h5files import OutputError
 from workbench.config.run import RunConfig
 from workbench.launch.cli import main
 from workbench.launch.session import prepare
-from workbench.results import checkpoint as ckpt
-from workbench.results.h5files import OutputError
 
 TINY = ["--world-size", "2", "--hidden", "16", "--eval-interval", "10"]
 
@@ -175,7 +175,7 @@ def test_a_read_only_out_is_refused_before_the_run(disk, capsys):
 
 
 def test_default_out_directories_do_not_collide(tmp_path):
-    from workbench.launch.outdir import fresh
+    from workbench.results.outdir import fresh
 
     (tmp_path / "run-1").mkdir()
     (tmp_path / "run-1-2").mkdir()
@@ -186,7 +186,7 @@ def test_default_out_directories_do_not_collide(tmp_path):
 def test_a_checkpoint_on_a_full_disk_fails_the_run_not_a_rank(disk, capsys):
     """The first checkpoint does not fit: h5py used to crash rank 0 (SIGSEGV), checkpoint_restart "recovered"
     from it, and hidden .tmp files stayed."""
-    # 4 KiB go to the run's lock file (workbench.launch.outdir.LOCK_FILE); the rest holds a result of all 30 steps
+    # 4 KiB go to the run's lock file (workbench.results.outdir.LOCK_FILE); the rest holds a result of all 30 steps
     # (~24 KB: rank 0 trains on while its failed write is reported), never the 30 KB checkpoint
     out = disk(free_kib=28) / "run"
     code, stdout, err = cli(capsys, "run", *TINY, "--steps", "30", "--strategy", "checkpoint_restart",

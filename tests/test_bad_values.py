@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import RunConfig
 
 RANK = [sys.executable, "-m", "workbench", "rank"]
@@ -297,8 +297,8 @@ def test_bad_run_and_sweep_values_exit_2_before_anything_starts(argv, expected, 
 
 
 def test_sweep_refuses_a_timeout_that_is_not_a_positive_number(tmp_path):
-    from workbench.config.errors import SweepError
-    from workbench.sweeps.run import sweep
+    from workbench.base.errors import SweepError
+    from workbench.launch.sweeps.run import sweep
 
     with pytest.raises(SweepError, match="timeout must be a finite number of seconds > 0"):
         sweep("notebooks/quickstart.ipynb", {"seed": [0]}, out=tmp_path / "s", timeout=-1)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import workbench
+from workbench.base import checkpoint
+from workbench.base.errors import ConfigError
 from workbench.campaigns.studies import sensitivity
 from workbench.campaigns.studies.sensitivity import LocalResume, bit_sensitivity
-from workbench.config.errors import ConfigError
 from workbench.faults.hdf5 import alter_checkpoint
 from workbench.rank.state import RunningStats
-from workbench.results import checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

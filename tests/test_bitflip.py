@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from workbench.base import checkpoint
 from workbench.faults.bitflip import FlipError, bit_field, field_bits, flip, inject, replay
 from workbench.faults.hdf5 import alter_checkpoint, compare_checkpoints, replay_checkpoint
-from workbench.results import checkpoint
 
 
 @pytest.mark.parametrize("bit,expected", [(30, 1.7014118e38), (23, 1.0), (22, 0.75), (31, -0.5),

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import workbench
-from workbench.results import checkpoint
+from workbench.base import checkpoint
 from workbench.supervisor.membership import Generation, Lost, Membership, Retire
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

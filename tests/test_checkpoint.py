@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.results import checkpoint
-from workbench.results.checkpoint import Checkpoint, CheckpointCorrupt
-from workbench.results.h5files import FileKindError
+from workbench.base import checkpoint
+from workbench.base.checkpoint import Checkpoint, CheckpointCorrupt
+from workbench.base.h5files import FileKindError
 
 
 def sample(step=7):

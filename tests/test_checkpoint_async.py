@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 import workbench
+from workbench.base import checkpoint as ckpt
 from workbench.config.run import RunConfig
 from workbench.rank import staging
 from workbench.rank.replicated import Trainer
-from workbench.results import checkpoint as ckpt
 
 EVERY = 3
 GATE_S = 10.0  # how long a held part waits for the training thread (a test that fails ends after this, not hangs)

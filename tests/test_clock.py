@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 import workbench
-from workbench.launch import machine
+from workbench.base import machine
+from workbench.base.fallbacks import FallbackWarning
 from workbench.launch.cli import main
 from workbench.rank.channel import _CpuClock
 from workbench.results import clock
-from workbench.results.fallbacks import FallbackWarning
 from workbench.supervisor.recorder import Failure
 
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
+from workbench.base.fallbacks import FallbackWarning
+from workbench.config import devices
 from workbench.config.run import RunConfig
 from workbench.faults import bitflip
-from workbench.launch import devices
 from workbench.launch.session import prepare, run
-from workbench.results.fallbacks import FallbackWarning
 from workbench.results.run_result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_neither_the_kernel_nor_the_rank_template_ever_touches_cuda(tmp_path):
     assert done.returncode == 0, done.stderr
     notes = [json.loads(line) for line in log.read_text().splitlines()]
     installed = {n["pid"]: n["argv"] for n in notes if n["what"] == "installed"}
-    template = [pid for pid, argv in installed.items() if "-m workbench.launch.template" in argv]
+    template = [pid for pid, argv in installed.items() if "-m workbench.supervisor.template" in argv]
     kernel = [pid for pid, argv in installed.items() if " run --device auto" in argv]
     assert len(template) == 1 and len(kernel) == 1, installed
     touched = [n for n in notes if n["what"] != "installed" and n["pid"] in template + kernel]
@@ -197,7 +197,7 @@ import json, os
 log = os.environ.get("WB_GPU_LOG")
 if log:
     import torch
-    from workbench.launch import devices
+    from workbench.config import devices
     def _note(**what):
         with open(log, "a") as f:
             f.write(json.dumps({"pid": os.getpid(), **what}) + "\\n")

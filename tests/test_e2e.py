@@ -19,14 +19,14 @@ import pytest
 import torch
 
 import workbench
+from workbench.base import checkpoint as ckpt
+from workbench.base.protocol import HEARTBEAT_PERIOD
 from workbench.faults.outcomes import classify
 from workbench.launch import cli
 from workbench.launch.lab import Lab
-from workbench.rank.protocol import HEARTBEAT_PERIOD
-from workbench.results import checkpoint as ckpt
+from workbench.launch.sweeps.run import is_complete, point_id
 from workbench.results.run_result import RunResult
 from workbench.supervisor.watchdog import FLOOR_S
-from workbench.sweeps.run import is_complete, point_id
 
 GATED = Path(__file__).parent / "notebooks" / "gated_sweep.ipynb"
 # checkpoint_restart on 2 ranks; checkpoints every 5 steps are written in the background, so a kill at step 12

@@ -19,15 +19,15 @@ FAILURE_FREE = "workbench.campaigns.reproduce.failure_free"
 # (module, arguments, a piece of the one line it answers)
 CASES = [
     ("workbench", ["run", "--world-size", "two"], "argument --world-size"),
-    ("workbench.launch.template", ["--listen-fd", "x"], "argument --listen-fd: 'x' is not allowed"),
+    ("workbench.supervisor.template", ["--listen-fd", "x"], "argument --listen-fd: 'x' is not allowed"),
     ("workbench.rank", ["--control", "nowhere", "--id", "0"], "--control: 'nowhere' is not HOST:PORT"),
     ("workbench.rank", ["--store", "127.0.0.1:1", "--connect-timeout", "0"], "--connect-timeout: '0' is not allowed"),
     ("workbench.rank.speed", ["0"], "argument rounds: '0' is not allowed: an integer >= 1"),
-    ("workbench.strategies.peers.torchft_rank", ["--control", "x:y", "--id", "0"], "--control: 'x:y' is not HOST:PORT"),
-    ("workbench.strategies.peers.ulfm_rank", ["--store", "127.0.0.1:1"], "OMPI_COMM_WORLD_RANK (its rank number) is "
+    ("workbench.rank.peers.torchft_rank", ["--control", "x:y", "--id", "0"], "--control: 'x:y' is not HOST:PORT"),
+    ("workbench.rank.peers.ulfm_rank", ["--store", "127.0.0.1:1"], "OMPI_COMM_WORLD_RANK (its rank number) is "
      "not set"),
-    ("workbench.sweeps.point", ["--events", "99"], "argument --events: '99' is not allowed: a file descriptor"),
-    ("workbench.sweeps.point", [], "the following arguments are required: --events"),
+    ("workbench.launch.sweeps.point", ["--events", "99"], "argument --events: '99' is not allowed: a file descriptor"),
+    ("workbench.launch.sweeps.point", [], "the following arguments are required: --events"),
     (FAILURE_FREE, ["no_such_paper"], "'no_such_paper' is not a registry entry that compares accuracy; allowed: "
      "ccgrid22, gossipgrad"),
     (FAILURE_FREE, ["jpdc24"], "'jpdc24' is not a registry entry that compares accuracy"),

@@ -1,4 +1,4 @@
-"""The run's event kinds are declared once (workbench/supervisor/events.py), each with its fields: the recorder
+"""The run's event kinds are declared once (workbench/faults/events.py), each with its fields: the recorder
 checks each event against its kind, every kind written anywhere is declared, no event kind is compared by its name
 outside the declaration, no reader matches an event's text (they read its fields), figures mark events as their
 kinds' markers say, a fault's event says where it came from, the docs' table is the code's, and a result written
@@ -16,18 +16,19 @@ import pytest
 from structure_tool import comparisons
 
 import workbench
+from workbench.base import fallbacks
+from workbench.base.errors import ResultsError
 from workbench.campaigns.reproduce import common
-from workbench.config.errors import ResultsError
 from workbench.config.run import RunConfig
+from workbench.faults import events
 from workbench.faults import kinds as fault_kinds
+from workbench.faults.events import EventError, EventKind
 from workbench.launch.lab import Lab
-from workbench.results import fallbacks, plots
+from workbench.launch.sweeps.requeue import continued
+from workbench.results import plots
 from workbench.results.rank_strip import rank_strip
 from workbench.results.run_result import RunResult
-from workbench.supervisor import events
-from workbench.supervisor.events import EventError, EventKind
 from workbench.supervisor.recorder import Recorder
-from workbench.sweeps.requeue import continued
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOM = {ROOT / "workbench" / "supervisor" / "events.py"}
@@ -104,7 +105,7 @@ def test_every_kind_written_anywhere_is_declared():
     written = [hit for path in sorted((ROOT / "workbench").rglob("*.py")) for hit in _written(path)]
     assert len(written) > 20
     undeclared = [f"{where}: {kind!r}" for where, kind in written if kind not in events.REGISTRY]
-    assert undeclared == [], "declare them in workbench/supervisor/events.py"
+    assert undeclared == [], "declare them in workbench/faults/events.py"
 
 
 def _kind_comparisons(path: Path, root: Path = ROOT) -> list[str]:
@@ -115,7 +116,7 @@ def test_no_event_kind_is_compared_outside_the_declaration():
     files = [p for p in sorted((ROOT / "workbench").rglob("*.py")) if p not in ROOM]
     assert len(files) > 50
     offenders = [hit for path in files for hit in _kind_comparisons(path)]
-    assert offenders == [], "select rows with workbench.supervisor.events.of / kind_is and the declared objects"
+    assert offenders == [], "select rows with workbench.faults.events.of / kind_is and the declared objects"
 
 
 def test_the_scan_finds_a_planted_comparison(tmp_path):
@@ -160,7 +161,7 @@ def test_no_reader_matches_an_events_text():
              if p not in ROOM]
     assert len(files) > 150
     offenders = [hit for path in files for hit in _text_matches(path)]
-    assert offenders == [], "read the event's declared fields (workbench/supervisor/events.py), not its detail"
+    assert offenders == [], "read the event's declared fields (workbench/faults/events.py), not its detail"
 
 
 def test_the_text_scan_finds_planted_readers(tmp_path):
@@ -235,9 +236,9 @@ def test_the_recovery_timeline_reads_a_generations_members_from_its_fields():
 
 
 def test_the_reference_page_holds_the_table():
-    page = (ROOT / "docs" / "reference" / "workbench.supervisor.events.md").read_text()
+    page = (ROOT / "docs" / "reference" / "workbench.faults.events.md").read_text()
     assert events.markdown() in page, \
-        "docs/reference/workbench.supervisor.events.md: paste workbench.supervisor.events.markdown() again"
+        "docs/reference/workbench.faults.events.md: paste workbench.faults.events.markdown() again"
 
 
 # -- a fault's source ---------------------------------------------------------------------------------------------

@@ -16,15 +16,16 @@ import torch
 from sweep_fixtures import fake_sweep
 
 import workbench
-from workbench.config.errors import ConfigError, SweepError
-from workbench.launch import devices, machine
-from workbench.launch.cluster.slurm_allocation import allocation_hosts
+from workbench.base import machine
+from workbench.base.errors import ConfigError, SweepError
+from workbench.base.fallbacks import FallbackWarning
+from workbench.config import devices
+from workbench.launch.slurm_allocation import allocation_hosts
+from workbench.launch.sweeps import slurm_run, table
+from workbench.launch.sweeps.plan import notebook_parameters
 from workbench.rank import channel, gossip
 from workbench.rank.comm import CommError
 from workbench.results import clock
-from workbench.results.fallbacks import FallbackWarning
-from workbench.sweeps import slurm_run, table
-from workbench.sweeps.plan import notebook_parameters
 
 
 class Said(list):

@@ -12,15 +12,13 @@ from structure_tool import comparisons
 
 import workbench
 from workbench import strategies
-from workbench.config.errors import ConfigError
+from workbench.base import checkpoint, protocol
+from workbench.base.errors import ConfigError
 from workbench.config.fields import SETTINGS
 from workbench.config.run import FAULT_KINDS, RunConfig
-from workbench.faults import kinds
+from workbench.faults import events, kinds
 from workbench.faults.kinds import Fires
 from workbench.faults.spec import FaultSpec, RandomFailures
-from workbench.rank import protocol
-from workbench.results import checkpoint
-from workbench.supervisor import events
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

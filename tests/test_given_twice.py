@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from test_bad_meetings import cli
 
+from workbench.base.errors import ConfigError, SweepError
 from workbench.campaigns.reproduce import registry
 from workbench.campaigns.reproduce.registry import RegistryError
-from workbench.config.errors import ConfigError, SweepError
 from workbench.config.files import DuplicateKeyError, load_yaml
 from workbench.faults.spec import parse_fault
-from workbench.sweeps.run import grid_points, parse_value
+from workbench.launch.sweeps.run import grid_points, parse_value
 from workbench.workloads.apoptosis.rule import ApoptosisConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,12 +15,12 @@ FAKE_RANK = [sys.executable, "-c", "import time, sys; time.sleep(float(sys.argv[
 
 def test_command_lines_of_the_project():
     for args in ["/v/bin/python -m workbench.rank --control 127.0.0.1:5 --id 0", "workbench.rank 2 gen 3",
-                 "/v/bin/python -m workbench.launch.template",
-                 "/v/bin/python -m workbench.strategies.peers.torchft_rank --control x",
+                 "/v/bin/python -m workbench.supervisor.template",
+                 "/v/bin/python -m workbench.rank.peers.torchft_rank --control x",
                  "/v/bin/torchft_lighthouse --bind 127.0.0.1:1", "/v/bin/python /v/bin/workbench run --json",
                  "/v/bin/python -m workbench sweep nb.ipynb --out o",
-                 "/v/bin/python -m workbench.sweeps.point --events 5",
-                 "/v/bin/python -m torch.distributed.run --nnodes 1 -m workbench.strategies.peers.torchrun_rank "
+                 "/v/bin/python -m workbench.launch.sweeps.point --events 5",
+                 "/v/bin/python -m torch.distributed.run --nnodes 1 -m workbench.rank.peers.torchrun_rank "
                  "--store x",
                  "/v/bin/python -m ipykernel_launcher -f /tmp/k.json", "/v/bin/python /v/bin/papermill a.ipynb b.ipynb",
                  "/v/bin/python -m jupyterlab --ip 127.0.0.1",
@@ -63,22 +63,22 @@ def test_an_orphan_of_this_session_is_found_and_killed_but_not_another_sessions(
 
 
 def test_only_this_processs_idle_template_is_exempt():
-    from workbench.launch import template as wb_template
+    from workbench.supervisor import template as wb_template
 
     if wb_template._local is not None:  # this process's real template (earlier tests' runs): let it go first
         wb_template._local.close()
     tag = os.environ[leaks.TAG_VAR]
     before = {p.key for p in leaks.project_processes()}
     script = "import subprocess, sys, time; time.sleep(60)"
-    template = subprocess.Popen([sys.executable, "-c", script, "workbench.launch.template"])
+    template = subprocess.Popen([sys.executable, "-c", script, "workbench.supervisor.template"])
     try:
         deadline = time.monotonic() + 10
-        while not any(p.pid == template.pid and p.args.endswith("workbench.launch.template")
+        while not any(p.pid == template.pid and p.args.endswith("workbench.supervisor.template")
                       for p in leaks.all_processes()):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert leaks.new_processes(before, tag) == []  # ours, idle: the next run reuses it
-        second = subprocess.Popen([sys.executable, "-c", script, "workbench.launch.template"])  # a second one is not
+        second = subprocess.Popen([sys.executable, "-c", script, "workbench.supervisor.template"])  # a second one is not
         try:
             deadline = time.monotonic() + 10
             while [p.pid for p in leaks.new_processes(before, tag)] != [second.pid]:

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 import workbench
+from workbench.base import checkpoint
+from workbench.base.errors import ConfigError
 from workbench.config import lr_schedule
-from workbench.config.errors import ConfigError
 from workbench.config.run import RunConfig
-from workbench.results import checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.workloads import dataset_files, registry
 from workbench.workloads import mnist1d_file as mnist1d

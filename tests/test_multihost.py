@@ -8,9 +8,9 @@ import netns
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
+from workbench.base.hosts_file import read_hosts_file
 from workbench.config.run import RunConfig
-from workbench.launch.cluster.hosts_file import read_hosts_file
 
 RANK = [sys.executable, "-m", "workbench", "rank"]
 

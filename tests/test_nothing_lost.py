@@ -21,11 +21,11 @@ import pytest
 from conftest import TAG
 
 import workbench
-from workbench.config.errors import ConfigError, WorkbenchError
-from workbench.config.interrupts import HangUp, interrupted_once
+from workbench.base.errors import ConfigError, WorkbenchError
+from workbench.base.interrupts import HangUp, interrupted_once
 from workbench.launch import session
 from workbench.launch.cli import main
-from workbench.launch.outdir import LOCK_FILE, claim
+from workbench.results.outdir import LOCK_FILE, claim
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "workbench", "run"]

@@ -1,5 +1,5 @@
 """Pipeline, hybrid and gossip modes in one process (ranks as threads): schedules, exactness, configuration; each
-mode one object (workbench/config/modes.py), its name compared nowhere else."""
+mode one object (workbench/base/modes.py), its name compared nowhere else."""
 
 import copy
 from pathlib import Path
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from ranks_in_threads import run_ranks
 from structure_tool import comparisons
 
-from workbench.config import modes
-from workbench.config.errors import ConfigError
+from workbench.base import modes
+from workbench.base.errors import ConfigError
 from workbench.config.run import PARALLELISMS, FaultSpec, RunConfig
 from workbench.faults.targets import check_flip_targets
 from workbench.rank.base import BaseTrainer
@@ -264,7 +264,7 @@ def test_no_parallel_mode_is_compared_by_name_outside_its_room():
     files = [p for p in sorted((ROOT / "workbench").rglob("*.py")) if p != ROOM]
     assert len(files) > 50
     offenders = [hit for path in files for hit in _mode_comparisons(path)]
-    assert offenders == [], "ask the mode's object: RunConfig.mode (workbench/config/modes.py)"
+    assert offenders == [], "ask the mode's object: RunConfig.mode (workbench/base/modes.py)"
 
 
 def test_the_scan_finds_a_planted_comparison(tmp_path):

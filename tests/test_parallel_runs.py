@@ -7,8 +7,8 @@ import pytest
 from planting import run_planted, sitecustomize
 
 import workbench
+from workbench.base import checkpoint
 from workbench.config.run import RunConfig
-from workbench.results import checkpoint
 from workbench.results.run_result import RunResult
 from workbench.workloads.models import build_model
 

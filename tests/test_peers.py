@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.workloads.data import BatchSequence, load_dataset, sample_checksum, shard
 

@@ -48,7 +48,7 @@ def plant(module):  # the consensus distance of a gossip world of 3 (after a shr
 ''', {"tests/test_parallel_runs.py::test_gossip_shrink_goes_on_with_three_and_says_how": "d > 0 for d in after"}),
 
     Plant("sweep_interrupt_leaves_a_result", '''
-TARGET = "workbench.sweeps.point"
+TARGET = "workbench.launch.sweeps.point"
 
 
 def plant(module):  # the interrupted point's directory keeps a result.h5: the point looks finished
@@ -224,7 +224,7 @@ def plant(module):  # each trial resumes the checkpoint as it was, without its f
           notebook="notebooks/soft_errors.ipynb"),
 
     Plant("ulfm_survivor_resumes_a_step_early", '''
-TARGET = "workbench.strategies.peers.ulfm_rank"  # run by mpirun as python -m: planted before its main block
+TARGET = "workbench.rank.peers.ulfm_rank"  # run by mpirun as python -m: planted before its main block
 
 
 def plant(module):  # the survivors of a shrink resume one step before the most advanced one's step
@@ -240,7 +240,7 @@ def plant(module):  # the survivors of a shrink resume one step before the most 
       'failure["steps_redone"] == 0'}),
 
     Plant("torchft_heal_loads_nothing", '''
-TARGET = "workbench.strategies.peers.torchft_rank"
+TARGET = "workbench.rank.peers.torchft_rank"
 
 
 def plant(module):  # a healing replica's load_state_dict loads nothing: it keeps its fresh weights

@@ -1,5 +1,5 @@
 """The protocols are written once (issue 30, item 3): every message kind sent or dispatched on anywhere is declared
-in workbench.rank.protocol, every declared kind is sent somewhere, a real run's messages fit the table; every exception
+in workbench.base.protocol, every declared kind is sent somewhere, a real run's messages fit the table; every exception
 class of the workbench is a WorkbenchError; a rank rebuilds the configuration without re-running its checks."""
 
 import ast
@@ -13,11 +13,11 @@ import netns
 import pytest
 
 import workbench
-from workbench.config.errors import WorkbenchError
+from workbench.base import checkpoint as ckpt
+from workbench.base import protocol
+from workbench.base.errors import WorkbenchError
+from workbench.base.protocol import CONTROL, TEMPLATE, ProtocolError
 from workbench.config.run import RunConfig, config_from_wire
-from workbench.rank import protocol
-from workbench.rank.protocol import CONTROL, TEMPLATE, ProtocolError
-from workbench.results import checkpoint as ckpt
 from workbench.supervisor.control import ControlServer
 
 PACKAGE = Path(workbench.__file__).parent
@@ -66,7 +66,7 @@ def test_every_kind_sent_is_declared_and_every_declared_kind_is_sent():
     assert len(sent["CONTROL"]) >= 40 and len(sent["TEMPLATE"]) >= 7  # the scan sees the send sites
     for table, found in sent.items():
         undeclared = sorted(f"{where}: {kind!r}" for kind, where in found if kind not in TABLES[table].kinds)
-        assert not undeclared, f"{table}: kinds sent but not declared in workbench/rank/protocol.py: {undeclared}"
+        assert not undeclared, f"{table}: kinds sent but not declared in workbench/base/protocol.py: {undeclared}"
         unsent = set(TABLES[table].kinds) - {kind for kind, _ in found}
         assert not unsent, f"{table}: declared but sent nowhere: {sorted(unsent)}"
 
@@ -74,12 +74,12 @@ def test_every_kind_sent_is_declared_and_every_declared_kind_is_sent():
 def test_no_message_is_built_by_hand():
     """A dict literal with a "type" key in a module that speaks a protocol is a message that bypasses the table."""
     for path in SOURCES:
-        if path.name == "protocol.py" or "workbench.rank.protocol" not in path.read_text():
+        if path.name == "protocol.py" or "workbench.base.protocol" not in path.read_text():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Dict):
                 keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
-                assert "type" not in keys, f"{path.name}:{node.lineno}: a message built without workbench.rank.protocol"
+                assert "type" not in keys, f"{path.name}:{node.lineno}: a message built without workbench.base.protocol"
 
 
 def test_receivers_dispatch_on_declared_kinds():
@@ -101,7 +101,7 @@ def test_receivers_dispatch_on_declared_kinds():
                             assert kind in table.kinds and table.kinds[kind].sender == sender, \
                                 f"{path.name}:{compare.lineno}: {func.name}: {kind!r} is no kind a {sender} sends"
     assert receivers == 5  # the supervisor (hello, then the rest), the rank, the template's owner, the template
-    from workbench.strategies.peers.adapters import ADAPTERS  # the supervisor hands a peer's own kinds to its adapter
+    from workbench.supervisor.peers.adapters import ADAPTERS  # the supervisor hands a peer's own kinds to its adapter
 
     for peer, adapter in ADAPTERS.items():
         for kind in adapter.handlers:
@@ -124,9 +124,9 @@ def test_the_builder_and_the_receiver_refuse_what_the_table_does_not_say():
 
 
 def test_the_reference_page_holds_the_tables():
-    page = (PACKAGE.parent / "docs" / "reference" / "workbench.rank.protocol.md").read_text()
+    page = (PACKAGE.parent / "docs" / "reference" / "workbench.base.protocol.md").read_text()
     assert CONTROL.markdown() in page and TEMPLATE.markdown() in page, \
-        "docs/reference/workbench.rank.protocol.md: paste protocol.CONTROL.markdown() and TEMPLATE.markdown() again"
+        "docs/reference/workbench.base.protocol.md: paste protocol.CONTROL.markdown() and TEMPLATE.markdown() again"
 
 
 def test_a_real_run_sends_only_declared_kinds_and_fields(monkeypatch):

@@ -16,9 +16,10 @@ import torch
 from sweep_fixtures import fake_sweep
 
 import workbench
+from workbench.base import checkpoint
 from workbench.launch import cli
-from workbench.results import checkpoint, provenance
-from workbench.results.report import ProvenanceWarning, report
+from workbench.launch.sweeps.report import ProvenanceWarning, report
+from workbench.results import provenance
 from workbench.results.run_result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]

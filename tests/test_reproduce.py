@@ -363,7 +363,7 @@ def test_report_shows_each_verdict_and_lists_the_findings_not_run(tmp_path):
 
 
 def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
-    from workbench.config.errors import ConfigError
+    from workbench.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^scale: 'medium' is not a scale of this campaign; choose one of small, "
                                           r"paper$"):

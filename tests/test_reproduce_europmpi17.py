@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from workbench.base.errors import ConfigError
 from workbench.campaigns.reproduce import europmpi17 as e
-from workbench.config.errors import ConfigError
 
 SEEDS = (11, 12, 13, 14, 15, 16)
 NOISE = (0.02, -0.03, 0.01, 0.0, -0.01, 0.02)  # accuracy (points) each seed's arm differs by

@@ -137,7 +137,7 @@ def test_the_paper_scale_is_the_registrys_workload(tmp_path):
 
 
 def test_bad_campaign_input_is_one_clear_error_before_any_run(tmp_path):
-    from workbench.config.errors import ConfigError
+    from workbench.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"unknown campaign setting\(s\) per_bit; this campaign's are model"):
         jpdc24.campaign("small", out=tmp_path, per_bit=3)

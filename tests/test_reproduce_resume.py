@@ -13,7 +13,7 @@ import pytest
 
 import workbench
 from workbench.campaigns.reproduce import common, gossipgrad
-from workbench.sweeps import point
+from workbench.launch.sweeps import point
 
 TINY = {"seeds": [0], "steps": 10}  # p = 2 and 4, allreduce and gossip: 4 runs
 REAL_RUN = workbench.run

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 import workbench
+from workbench.base import checkpoint
 from workbench.config.preflight import prepare
-from workbench.results import checkpoint
+from workbench.launch.sweeps import requeue
+from workbench.launch.sweeps.run import load_sweep
 from workbench.results.run_result import RunResult
-from workbench.sweeps import requeue
-from workbench.sweeps.run import load_sweep
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import workbench
+from workbench.base import checkpoint
 from workbench.config import preflight, resize_rule
 from workbench.config.resizing import check_world
 from workbench.config.run import RunConfig
-from workbench.results import checkpoint
 from workbench.workloads.data import BatchSequence
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

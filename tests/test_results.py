@@ -4,7 +4,7 @@ import h5py
 import pytest
 
 from workbench import RunResult, load_results
-from workbench.config.errors import ResultsError
+from workbench.base.errors import ResultsError
 
 
 def make_result(outcome="completed", seed=0):

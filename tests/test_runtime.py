@@ -14,7 +14,7 @@ import pytest
 from conftest import rank_processes
 
 import workbench
-from workbench.launch import outdir
+from workbench.results import outdir
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -107,7 +107,7 @@ def test_a_module_of_the_working_directory_and_relative_paths_after_a_chdir(spaw
 def test_a_killed_template_takes_its_ranks_and_the_reason_says_so():
     """The rank template SIGKILLed mid-run: every rank it forked dies with it (parent-death signal), the run ends
     naming the template and the step the run was at, and the next run starts a new template, saying why."""
-    from workbench.launch.template import local_template
+    from workbench.supervisor.template import local_template
 
     run = workbench.start(world_size=2, steps=1_000_000, strategy="shrink")
     deadline = time.monotonic() + 60

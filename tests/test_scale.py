@@ -15,7 +15,7 @@ import pytest
 from test_bad_meetings import cli
 
 from workbench import strategies
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.strategies import scale
 from workbench.strategies.scale import CostLaw, Costs, intervals, published
 from workbench.strategies.scale.profiles import Redo

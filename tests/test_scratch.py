@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workbench.launch import outdir
+from workbench.results import outdir
 
 
 def made_for(pid: int, host: str | None = None) -> Path:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from workbench.config import devices
 from workbench.config import run as config
 from workbench.config.fields import SETTINGS, Setting, flag_of, help_text
 from workbench.config.run import RunConfig
-from workbench.launch import devices
 from workbench.launch.cli import _config_from_args, build_parser
 
 ROOT = Path(__file__).resolve().parent.parent

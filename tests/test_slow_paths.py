@@ -79,7 +79,7 @@ PLANT = sitecustomize('''\
 import os, time
 
 KIND = os.environ["WORKBENCH_PLANT"]
-TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.launch.template_server"}[KIND]
+TARGET = {"sklearn": "workbench.rank.main", "fork_delay": "workbench.supervisor.template_server"}[KIND]
 DELAY_S = 0.5
 
 

@@ -7,16 +7,16 @@ import shlex
 
 import pytest
 
-from workbench.config.errors import ConfigError
-from workbench.launch.cli import _config_from_args, build_parser, main
-from workbench.launch.cluster.slurm_allocation import allocation_hosts
-from workbench.launch.cluster.slurm_commands import (
+from workbench.base.errors import ConfigError
+from workbench.base.slurm_commands import (
     SlurmError,
     _indices,
     expand_nodelist,
     expand_nodelist_here,
     expand_tasks_per_node,
 )
+from workbench.launch.cli import _config_from_args, build_parser, main
+from workbench.launch.slurm_allocation import allocation_hosts
 
 ADDRESSES = {"n01": "10.1.0.1", "n02": "10.1.0.2", "n03": "10.1.0.3"}
 RACKS = ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]
@@ -124,7 +124,7 @@ def test_cli_slurm_flag(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n01")
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "4")
     monkeypatch.setenv("SLURMD_NODENAME", "n01")
-    monkeypatch.setattr("workbench.launch.cluster.slurm_allocation.node_address", lambda node: "127.0.0.1")
+    monkeypatch.setattr("workbench.launch.slurm_allocation.node_address", lambda node: "127.0.0.1")
     config = _config_from_args(build_parser().parse_args(["run", "--slurm"]))
     assert (config.world_size, config.bind, config.hosts[0]["slots"]) == (4, "127.0.0.1", 4)
     config = _config_from_args(build_parser().parse_args(["run", "--slurm", "--world-size", "3"]))
@@ -139,8 +139,8 @@ def _scripted_wait(monkeypatch, tmp_path, script):
     import itertools
     import time
 
-    from workbench.launch.cluster import slurm_commands as slurm
-    from workbench.sweeps import slurm_run as sweep_sbatch
+    from workbench.base import slurm_commands as slurm
+    from workbench.launch.sweeps import slurm_run as sweep_sbatch
 
     monkeypatch.setattr(sweep_sbatch, "POLL_S", 0.01)
     monkeypatch.setattr(sweep_sbatch, "SQUEUE_EVERY_S", 0.01)

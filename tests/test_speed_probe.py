@@ -10,8 +10,8 @@ import time
 import pytest
 
 import workbench
+from workbench.base import machine
 from workbench.config.run import ConfigError, RunConfig
-from workbench.launch import machine
 from workbench.rank import speed
 from workbench.rank.channel import _CpuClock
 

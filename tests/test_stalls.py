@@ -10,7 +10,7 @@ import time
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.supervisor.watchdog import FIRST_STEP_S, FLOOR_S, STALE_S, Progress, Watchdog, stalled, timeout
 

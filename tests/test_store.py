@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workbench.rank.tcpstore_wire import MAGIC
+from workbench.base.tcpstore_wire import MAGIC
 from workbench.supervisor.store import StoreServer
 
 

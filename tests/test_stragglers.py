@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import FaultSpec, RandomFailures, RunConfig
+from workbench.faults import events
 from workbench.faults.slow import check_live_slow
 from workbench.rank import throttle as throttle_module
 from workbench.rank.throttle import Throttle
 from workbench.results.run_result import RunResult
-from workbench.supervisor import events
 from workbench.supervisor.core import Supervisor
 from workbench.supervisor.stragglers import Stragglers, find
 
@@ -291,8 +291,8 @@ def test_the_lab_slows_a_rank_down_and_its_strip_shows_it():
 
 @pytest.mark.usefixtures("no_leaks")
 def test_a_sweep_over_a_slow_fault_reports_the_per_rank_strip(tmp_path):
-    from workbench.results.report import report
-    from workbench.sweeps.run import load_sweep, sweep
+    from workbench.launch.sweeps.report import report
+    from workbench.launch.sweeps.run import load_sweep, sweep
 
     out = tmp_path / "slow"
     frame = sweep(ROOT / "notebooks" / "quickstart.ipynb", {"world_size": [2], "steps": [40], "strategy": ["shrink"],

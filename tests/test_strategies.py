@@ -3,8 +3,8 @@
 import pytest
 
 import workbench
+from workbench.base import checkpoint
 from workbench.rank.gradient_exchange import bucket_layout
-from workbench.results import checkpoint
 from workbench.workloads.models import mlp
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

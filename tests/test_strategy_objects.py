@@ -12,10 +12,9 @@ import pytest
 
 import workbench
 from workbench import strategies
-from workbench.config import modes
-from workbench.config.errors import ConfigError
+from workbench.base import checkpoint, modes
+from workbench.base.errors import ConfigError
 from workbench.config.run import PARALLEL_STRATEGIES, PARALLELISMS, REGROW_STRATEGIES, STRATEGIES, RunConfig
-from workbench.results import checkpoint
 from workbench.strategies import Reaction
 from workbench.supervisor.membership import Generation, Lost, Membership, Restart, Retire, Start
 

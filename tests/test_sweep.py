@@ -14,13 +14,21 @@ import pytest
 from sweep_fixtures import fake_result, fake_sweep, fake_trials
 
 import workbench
+from workbench.base.errors import SweepError
 from workbench.campaigns.studies.sensitivity import load_trials, save_trials
-from workbench.config.errors import SweepError
 from workbench.launch import cli
-from workbench.results.report import report
+from workbench.launch.sweeps.point import alive, descendants, write_json
+from workbench.launch.sweeps.report import report
+from workbench.launch.sweeps.run import (
+    grid_points,
+    is_complete,
+    load_sweep,
+    notebook_parameters,
+    parse_value,
+    point_id,
+    sweep,
+)
 from workbench.results.run_result import load_table
-from workbench.sweeps.point import alive, descendants, write_json
-from workbench.sweeps.run import grid_points, is_complete, load_sweep, notebook_parameters, parse_value, point_id, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
@@ -143,8 +151,8 @@ def test_sigint_stops_every_process_and_resumes(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "interrupted" in err
-    assert any("ipykernel" in c for c in seen.values()) and any("workbench.sweeps.point" in c for c in seen.values())
-    assert any("workbench.launch.template" in c for c in seen.values())  # the worker's shared template: gone too
+    assert any("ipykernel" in c for c in seen.values()) and any("workbench.launch.sweeps.point" in c for c in seen.values())
+    assert any("workbench.supervisor.template" in c for c in seen.values())  # the worker's shared template: gone too
     left = [c for p, c in seen.items() if alive(*p)]
     assert not left, f"left behind: {left}"
     assert not list(out.rglob(".*tmp*")) and not list(out.rglob(".running-*"))  # nothing half-written

@@ -12,11 +12,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workbench.launch.template import SHARED_VAR, SharedTemplate, share
-from workbench.launch.template_server import code_fingerprint, identity
+from workbench.launch.sweeps.point import Worker, alive, descendants
+from workbench.launch.sweeps.run import sweep
 from workbench.results.run_result import RunResult
-from workbench.sweeps.point import Worker, alive, descendants
-from workbench.sweeps.run import sweep
+from workbench.supervisor.template import SHARED_VAR, SharedTemplate, share
+from workbench.supervisor.template_server import code_fingerprint, identity
 
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"
 
@@ -61,8 +61,8 @@ def test_the_points_of_a_worker_fork_their_ranks_from_its_one_template(tmp_path)
             proc.wait()
     assert proc.returncode == 0, err
     assert "4 points: 4 executed (4 completed, 0 failed)" in out_text
-    workers = {p for p, (_, args, _) in seen.items() if "workbench.sweeps.point" in args}
-    titled = {p for p, (_, args, _) in seen.items() if "workbench.launch.template" in args}
+    workers = {p for p, (_, args, _) in seen.items() if "workbench.launch.sweeps.point" in args}
+    titled = {p for p, (_, args, _) in seen.items() if "workbench.supervisor.template" in args}
     # a rank keeps its template's title for the moment between its fork and its own title: its parent is a template
     templates = {p for p in titled if seen[p][0] not in titled}
     ranks = {p: parent for p, (parent, args, _) in seen.items() if "workbench.rank" in args or p in titled - templates}
@@ -167,7 +167,7 @@ def test_a_template_of_other_code_is_refused(monkeypatch, differs, reason):
     template = share()
     try:
         here = identity()
-        monkeypatch.setattr("workbench.launch.template.identity", lambda: {**here, **differs})
+        monkeypatch.setattr("workbench.supervisor.template.identity", lambda: {**here, **differs})
         shared = SharedTemplate(template.address, ready_timeout=60)
         assert not shared.usable() and shared.reason.startswith(reason), shared.reason
         assert template.alive  # the template itself goes on
@@ -185,7 +185,7 @@ def test_the_worker_replaces_a_template_whose_files_changed(monkeypatch):
         first = worker.template
         worker.share_template()
         assert worker.template is first and os.environ[SHARED_VAR] == first.address  # unchanged: kept
-        monkeypatch.setattr("workbench.sweeps.point.code_fingerprint", lambda: "changed")
+        monkeypatch.setattr("workbench.launch.sweeps.point.code_fingerprint", lambda: "changed")
         worker.share_template()
         assert worker.template is not first and os.environ[SHARED_VAR] == worker.template.address
         assert first.proc.poll() is not None  # the old one is gone
@@ -228,8 +228,8 @@ def test_a_worker_that_cannot_share_a_template_says_so_in_each_run(monkeypatch):
     """No socket for a shared template: the worker's kernels start their own (a torch import per point), and
     each run's ``template`` event says so, as the point's point.json ``fallbacks`` do."""
     import workbench
-    from workbench.launch import template as wb_template
-    from workbench.sweeps import point
+    from workbench.launch.sweeps import point
+    from workbench.supervisor import template as wb_template
 
     def no_socket():
         raise wb_template.TemplateError("its socket @x cannot be made (Address family not supported by protocol)")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import workbench
+from workbench.launch.sweeps.run import load_sweep
 from workbench.results import tracking
-from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "notebooks" / "tiny_sweep.ipynb"

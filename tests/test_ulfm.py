@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.strategies.peers import mpirun_path
 from workbench.supervisor.membership import End, Lost, Membership, Note, Start

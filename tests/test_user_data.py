@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import workbench
-from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.base.errors import ConfigError, WorkbenchError
 from workbench.config.preflight import prepare
 from workbench.launch.lab import Lab
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
+from workbench.faults import events
 from workbench.launch.lab import Lab
-from workbench.supervisor import events
 
 MARKED = [k.name for k in events.marked(live=True)]  # the kinds the live figure marks
 

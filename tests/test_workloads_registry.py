@@ -11,8 +11,8 @@ import pytest
 import torch
 from structure_tool import comparisons
 
+from workbench.base.errors import ConfigError
 from workbench.config import preflight
-from workbench.config.errors import ConfigError
 from workbench.config.fields import SETTINGS, help_text
 from workbench.config.run import RunConfig
 from workbench.launch.lab import Lab

@@ -640,20 +640,18 @@ def registered_rooms(root: Path) -> list[Room]:
         return []
     sys.path.insert(0, str(root.parent))
     try:
-        from workbench.config import modes
-        from workbench.faults import kinds
-        from workbench.rank import protocol
-        from workbench.supervisor import events
+        from workbench.base import modes, protocol
+        from workbench.faults import events, kinds
         from workbench.workloads import registry
     finally:
         sys.path.pop(0)
     messages = frozenset({*protocol.CONTROL_KINDS, *protocol.TEMPLATE_KINDS})
     return [Room("a fault kind", frozenset({*kinds.REGISTRY, kinds.RANDOM}), ("kind", "fault", "name", "command"),
                  ("workbench/faults/kinds.py",), messages),
-            Room("an event kind", frozenset(events.OWN), ("kind",), ("workbench/supervisor/events.py",), messages),
+            Room("an event kind", frozenset(events.OWN), ("kind",), ("workbench/faults/events.py",), messages),
             Room("a model or dataset", frozenset({*registry.MODELS, *registry.DATASETS}), ("model", "dataset", "spec"),
                  ("workbench/workloads",)),
-            Room("a parallel mode", frozenset(modes.REGISTRY), ("parallelism", "mode"), ("workbench/config/modes.py",))]
+            Room("a parallel mode", frozenset(modes.REGISTRY), ("parallelism", "mode"), ("workbench/base/modes.py",))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,11 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "ConfigError": "workbench.config.errors", "WorkbenchError": "workbench.config.errors",
+    "ConfigError": "workbench.base.errors", "WorkbenchError": "workbench.base.errors",
     "FaultSpec": "workbench.config.run", "RunConfig": "workbench.config.run",
     "RunResult": "workbench.results.run_result", "load_results": "workbench.results.run_result",
     "Run": "workbench.launch.session", "run": "workbench.launch.session", "start": "workbench.launch.session",
-    "load_sweep": "workbench.sweeps.run", "sweep": "workbench.sweeps.run",
+    "load_sweep": "workbench.launch.sweeps.run", "sweep": "workbench.launch.sweeps.run",
     "Lab": "workbench.launch.lab",  # the lab panel (ipywidgets): loaded only when asked for
 }
 

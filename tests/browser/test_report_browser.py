@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sweep_fixtures import fake_sweep
 
-from workbench.results.report import report
+from workbench.launch.sweeps.report import report
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"

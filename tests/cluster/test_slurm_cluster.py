@@ -45,9 +45,9 @@ def test_why_a_cluster_cannot_run_is_said(monkeypatch):
 
 
 def test_node_lists_read_without_scontrol_as_slurm_reads_them(slurm):
-    """``workbench.launch.cluster.slurm_commands.expand_nodelist`` asks Slurm's ``scontrol show hostnames``; its
+    """``workbench.base.slurm_commands.expand_nodelist`` asks Slurm's ``scontrol show hostnames``; its
     fallback where scontrol is absent reads the same lists the same way."""
-    from workbench.launch.cluster.slurm_commands import expand_nodelist, expand_nodelist_here
+    from workbench.base.slurm_commands import expand_nodelist, expand_nodelist_here
 
     for nodelist in ("rack[1-2]-node[01-02]", "node[01-03,7],gpu1", "n[1-2],m[5,7]-k[1-2]", "n[009-011]",
                      "x[1-10]", "foo[1-2][3-4]", slurm.node):

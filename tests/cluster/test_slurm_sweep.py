@@ -14,8 +14,8 @@ from pathlib import Path
 import leaks
 import pytest
 
+from workbench.launch.sweeps.run import load_sweep
 from workbench.results.run_result import RunResult
-from workbench.sweeps.run import load_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "permanent_faults.ipynb"

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.config import devices
 from workbench.config import run as config
 from workbench.config.resize_rule import RULES as RESIZE_RULES
 from workbench.faults import kinds
 from workbench.faults.slow import STRAGGLER_RESPONSES
-from workbench.launch import devices
 from workbench.strategies.peers import PEER_STRATEGIES
 from workbench.workloads import registry
 

@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.base.errors import ConfigError, WorkbenchError
 
 
 class DuplicateKeyError(WorkbenchError, ValueError):

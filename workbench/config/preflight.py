@@ -2,7 +2,7 @@
 the model a user's import path builds.
 
 :func:`check` runs in :func:`workbench.launch.session.prepare`, before any rank process starts, so each mistake is one
-:class:`~workbench.config.errors.ConfigError` (exit 2 on the command line) instead of a rank's error after the ranks
+:class:`~workbench.base.errors.ConfigError` (exit 2 on the command line) instead of a rank's error after the ranks
 started, or a run that "completes" on nonsense: finite floats, a batch that fits the training set, a resume
 checkpoint below ``steps`` of this run's model and dataset, an import path that returns an ``nn.Module``. The
 list in full: docs/internals.md.
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.base import machine
+from workbench.base.callables import IMPORT_PATH
+from workbench.base.errors import ConfigError
 from workbench.config import resize_rule
-from workbench.config.callables import IMPORT_PATH
-from workbench.config.errors import ConfigError
 from workbench.config.run import RunConfig
 from workbench.faults import kinds
-from workbench.launch import machine
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import CIFAR, IDX_FILES, IDX_SOURCE, expected_files, is_file_dataset, user_arrays
 
@@ -291,8 +291,8 @@ def prepare(config: RunConfig | dict[str, Any] | None = None, **overrides: Any) 
     CLI's, when :func:`~workbench.launch.session.start` prepares it once more)."""
     if isinstance(config, RunConfig) and not overrides and getattr(config, _PREPARED, None) == config.to_json():
         return config  # prepared already, and not changed since: what it fell back on stays kept for its run
-    from workbench.launch import devices
-    from workbench.results import fallbacks
+    from workbench.base import fallbacks
+    from workbench.config import devices
 
     if config is None or isinstance(config, dict):
         config = RunConfig.from_dict({**(config or {}), **overrides})

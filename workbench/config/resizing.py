@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import strategies
-from workbench.config import modes
-from workbench.config.errors import ConfigError
-from workbench.config.modes import MAX_WORLD_SIZE  # the most ranks a run may have, at its start and after any resize
+from workbench.base import modes
+from workbench.base.errors import ConfigError
+from workbench.base.modes import MAX_WORLD_SIZE  # the most ranks a run may have, at its start and after any resize
 
 NOTICE_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 

@@ -1,12 +1,12 @@
 """Run configuration: :class:`RunConfig`, its validation, and the ways to build it.
 
 A :class:`RunConfig` is built from keyword arguments, from a dict (papermill parameters) or from a YAML file.
-Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.config.errors.ConfigError` naming the
+Every check runs in ``__post_init__``, so a bad value raises :class:`~workbench.base.errors.ConfigError` naming the
 field and what is allowed before any rank process starts.
 
 The fault plan's entries (:class:`~workbench.faults.spec.FaultSpec`, :class:`~workbench.faults.spec.RandomFailures`)
 live in :mod:`workbench.faults.spec`, user models and datasets named by import path in
-:mod:`workbench.config.callables`; both are re-exported here.
+:mod:`workbench.base.callables`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from workbench import strategies
-from workbench.config import modes
-from workbench.config.callables import IMPORT_PATH, resolve_callable
-from workbench.config.errors import ConfigError, ProtocolError
+from workbench.base import modes
+from workbench.base.callables import IMPORT_PATH, resolve_callable
+from workbench.base.errors import ConfigError, ProtocolError
+from workbench.base.hosts_file import check_hosts
+from workbench.base.types import as_floats, coerce_types
+from workbench.config import devices
 from workbench.config.files import missing_checkpoint, read_settings
 from workbench.config.lr_schedule import SCHEDULES as LR_SCHEDULES
 from workbench.config.resize_rule import check as check_rule
 from workbench.config.resizing import MAX_WORLD_SIZE, check_notice, check_world
-from workbench.config.types import as_floats, coerce_types
 from workbench.faults import kinds
 from workbench.faults.slow import check_straggler_settings
 from workbench.faults.spec import DISTRIBUTIONS, FAULT_KINDS, FLIP_TARGETS, FaultSpec, RandomFailures, parse_fault
-from workbench.launch import devices
-from workbench.launch.cluster.hosts_file import check_hosts
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import AUGMENTS, check_dataset
 
@@ -43,7 +43,7 @@ OPTIMIZERS = ("sgd", "adam")
 STRATEGIES = strategies.NAMES  # workbench/strategies/registry.py: one object per name
 REGROW_STRATEGIES = strategies.regrowing()
 DETECTORS = ("fingerprint", "guard", "spike")
-PARALLELISMS = modes.NAMES  # workbench/config/modes.py: one object per mode
+PARALLELISMS = modes.NAMES  # workbench/base/modes.py: one object per mode
 SHUFFLES = ("ring", "none")
 SPAWNS = ("template", "fresh")
 PARALLEL_STRATEGIES = {m.name: tuple(filter(m.allows, STRATEGIES)) for m in modes.REGISTRY.values()}  # per mode
@@ -105,7 +105,7 @@ class RunConfig:
     resize_rule: str = "keep"  # workbench.config.resize_rule: keep, linear
     startup_timeout: float = 120.0
     spawn: str = "template"
-    device: str = "cpu"  # workbench.launch.devices: cpu, cuda, auto
+    device: str = "cpu"  # workbench.config.devices: cpu, cuda, auto
     op_timeout: float = 60.0
     speed_probe: bool = False
     hosts: list[dict[str, Any]] | None = None
@@ -168,7 +168,7 @@ class RunConfig:
         if self.resume is not None and not Path(self.resume).is_file():
             raise ConfigError("resume", missing_checkpoint(self.resume))
         if self.resume is not None and self.resume_verify:
-            from workbench.results.checkpoint import verify
+            from workbench.base.checkpoint import verify
 
             bad = verify(self.resume)
             if bad:
@@ -285,7 +285,7 @@ class RunConfig:
 
     @property
     def mode(self) -> modes.ParallelMode:
-        """The run's parallel mode, the object ``parallelism`` names (:mod:`workbench.config.modes`)."""
+        """The run's parallel mode, the object ``parallelism`` names (:mod:`workbench.base.modes`)."""
         return modes.get(self.parallelism)
 
     @property

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.config.errors import WorkbenchError
+from workbench.base.errors import WorkbenchError
 
 
 class FlipError(WorkbenchError, ValueError):

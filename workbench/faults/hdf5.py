@@ -1,7 +1,7 @@
 """Checkpoint alteration (JPDC'24): bit flips into the float datasets of an HDF5 file, and comparison of files.
 
 Flips go through a memory map where a dataset is contiguous and unfiltered (others are read, flipped and written
-back); checksum attributes are left as they were, so :func:`workbench.results.checkpoint.verify` finds the alteration.
+back); checksum attributes are left as they were, so :func:`workbench.base.checkpoint.verify` finds the alteration.
 Validate, then write: :func:`alter_checkpoint` and :func:`replay_checkpoint` check everything first, flip a hidden
 copy, write the log, and rename the copy onto the target last; a refused or failed alteration leaves nothing
 behind. Details: docs/internals.md.
@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.config.errors import WorkbenchError
-from workbench.faults.bitflip import Flip, FlipError, FlipLog, apply_masks, check_bit, draw, dtype_name, width
-from workbench.results.h5files import (
+from workbench.base.errors import WorkbenchError
+from workbench.base.h5files import (
     CHECKPOINT,
     FileKindError,
     atomic_output,
@@ -29,6 +28,7 @@ from workbench.results.h5files import (
     reason,
     require,
 )
+from workbench.faults.bitflip import Flip, FlipError, FlipLog, apply_masks, check_bit, draw, dtype_name, width
 
 FLOAT_KINDS = ("f",)
 Plan = list[tuple[str, np.ndarray, np.ndarray]]  # (dataset, flat indices, XOR masks)
@@ -196,7 +196,7 @@ def compare_checkpoints(a: str | os.PathLike, b: str | os.PathLike, strict: bool
     """Per numeric dataset present in both: values whose bits differ, max |a-b| and L2 distance (inf where a
     difference is not finite).
 
-    Both files are checked first (:func:`workbench.results.h5files.inspect`) and must be workbench files of one kind.
+    Both files are checked first (:func:`workbench.base.h5files.inspect`) and must be workbench files of one kind.
     With ``strict`` (default) files that are not two states of one model — a dataset only in either, or of
     another shape or dtype — raise :class:`NotComparable`, naming them; otherwise each such dataset gets a row
     with ``changed`` None and a ``note`` (``only in a``, ``only in b``, ``shape or dtype differs``)."""

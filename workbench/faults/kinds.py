@@ -4,7 +4,7 @@ A kind says everything the rest of the code asks of it: the keys it takes beside
 fires (:class:`Fires`), the signal it sends, whether the lab fires it live, its button, its help line and whether
 the peer systems accept it; its own checks and behaviour are functions held by the object. Parsing validates by
 lookup, the supervisor and the ranks dispatch on the fields. Adding a kind is one object here, its event (fields
-and plot marker) in :mod:`workbench.supervisor.events`, and its tests (docs/concepts.md, "Fault kinds", shows
+and plot marker) in :mod:`workbench.faults.events`, and its tests (docs/concepts.md, "Fault kinds", shows
 ``delay``).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 RANDOM = "random"  # the failure process's form (random:mtbf_steps=M,...): not a kind, it draws kinds (``random``)
 FLIP_TARGETS = ("weight", "buffer", "grad", "grad_local", "activation", "optimizer")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from workbench.faults import events as ev
 from workbench.faults.kinds import FLIP
-from workbench.supervisor import events as ev
 
 MASKED, DEGRADED, NONFINITE, CRASH = OUTCOMES = ("masked", "degraded", "nonfinite", "crash")  # best to worst
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench import strategies
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 # off: no detector; flag: an event, the run goes on with the straggler (tolerate); drop: the straggler is killed
 # and recovered from like a failed rank (the strategy's own reaction: shrink goes on smaller, regrow / reinit /

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.faults import kinds
 from workbench.faults.kinds import FLIP_TARGETS, Fires
 from workbench.faults.kinds import number as _number

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.faults.bitflip import width
 from workbench.faults.spec import FaultSpec
 from workbench.workloads.stages import buffer_tensors, model_tensors

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.base.errors import ConfigError, WorkbenchError
+from workbench.base.interrupts import interrupted_once
 from workbench.config.fields import run_flags
-from workbench.config.interrupts import interrupted_once
 from workbench.config.run import RunConfig
+from workbench.faults import events as ev
 from workbench.launch.cli_files import add_file_parsers, cmd_compare, cmd_flip, cmd_verify, file_errors
 from workbench.strategies.scale.command import add_scale_parser, cmd_scale
-from workbench.supervisor import events as ev
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,8 +76,8 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.hosts_file is not None and args.slurm is not None:
         raise ConfigError("slurm", "give --slurm or --hosts-file, not both")
     if args.hosts_file is not None or args.slurm is not None:
-        from workbench.launch.cluster.hosts_file import read_hosts_file
-        from workbench.launch.cluster.slurm_allocation import allocation_hosts
+        from workbench.base.hosts_file import read_hosts_file
+        from workbench.launch.slurm_allocation import allocation_hosts
 
         values["hosts"] = (read_hosts_file(args.hosts_file) if args.slurm is None
                            else allocation_hosts(args.slurm or getattr(args, "world_size", None)))
@@ -112,12 +112,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     track = for_command_line(args.track)  # TrackingUnavailable (exit 2) before any process starts
     from workbench.config.preflight import prepare
-    from workbench.launch.outdir import fresh
+    from workbench.results.outdir import fresh
 
     config = prepare(config)  # every ConfigError (exit 2) before the first process, the rank template included
     out = args.out or fresh(Path("runs") / time.strftime("run-%Y%m%d-%H%M%S"), make=True)
     if config.spawn == "template":
-        from workbench.launch.template import prewarm
+        from workbench.supervisor.template import prewarm
 
         prewarm()  # the template imports torch while this process imports the session: the two overlap
     from workbench.launch.session import start
@@ -155,7 +155,7 @@ def _say(lines: list[str], summary: dict[str, Any], code: int) -> int:
         sys.stdout.flush()
         return code
     except OSError as exc:
-        from workbench.results.h5files import reason
+        from workbench.base.h5files import reason
 
         try:
             null = os.open(os.devnull, os.O_WRONLY)
@@ -218,8 +218,8 @@ def _add_sweep_parsers(sub: Any) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from workbench.config.errors import SweepError
-    from workbench.sweeps.run import grid_points, is_complete, parse_value, point_id, sweep
+    from workbench.base.errors import SweepError
+    from workbench.launch.sweeps.run import grid_points, is_complete, parse_value, point_id, sweep
 
     parameters: dict[str, list[Any]] = {}
     for name, *values in args.parameters:
@@ -229,7 +229,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise SweepError(f"parameter {name!r} has no values (-p {name} V1 V2 ...)")
         parameters[name] = [parse_value(v) for v in values]
     if args.point is not None:
-        from workbench.sweeps.run import run_array_task
+        from workbench.launch.sweeps.run import run_array_task
 
         if parameters or args.grid or args.emit:
             raise SweepError("--point runs a point of DIR/array.json: give no -p, --grid or --emit with it")
@@ -239,14 +239,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
               + (f": {status['error']}" if status.get("error") else ""))
         return 0 if status["status"] == "completed" or status.get("requeued") else 1
     if args.emit:
-        from workbench.sweeps.run import emit_slurm
+        from workbench.launch.sweeps.run import emit_slurm
 
         path = emit_slurm(args.notebook, parameters, grid=args.grid, out=args.out, kernel_name=args.kernel,
                           timeout=args.timeout, sbatch=args.sbatch)
         print(f"job array: {path} (sbatch {path})")
         return 0
     if args.dry_run:
-        from workbench.sweeps.run import notebook_parameters
+        from workbench.launch.sweeps.run import notebook_parameters
 
         declared = notebook_parameters(args.notebook)
         points = grid_points(parameters, args.grid)
@@ -260,7 +260,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     options = dict(grid=args.grid, out=args.out, jobs=args.jobs, retry_failed=not args.skip_failed,
                    progress=False if args.no_progress else None, kernel_name=args.kernel, timeout=args.timeout)
     if args.executor == "slurm":
-        from workbench.sweeps.slurm_run import sweep_slurm
+        from workbench.launch.sweeps.slurm_run import sweep_slurm
 
         frame = sweep_slurm(args.notebook, parameters, sbatch=args.sbatch, **options)
     else:
@@ -280,7 +280,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from workbench.results.report import report_command
+    from workbench.launch.sweeps.report import report_command
 
     path = report_command(args.directories, out=args.out)
     print(f"report: {path.resolve()}")
@@ -303,7 +303,7 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from workbench.sweeps.tracking import tracked_command
+    from workbench.launch.sweeps.tracking import tracked_command
 
     return tracked_command(args, _cmd_sweep)  # --track: the sweep logged to MLflow once its points ran
 
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             code = None  # said below
         if interrupts.signalled or code is None:
-            from workbench.config.interrupts import HangUp
+            from workbench.base.interrupts import HangUp
 
             hangup = interrupts.code == 129
             if "workbench.launch.session" in sys.modules:  # a run started before the interrupt reached its wait()

@@ -1,8 +1,8 @@
 """Command line verbs on files: ``workbench flip | compare | verify`` (checkpoint alteration, JPDC'24).
 
-Each checks its files first (:mod:`workbench.results.h5files`) and answers a bad one — missing, empty, text, truncated
+Each checks its files first (:mod:`workbench.base.h5files`) and answers a bad one — missing, empty, text, truncated
 HDF5, a directory, a workbench file of another kind, an output place that cannot take the output — in one line
-on stderr with exit 2 (:func:`workbench.launch.cli.main` prints every :class:`~workbench.config.errors.WorkbenchError`
+on stderr with exit 2 (:func:`workbench.launch.cli.main` prints every :class:`~workbench.base.errors.WorkbenchError`
 so). ``flip`` validates everything before it writes: a refused flip leaves no file at ``--out`` and no ``--log``.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import WorkbenchError
-from workbench.results.h5files import reason
+from workbench.base.errors import WorkbenchError
+from workbench.base.h5files import reason
 
 
 class FlipUsage(WorkbenchError):
@@ -110,7 +110,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from workbench.results import checkpoint
+    from workbench.base import checkpoint
 
     bad = checkpoint.verify(args.checkpoint)  # FileKindError (exit 2) for a file that is no checkpoint
     for name in bad:

@@ -20,15 +20,15 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from workbench import strategies
-from workbench.config.errors import ConfigError, WorkbenchError
+from workbench.base.errors import ConfigError, WorkbenchError
+from workbench.config.devices import DEVICES
 from workbench.config.preflight import prepare
 from workbench.config.resize_rule import RULES
 from workbench.config.run import PARALLELISMS, STRATEGIES, RunConfig
+from workbench.faults import events as ev
 from workbench.faults import kinds
 from workbench.faults.bitflip import bit_field
-from workbench.launch.devices import DEVICES
 from workbench.launch.session import Run, start
-from workbench.supervisor import events as ev
 from workbench.workloads import registry
 
 REFRESH_HZ = 5
@@ -64,7 +64,7 @@ class Lab:
         base = RunConfig.from_dict(defaults := _with_workload(defaults))
         _check_shown(base)
         if base.spawn == "template":
-            from workbench.launch.template import prewarm
+            from workbench.supervisor.template import prewarm
 
             prewarm()  # the kernel's rank template imports torch while the researcher reads the panel
         self.run: Run | None = None

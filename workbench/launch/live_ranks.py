@@ -1,7 +1,7 @@
 """Which rank a live fault (``Run.kill``, ``Run.hang``, ``Run.flip``) may hit: a rank of the run that is alive now.
 
 A wrong type, a rank the run never had, a rank that died or a run that ended is a
-:class:`~workbench.config.errors.ConfigError` in one line, raised in the caller's thread before anything is sent to the
+:class:`~workbench.base.errors.ConfigError` in one line, raised in the caller's thread before anything is sent to the
 supervisor. A rank that dies between this check and the supervisor's signal is still recorded there as a
 ``fault_skipped`` event (the supervisor checks again).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
+from workbench.faults import events as ev
 from workbench.faults import kinds
-from workbench.supervisor import events as ev
 
 # since the last generation: this rank is gone or going (a hang still counts alive)
 _DEAD = (ev.FAILURE.name, *(k.name for k in kinds.REGISTRY.values() if k.kills))

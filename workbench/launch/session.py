@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.base.h5files import OutputError
 from workbench.config.preflight import prepare
 from workbench.config.run import RunConfig
-from workbench.launch.outdir import Claim, claim, remove_temporaries
 from workbench.results import summary as summaries
-from workbench.results.h5files import OutputError
+from workbench.results.outdir import Claim, claim, remove_temporaries
 from workbench.results.run_result import RunResult
 from workbench.supervisor.core import Supervisor
 
 if TYPE_CHECKING:  # the sweep layer is imported only for a run given its sweep point (start's ``point``)
-    from workbench.sweeps.requeue import PointRun
+    from workbench.launch.sweeps.requeue import PointRun
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 
@@ -42,14 +42,14 @@ class Run:
     def __init__(self, config: RunConfig, out: str | Path | Claim | None = None,
                  on_event: Listener | None = None, track: str | None = None, point: PointRun | None = None) -> None:
         self.config = config
-        # a Claim (workbench.launch.outdir.claim): the directory is this run's until its result is saved, then let go
+        # a Claim (workbench.results.outdir.claim): the directory is this run's until its result is saved, then let go
         self._claim = out if isinstance(out, Claim) else None
         self.out = out.path if isinstance(out, Claim) else Path(out) if out is not None else None
         self.track = track  # an MLflow tracking URI (workbench.results.tracking.require): logged after the run ends
         self._listeners: list[Listener] = [on_event] if on_event else []
         self._failed: list[Listener] = []  # listeners that raised: said once each (_dispatch)
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
-        # in a sweep point (workbench.sweeps.requeue): the earlier attempt's record, where the job stops on notice
+        # in a sweep point (workbench.launch.sweeps.requeue): the earlier attempt's record, where the job stops on notice
         self._point, self._earlier = point, point.earlier() if point is not None and config.resume else None
         self._supervisor.keep_stopped = point.keep if point is not None else None
         self._noticed = False
@@ -134,7 +134,7 @@ class Run:
         """Give ``rank`` notice of a preemption: ``grace`` seconds (default ``preempt_grace``) to leave at a step
         boundary; what the strategy then does: docs/permanent-faults.md. ConfigError as for :meth:`kill`."""
         from workbench import strategies
-        from workbench.config.errors import ConfigError
+        from workbench.base.errors import ConfigError
         from workbench.faults.spec import FaultSpec
         from workbench.launch.live_ranks import live_rank
 
@@ -146,7 +146,7 @@ class Run:
 
     def _grace(self, grace: float | None) -> float:
         """``grace`` (default ``preempt_grace``), or a ConfigError saying what is allowed."""
-        from workbench.config.errors import ConfigError
+        from workbench.base.errors import ConfigError
 
         grace = self.config.preempt_grace if grace is None else grace
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < float("inf"):
@@ -157,7 +157,7 @@ class Run:
         """Change the world to ``world`` ranks at the next step boundary (data parallel, gossip, hybrid): newcomers
         are forked and get the state, or the newest ranks leave; the learning rate follows ``resize_rule``.
         ConfigError for a size the run cannot take."""
-        from workbench.config.errors import ConfigError
+        from workbench.base.errors import ConfigError
         from workbench.config.resizing import check_world
 
         check_world(self.config, world, f"resize to {world!r}")
@@ -179,7 +179,7 @@ class Run:
         completes that step and reports done, and the run completes with fewer steps (its replicas compared:
         ``replicas_identical``), where :meth:`stop` ends it at once. Every strategy; docs/permanent-faults.md.
         ConfigError once the run has ended."""
-        from workbench.config.errors import ConfigError
+        from workbench.base.errors import ConfigError
 
         if self.done:
             raise ConfigError("finish", "the run has ended")
@@ -283,7 +283,7 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     ``out``: the run's directory (``result.h5``, ``checkpoints/``, ``logs/``), this run's alone until it ends: one
     that another live run holds is refused (ConfigError naming that run), and so is one that holds an earlier run's
     files unless ``overwrite``, which removes those files as the run starts (only the run's, and never the checkpoint
-    ``resume`` names: :mod:`workbench.launch.outdir`; a start refused or failed before leaves them all); one that
+    ``resume`` names: :mod:`workbench.results.outdir`; a start refused or failed before leaves them all); one that
     cannot be written, an empty path and a dangling link are refused too.
 
     ``track``: an MLflow tracking URI (``sqlite:///mlflow.db``) or directory: the run is logged there once it ended
@@ -291,7 +291,7 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     Without MLflow installed it raises ``TrackingUnavailable`` here, before any process starts.
 
     ``point``: the directory of the sweep point this run belongs to, as the sweep hands it to a notebook that
-    declares a ``point`` parameter (:mod:`workbench.sweeps.requeue`): the run then stops on the point's notice of
+    declares a ``point`` parameter (:mod:`workbench.launch.sweeps.requeue`): the run then stops on the point's notice of
     preemption, keeping its checkpoint, and the point's next attempt resumes from it. None (the default): a run
     of its own, whatever process it runs in."""
     if track is not None:
@@ -301,7 +301,7 @@ def start(config: RunConfig | dict[str, Any] | None = None, out: str | Path | No
     config = prepare(config, **overrides)  # a configuration prepare() gave back as it is: not checked twice
     place = None
     if point is not None:
-        from workbench.sweeps.requeue import PointRun
+        from workbench.launch.sweeps.requeue import PointRun
 
         place = PointRun.of(config, point)
     kept = place.resume_from() if place is not None else None
@@ -333,7 +333,7 @@ def run(config: RunConfig | dict[str, Any] | None = None, out: str | Path | None
 
 def interrupt_reason(exc: BaseException | None = None) -> str:
     """The reason a run stopped by an interrupt records: ``interrupted``, naming a SIGHUP's hangup."""
-    from workbench.config.interrupts import HangUp
+    from workbench.base.interrupts import HangUp
 
     return "interrupted: hangup (SIGHUP: the terminal closed)" if isinstance(exc, HangUp) else "interrupted"
 

@@ -20,11 +20,13 @@ import torch
 import torch.distributed as dist
 
 from workbench import strategies
-from workbench.config import lr_schedule, resize_rule
+from workbench.base import checkpoint as ckpt
+from workbench.base import protocol
+from workbench.base.h5files import OutputError
+from workbench.config import devices, lr_schedule, resize_rule
 from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults import kinds
-from workbench.launch import devices
-from workbench.rank import protocol, staging
+from workbench.rank import staging
 from workbench.rank import state as st
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.comm import Comm, CommError, GenerationChanged
@@ -33,8 +35,6 @@ from workbench.rank.readings import evaluate, fingerprint
 from workbench.rank.recovery import InFlight
 from workbench.rank.soft_errors import Detected, Injector
 from workbench.rank.throttle import Throttle
-from workbench.results import checkpoint as ckpt
-from workbench.results.h5files import OutputError
 from workbench.workloads.data import BatchSequence, checksum_of, load_dataset
 from workbench.workloads.models import build_model
 
@@ -367,7 +367,7 @@ class BaseTrainer:
     def _checkpoint_failed(self, exc: Exception) -> None:
         """Writer thread: a checkpoint that could not be written ends the run as such, not as a rank fault (an
         ``error`` with its ``reason``, then this process exits): a full disk, a read-only place
-        (:class:`~workbench.results.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
+        (:class:`~workbench.base.h5files.OutputError`), or anything else (its traceback is in the rank's log)."""
         why = str(exc) if isinstance(exc, OutputError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, OutputError):
             traceback.print_exception(exc)  # where it failed, for the rank's log

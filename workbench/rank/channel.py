@@ -1,11 +1,11 @@
-"""Rank side of the control channel (protocol in :mod:`workbench.rank.protocol`).
+"""Rank side of the control channel (protocol in :mod:`workbench.base.protocol`).
 
 A reader thread receives the supervisor's messages; a ``generation`` message is stored as the latest
 membership and wakes whatever the training loop is waiting on. A heartbeat thread proves the process is not
 frozen. If the connection ends, the supervisor is gone and the rank exits at once (``os._exit``).
 Every ``ready``, ``joined`` and ``step`` message carries ``cpu``: the CPU time this process has spent on its own
 work so far (:data:`cpu_time`), what the supervisor's rank-time clock is made of (:mod:`workbench.results.clock`). A
-fallback taken in the rank's process (:func:`workbench.results.fallbacks.taken`) is sent as a ``fallback`` message: the
+fallback taken in the rank's process (:func:`workbench.base.fallbacks.taken`) is sent as a ``fallback`` message: the
 run records it as its own.
 """
 
@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any
 
+from workbench.base import fallbacks
+from workbench.base.protocol import CONTROL, HEARTBEAT_PERIOD, SUPERVISOR, LineDecoder, ProtocolError, encode, message
 from workbench.rank import speed
-from workbench.rank.protocol import CONTROL, HEARTBEAT_PERIOD, SUPERVISOR, LineDecoder, ProtocolError, encode, message
-from workbench.results import fallbacks
 
 CLOCKED = frozenset({"ready", "joined", "step"})
 
@@ -146,11 +146,11 @@ class Channel:
         fallbacks.listen(self)  # a rank's stderr goes to its log: what it falls back on goes to the supervisor
 
     def fallback(self, what: str, detail: str) -> None:
-        """A fallback taken in this process: the supervisor records it (:mod:`workbench.results.fallbacks`)."""
+        """A fallback taken in this process: the supervisor records it (:mod:`workbench.base.fallbacks`)."""
         self.send(message("fallback", what=what, detail=detail))
 
     def send(self, sent: dict[str, Any]) -> None:
-        """Send a message built by :func:`workbench.rank.protocol.message`."""
+        """Send a message built by :func:`workbench.base.protocol.message`."""
         if sent["type"] in CLOCKED:
             if sent["type"] == "step":
                 cpu_time.maybe_probe()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.config.errors import WorkbenchError
+from workbench.base.errors import WorkbenchError
 from workbench.rank.channel import Channel
 
 _RENDEZVOUS_TIMEOUT = timedelta(seconds=120)

@@ -22,13 +22,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import strategies
+from workbench.base.fallbacks import taken
 from workbench.rank import state as st
 from workbench.rank import transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import cpu_time
 from workbench.rank.comm import Comm, CommError, GenerationChanged
 from workbench.rank.gradient_exchange import ring_allreduce_traffic
-from workbench.results.fallbacks import taken
 from workbench.workloads.data import LocalPartition, sample_figures
 
 ORDER_SEED = 0x905519  # partner orders depend on the run's seed and this constant only
@@ -219,7 +219,7 @@ class GossipTrainer(BaseTrainer):
         self._first_snapshot()
 
     def _load_resumed(self, path: str) -> None:
-        from workbench.results import checkpoint as ckpt
+        from workbench.base import checkpoint as ckpt
 
         restored = ckpt.load(path, check=self.config.resume_verify)
         self.model.load_state_dict(restored.model)

@@ -4,7 +4,7 @@ answered before torch is imported.
 
 The wait speaks the first queries of torch's ``TCPStore`` client (``VALIDATE``, ``PING``, then ``WAIT`` and ``GET``
 of the control server's address; :mod:`workbench.supervisor.store`); refused connections are retried until the
-deadline. Errors are one line: :class:`~workbench.config.errors.ConfigError` or :class:`JoinError`, both exit 2.
+deadline. Errors are one line: :class:`~workbench.base.errors.ConfigError` or :class:`JoinError`, both exit 2.
 Details: docs/internals.md.
 """
 
@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.errors import ConfigError, WorkbenchError
-from workbench.rank.protocol import CONTROL_KEY
-from workbench.rank.tcpstore_wire import GET, KEY_PREFIX, MAGIC, PING, STOP_WAITING, VALIDATE, WAIT
+from workbench.base.errors import ConfigError, WorkbenchError
+from workbench.base.protocol import CONTROL_KEY
+from workbench.base.tcpstore_wire import GET, KEY_PREFIX, MAGIC, PING, STOP_WAITING, VALIDATE, WAIT
 
 KEY = (KEY_PREFIX + CONTROL_KEY).encode()
 _U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")  # the machine's byte order, as torch's client sends

@@ -21,15 +21,15 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from workbench.config.entry import OneLineParser
-from workbench.config.errors import ConfigError
+from workbench.base import protocol
+from workbench.base.entry import OneLineParser
+from workbench.base.errors import ConfigError
+from workbench.base.h5files import OutputError
+from workbench.base.processes import die_with_parent
 from workbench.config.run import RunConfig, config_from_wire
-from workbench.launch.processes import die_with_parent
-from workbench.rank import protocol
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.join import Joined, join_or_exit, parse_address
-from workbench.results.h5files import OutputError
 
 
 def start_rank_process() -> None:
@@ -47,7 +47,7 @@ def start_rank_process() -> None:
 def serve(channel: Channel, body: Any, error_kind: str = "error") -> NoReturn:
     """Run ``body(start message)`` and end the process with ``os._exit``; an exception is reported in one line
     as ``error_kind`` (``error`` fails the run; ``peer_error`` is only an event: the peer handles it). An output
-    that cannot be written (a checkpoint on a full disk: :class:`~workbench.results.h5files.OutputError`) always fails
+    that cannot be written (a checkpoint on a full disk: :class:`~workbench.base.h5files.OutputError`) always fails
     the run, with that as its ``reason``: no peer recovers a full disk."""
     code = 0
     try:

@@ -251,7 +251,7 @@ class PipelineTrainer(BaseTrainer):
         self.pipe.between_phases = self._fault_point
         self.comm.prepare_links(self.layout.peers())
         if a.get("resume"):
-            from workbench.results import checkpoint as ckpt
+            from workbench.base import checkpoint as ckpt
 
             restored = ckpt.load(a["resume"], check=self.config.resume_verify)
             self.load_stage_state({"model": restored.model, "optim": restored.optimizer})

@@ -15,13 +15,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workbench import strategies
+from workbench.base import checkpoint as ckpt
+from workbench.base import protocol
 from workbench.config.run import RunConfig
-from workbench.rank import protocol, staging, transfer
+from workbench.rank import staging, transfer
 from workbench.rank.base import BaseTrainer
 from workbench.rank.channel import Channel, cpu_time
 from workbench.rank.gradient_exchange import GradientExchange, clone_state
 from workbench.rank.soft_errors import ALARM_SLOTS, Detected, Detectors
-from workbench.results import checkpoint as ckpt
 from workbench.workloads.apoptosis import rule as apo
 from workbench.workloads.data import shard
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.config.errors import WorkbenchError
+from workbench.base.errors import WorkbenchError
 from workbench.config.run import FaultSpec, RunConfig
 from workbench.faults import kinds
 from workbench.faults.bitflip import Flip, apply_masks, width

@@ -3,7 +3,7 @@ matrix products and Python — whose thread CPU time says how fast this core run
 :data:`EVERY_S` of its CPU and scales its CPU time by ``reference / probe`` (:mod:`workbench.rank.channel`), so a
 host that slows down (a busy neighbour on the same physical core, frequency, cache refills after a switch) does
 not slow the rank clock. The reference is the same probe on one idle core, measured once per machine
-(:func:`workbench.launch.machine.probe_us`). Model and evidence: docs/concepts.md ("Two clocks").
+(:func:`workbench.base.machine.probe_us`). Model and evidence: docs/concepts.md ("Two clocks").
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def calibrate(rounds: int = 300) -> float:
 def main(argv: list[str] | None = None) -> int:
     """``python -m workbench.rank.speed [ROUNDS]``: print :func:`calibrate`'s microseconds; a ROUNDS that is no
     integer >= 1 is refused in one line, exit 2; Ctrl-C exits 130."""
-    from workbench.config.entry import OneLineParser, answer, positive_int
+    from workbench.base.entry import OneLineParser, answer, positive_int
 
     parser = OneLineParser(prog="python -m workbench.rank.speed", description="Microseconds of one speed probe "
                            "on this core (run it pinned to an idle one).")

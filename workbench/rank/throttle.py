@@ -12,10 +12,10 @@ import statistics
 import time
 from collections import deque
 
+from workbench.base.fallbacks import taken
 from workbench.faults import kinds
 from workbench.faults.spec import FaultSpec
 from workbench.rank.channel import cpu_time
-from workbench.results.fallbacks import taken
 
 BASELINE_STEPS = 5  # the compute a step is throttled against: the median of this many unthrottled measurements
 

@@ -2,7 +2,7 @@
 rank would take), the column names that hold each, and which one a figure shows by default.
 
 Every rank stamps the CPU time of its own work on its ``ready``, ``joined`` and ``step`` messages; a step lasts as
-long as its slowest rank, charged for its bytes and messages by :mod:`workbench.launch.machine`. The supervisor does the
+long as its slowest rank, charged for its bytes and messages by :mod:`workbench.base.machine`. The supervisor does the
 bookkeeping (:class:`RankTime`); a figure ``x`` on the rank clock is the column ``rank_x``. The model in full:
 docs/concepts.md ("Two clocks") and docs/internals.md.
 """
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.base.fallbacks import taken
+from workbench.base.machine import disk_mibs, latency_us, net_mibs
 from workbench.faults import kinds
-from workbench.launch.machine import disk_mibs, latency_us, net_mibs
-from workbench.results.fallbacks import taken
 
 CLOCKS = ("wall", "rank")
 PREFIX = "rank_"
@@ -248,7 +248,7 @@ class RankTime:
 
     def sources(self) -> dict[str, str]:
         """Where each speed charged in this run came from, by its summary field: ``$WORKBENCH_...`` (given),
-        ``cached``, ``measured now``, or how it was measured instead (:func:`workbench.launch.machine.latency_us`)."""
+        ``cached``, ``measured now``, or how it was measured instead (:func:`workbench.base.machine.latency_us`)."""
         speeds = {"disk_mibs": self.disk, "net_mibs": self.net, "latency_us": self.latency}
         return {name: speed[1] for name, speed in speeds.items() if speed is not None}
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.faults import events as ev
 from workbench.faults.outcomes import OUTCOMES
 from workbench.results import clock as clocks
-from workbench.supervisor import events as ev
 
 if TYPE_CHECKING:
     from workbench.results.run_result import RunResult
@@ -21,7 +21,7 @@ _PALETTE = ("royalblue", "crimson", "seagreen", "darkorange", "purple", "teal")
 def training_curve(result: RunResult, title: str | None = None) -> go.Figure:
     """Loss and test accuracy vs step, world size as a step line; the faults that fired and what the run did
     (generations, failures, recoveries, ...) marked as their event kinds say (:func:`events.marked
-    <workbench.supervisor.events.marked>`)."""
+    <workbench.faults.events.marked>`)."""
     frame = result.to_dataframe()
     evals = frame[frame.test_acc.notna()]
     fig = make_subplots(specs=[[{"secondary_y": True}]])

@@ -21,8 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.launch import machine
-from workbench.results.fallbacks import taken
+from workbench.base import machine
+from workbench.base.fallbacks import taken
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,7 +47,7 @@ def utc_now() -> str:
 
 def collect(seed: int | None = None, device: str | None = None, speed_probe: bool = False) -> dict[str, Any]:
     """Provenance at the start of a run: every key of :data:`FIELDS`, ``load_end`` and ``ended_utc`` still None;
-    ``device``: where the ranks compute (:func:`workbench.launch.devices.describe`; None for a sweep point);
+    ``device``: where the ranks compute (:func:`workbench.config.devices.describe`; None for a sweep point);
     ``speed_probe``: the run's ranks scale their CPU time to ``probe_us`` (:func:`probe_reference`)."""
     commit, dirty = git_state()
     return {**static(), "commit": commit, "dirty": dirty, "device": device, "usable_cores": machine.usable_cores(),

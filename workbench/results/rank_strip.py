@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from workbench.supervisor import events as ev
+from workbench.faults import events as ev
 
 if TYPE_CHECKING:
     from workbench.results.run_result import RunResult

@@ -5,7 +5,7 @@ with one 1-D dataset per column (NaN where a step has no value), a group ``rank_
 and ``events`` and ``failures`` as JSON rows. From format 2 on every event row carries its kind's declared fields;
 a reader that needs them asks :meth:`RunResult.fielded_events`, which refuses an older file in one line.
 Files are written to a temporary name and renamed; every loader checks the file's kind first
-(:func:`workbench.results.h5files.require`). The columns: docs/settings.md; the layout: docs/internals.md.
+(:func:`workbench.base.h5files.require`). The columns: docs/settings.md; the layout: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.config.errors import ResultsError
+from workbench.base.errors import ResultsError
+from workbench.base.h5files import FORMATS, RESULT, SWEEP_TABLE, TABLE, reason, require
+from workbench.base.h5write import write_hdf5
 from workbench.results import summary as summaries
-from workbench.results.h5files import FORMATS, RESULT, SWEEP_TABLE, TABLE, reason, require
-from workbench.results.h5write import write_hdf5
 from workbench.results.provenance import columns as provenance_columns
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class RunResult:
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``directory/result.h5`` atomically and return its path. A full disk or a read-only place raises
-        :class:`~workbench.results.h5files.OutputError` (one line naming the path), nothing left behind, the summary's
+        :class:`~workbench.base.h5files.OutputError` (one line naming the path), nothing left behind, the summary's
         ``result_path`` as it was."""
         import h5py
         import numpy as np
@@ -147,7 +147,7 @@ class RunResult:
     def events_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        from workbench.supervisor.events import COLUMNS
+        from workbench.faults.events import COLUMNS
 
         return pd.DataFrame(self.events, columns=list(COLUMNS))
 
@@ -228,8 +228,8 @@ def save_table(frame: pd.DataFrame, path: str | os.PathLike, **attrs: Any) -> Pa
 
     A column of numbers (None allowed: stored as NaN) is stored as float64 or int64, a column of booleans as
     bool, anything else as UTF-8 JSON strings (attribute ``json`` set on the dataset); ``attrs`` (JSON) become
-    root attributes. :func:`load_table` reads it back. Written through :func:`workbench.results.h5write.write_hdf5`: a
-    full disk or a read-only place is an :class:`~workbench.results.h5files.OutputError`, nothing left behind."""
+    root attributes. :func:`load_table` reads it back. Written through :func:`workbench.base.h5write.write_hdf5`: a
+    full disk or a read-only place is an :class:`~workbench.base.h5files.OutputError`, nothing left behind."""
     import h5py
     import numpy as np
 
@@ -261,7 +261,7 @@ def save_table(frame: pd.DataFrame, path: str | os.PathLike, **attrs: Any) -> Pa
 
 def load_table(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Read a table written by :func:`save_table`: the DataFrame and the root attributes (a file that is no
-    table raises :class:`~workbench.results.h5files.FileKindError`)."""
+    table raises :class:`~workbench.base.h5files.FileKindError`)."""
     import h5py
     import pandas as pd
 

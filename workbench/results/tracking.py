@@ -5,7 +5,7 @@ from its :class:`~workbench.results.run_result.RunResult`: parameters, per-step 
 failures,
 provenance) and artifacts. ``URI`` is an MLflow tracking URI (``sqlite:///mlflow.db`` offline) or a plain directory.
 Logging never fails the run: an error ends it with a :class:`TrackingWarning` recorded in the summary; without MLflow,
-:func:`require` raises :class:`TrackingUnavailable`. Sweeps: :mod:`workbench.sweeps.tracking`. Details:
+:func:`require` raises :class:`TrackingUnavailable`. Sweeps: :mod:`workbench.launch.sweeps.tracking`. Details:
 docs/internals.md.
 """
 
@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import WorkbenchError
+from workbench.base.errors import WorkbenchError
 from workbench.results import clock
 from workbench.results import summary as summaries
 from workbench.results.run_result import METRIC_COLUMNS, RunResult

@@ -3,7 +3,7 @@
 A strategy says everything the rest of the code asks of it: whether it regrows, its defaults, what its ranks keep
 each step and do in a recovery, and the supervisor's :class:`Reaction` to a death. Configuration validates by
 lookup, membership dispatches on the reaction, ranks read the behaviour. Which parallel modes it applies to, each
-mode says (:mod:`workbench.config.modes`: data takes every strategy, the others name theirs). Adding a strategy is
+mode says (:mod:`workbench.base.modes`: data takes every strategy, the others name theirs). Adding a strategy is
 one object here and its tests (docs/strategies.md shows one).
 """
 
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 PEER_INSTALL_HINT = "pip install -e .[peers]"
 MPI_INSTALL_HINT = "pip install -e .[mpi]"
@@ -125,7 +125,7 @@ REINIT = Strategy(
     Reaction.REPLACE, no_regrow="it restarts ranks itself", checkpoint_every=25, spares=1, memory_snapshot=True)
 TORCHFT = Strategy(
     "torchft", "peer: torchft 0.2 (lighthouse, Manager, per-step fault tolerance)", **_PEER,
-    peer=PeerRuntime(rank_module="workbench.strategies.peers.torchft_rank", lighthouse=True, replaces=True,
+    peer=PeerRuntime(rank_module="workbench.rank.peers.torchft_rank", lighthouse=True, replaces=True,
                      modules=("torchft",), needs="the torchft package (0.2)"))
 TORCHRUN = Strategy(
     "torchrun", "peer: torchrun --max-restarts (restart the world from the last checkpoint)", **_PEER,

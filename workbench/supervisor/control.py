@@ -1,4 +1,4 @@
-"""Control server: the supervisor's end of the control channel (:mod:`workbench.rank.protocol`) — its sockets, the
+"""Control server: the supervisor's end of the control channel (:mod:`workbench.base.protocol`) — its sockets, the
 framing, and a wake-up for commands from other threads.
 
 ``poll(timeout)`` waits on every connection at once and returns what happened, in order: ``("hello", conn,
@@ -16,8 +16,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.config.errors import RunStartError
-from workbench.rank.protocol import CONTROL, RANK, LineDecoder, ProtocolError, encode, message
+from workbench.base.errors import RunStartError
+from workbench.base.protocol import CONTROL, RANK, LineDecoder, ProtocolError, encode, message
 from workbench.supervisor.launcher import Worker
 from workbench.supervisor.store import StoreServer
 
@@ -131,7 +131,7 @@ class ControlServer:
         return messages
 
     def send(self, worker: Worker | None, sent: dict[str, Any]) -> None:
-        """Send ``worker`` a message built by :func:`workbench.rank.protocol.message`."""
+        """Send ``worker`` a message built by :func:`workbench.base.protocol.message`."""
         if worker is None or worker.conn is None:
             return
         try:

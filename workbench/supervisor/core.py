@@ -3,7 +3,7 @@
 It hosts the store the ranks' gloo groups rendezvous through (:mod:`.store`) and the control server every rank
 reports to, and wires the rooms together: :mod:`.membership` decides, :mod:`.launcher` starts and stops
 processes, :mod:`.control` carries messages, :mod:`.faultplan` holds the faults, :mod:`.recorder` keeps the
-figures, :mod:`workbench.strategies.peers.adapters` speaks for the peers; it takes live commands from any thread,
+figures, :mod:`workbench.supervisor.peers.adapters` speaks for the peers; it takes live commands from any thread,
 carries out step boundaries (:mod:`.boundary`) and answers slow ranks (:mod:`.stragglers`). Membership is a numbered
 generation with an authoritative ``source``. A dead rank is seen by its closed connection and exit status, a frozen
 one by missing heartbeats (then SIGKILLed); a supervisor error still ends in a result, every process gone.
@@ -21,24 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from workbench import strategies
-from workbench.config import resize_rule
-from workbench.config.errors import RunStartError
+from workbench.base import checkpoint as ckpt
+from workbench.base import protocol
+from workbench.base.errors import RunStartError
+from workbench.base.h5files import OutputError
+from workbench.base.hosts_file import Host, placement
+from workbench.base.protocol import CONTROL, CONTROL_KEY, RANK
+from workbench.config import devices, resize_rule
 from workbench.config.resize_rule import units
 from workbench.config.resizing import leaving
 from workbench.config.run import RunConfig
-from workbench.faults import kinds
+from workbench.faults import events, kinds
 from workbench.faults.kinds import FaultKind, Fires
 from workbench.faults.spec import DEFAULT_GRACE_S, FaultSpec
-from workbench.launch import devices, outdir
-from workbench.launch.cluster.hosts_file import Host, placement
-from workbench.rank import protocol
-from workbench.rank.protocol import CONTROL, CONTROL_KEY, RANK
-from workbench.results import checkpoint as ckpt
-from workbench.results import clock, provenance
-from workbench.results.h5files import OutputError
+from workbench.results import clock, outdir, provenance
 from workbench.results.run_result import RunResult
-from workbench.strategies.peers.adapters import adapter
-from workbench.supervisor import events
 from workbench.supervisor.boundary import MARGIN_STEPS, SETTLE_S, Boundary
 from workbench.supervisor.control import ControlServer, Pending, open_store
 from workbench.supervisor.faultplan import FaultPlan
@@ -55,6 +52,7 @@ from workbench.supervisor.membership import (
     Retire,
     Start,
 )
+from workbench.supervisor.peers.adapters import adapter
 from workbench.supervisor.recorder import EventCallback, Recorder
 from workbench.supervisor.stragglers import Straggler, Stragglers
 from workbench.supervisor.watchdog import Watchdog

@@ -70,7 +70,7 @@ class Generation:
 
 @dataclass(frozen=True)
 class Note:
-    """An event worth recording: its kind (workbench.supervisor.events), text, rank and its kind's fields."""
+    """An event worth recording: its kind (workbench.faults.events), text, rank and its kind's fields."""
 
     kind: str
     detail: str

@@ -1,7 +1,7 @@
 """Launcher: every process a run owns — ranks, warm spares, the peers' helpers (torchft's lighthouse, torchrun's
 agent), the rank templates of other hosts — how each is started, and how every one of them is stopped.
 
-Local ranks are forked by a rank template (:mod:`workbench.launch.template`) or started fresh (``python -m
+Local ranks are forked by a rank template (:mod:`workbench.supervisor.template`) or started fresh (``python -m
 workbench.rank``); remote ones through their host's launch line, or awaited in a slot. No orphans: every rank
 runs in a session of its own that ``kill`` SIGKILLs and reaps; ``close`` kills every process of the run on every
 exit path; parent-death signals and the control channel's end take the rest. Details: docs/internals.md.
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import RunStartError
-from workbench.launch.cluster.hosts_file import Host
-from workbench.launch.processes import child_env, die_with_parent, kill_session
-from workbench.launch.template import ForkedProcess, SharedTemplate, Template, TemplateError, local_template
-from workbench.rank.protocol import LineDecoder, message
+from workbench.base.errors import RunStartError
+from workbench.base.hosts_file import Host
+from workbench.base.processes import child_env, die_with_parent, kill_session
+from workbench.base.protocol import LineDecoder, message
+from workbench.supervisor.template import ForkedProcess, SharedTemplate, Template, TemplateError, local_template
 
 TITLE = "workbench.rank"  # forked ranks' command line starts with this: `ps` and the leak checks find them
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.base import fallbacks, machine
 from workbench.config.run import RunConfig
-from workbench.faults import kinds
-from workbench.launch import machine
-from workbench.results import clock, fallbacks
+from workbench.faults import events, kinds
+from workbench.results import clock
 from workbench.results import summary as summaries
 from workbench.results.run_result import RunResult, model_size
-from workbench.supervisor import events
 from workbench.supervisor.membership import Generation, Lost
 
 EventCallback = Callable[[str, dict[str, Any]], None]
@@ -106,7 +105,7 @@ class Recorder:
             self.fallback(what, detail)
 
     def event(self, kind: str | events.EventKind, step: int, detail: str, rank: int = -1, **fields: Any) -> None:
-        """An event row of a kind declared in :mod:`workbench.supervisor.events`; ``fields``: its declared fields
+        """An event row of a kind declared in :mod:`workbench.faults.events`; ``fields``: its declared fields
         beside the text (a join's ``gen``, ``bytes_in``, ``gpu_wait_s``); anything else raises ``EventError``."""
         self._flush_fallbacks()
         self._event(time.time(), kind, step, detail, rank, **fields)
@@ -123,7 +122,7 @@ class Recorder:
         return events.count(self.events, kind)
 
     def fallback(self, what: str, detail: str) -> None:
-        """A fallback taken in this process (:func:`workbench.results.fallbacks.taken`, any thread): a ``fallback``
+        """A fallback taken in this process (:func:`workbench.base.fallbacks.taken`, any thread): a ``fallback``
         event with its ``what``, recorded by the supervisor's thread at its next event, step or the result."""
         self._fallbacks.append((time.time(), what, detail))
 

@@ -16,8 +16,8 @@ import sys
 import threading
 from collections import defaultdict, deque
 
-from workbench.config.errors import WorkbenchError
-from workbench.rank import tcpstore_wire as wire
+from workbench.base import tcpstore_wire as wire
+from workbench.base.errors import WorkbenchError
 
 _ORDER = "<" if sys.byteorder == "little" else ">"
 _U32, _U64, _I64 = struct.Struct(_ORDER + "I"), struct.Struct(_ORDER + "Q"), struct.Struct(_ORDER + "q")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 ALEXNET = [(64, 11, 4, 5), (192, 5, 1, 2), (384, 3, 1, 1), (256, 3, 1, 1), (256, 3, 1, 1)]  # (out, kernel, stride, pad)
 ALEXNET_POOLS = (1, 2, 5)  # a max pool after these convolutions

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.workloads import registry
 from workbench.workloads.dataset_files import bundled_file, user_arrays
 from workbench.workloads.datasets import Dataset

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench.config.callables import IMPORT_PATH, resolve_callable
-from workbench.config.errors import ConfigError
+from workbench.base.callables import IMPORT_PATH, resolve_callable
+from workbench.base.errors import ConfigError
 from workbench.workloads import registry
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"  # the repository's data/ folder: the bundled files

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.workloads.dataset_files import (
     CIFAR,
     IDX_FILES,

@@ -14,7 +14,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 
 def dataset():  # noqa: ANN201 - a workbench.workloads.datasets.Dataset (imported here: it needs torch)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.config.entry import OneLineParser, answer
-from workbench.config.errors import ConfigError
+from workbench.base.entry import OneLineParser, answer
+from workbench.base.errors import ConfigError
 
 LENGTH = 40  # points per signal
 TRAIN, TEST = 4000, 1000

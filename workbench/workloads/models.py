@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from workbench.config.callables import resolve_callable
-from workbench.config.errors import ConfigError
+from workbench.base.callables import resolve_callable
+from workbench.base.errors import ConfigError
 from workbench.workloads import registry
 
 if TYPE_CHECKING:

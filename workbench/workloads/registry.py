@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.callables import resolve_callable
-from workbench.config.errors import ConfigError
+from workbench.base.callables import resolve_callable
+from workbench.base.errors import ConfigError
 
 SPLIT_SEED = 20240601  # every data set's held-out split (and a synthetic set's draw) is fixed: it never moves with
 # the run's seed

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import WorkbenchError
+from workbench.base.errors import WorkbenchError
 
 MAX_LAST_FIFTH_GAIN_PT = 0.5  # (a)
 CEILING_GAP = 0.05  # (b); every registered accuracy comparison is held to it too (registry.py)

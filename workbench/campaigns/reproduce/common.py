@@ -21,8 +21,8 @@ from typing import Any
 
 from workbench.campaigns.reproduce.registry import overall
 from workbench.campaigns.reproduce.stats import mean_interval, one_sided, wilson
+from workbench.faults import events as ev
 from workbench.faults import kinds
-from workbench.supervisor import events as ev
 
 __all__ = ["Check", "Progress", "Verdict", "cached_run", "campaign_settings", "fewer_runs", "fmt", "mean_interval",
            "on_reporting_seeds", "one_sided", "paired", "preflight", "progress", "scale_settings", "wilson"]
@@ -226,7 +226,7 @@ def _plain(value: Any) -> Any:
 def scale_settings(scales: dict[str, dict[str, Any]], scale: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """A campaign's settings at ``scale`` with ``overrides``; a ConfigError naming what is allowed for an unknown
     scale or setting (before any run starts)."""
-    from workbench.config.errors import ConfigError
+    from workbench.base.errors import ConfigError
 
     if scale not in scales:
         raise ConfigError("scale", f"{scale!r} is not a scale of this campaign; choose one of {', '.join(scales)}")
@@ -326,7 +326,7 @@ def _clock(seconds: float) -> str:
 def _tell_sweep(line: str, into: Path | None) -> None:
     """Write ``line`` into ``into/progress.txt``, the campaign's ``out`` folder: under ``workbench sweep`` that is
     the point's directory, whose worker relays the line to the sweep's terminal."""
-    from workbench.sweeps.requeue import PROGRESS_FILE
+    from workbench.launch.sweeps.requeue import PROGRESS_FILE
 
     if into is not None and into.is_dir():
         _write(into / PROGRESS_FILE, line + "\n")

@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from workbench.base import modes
+from workbench.base.errors import ConfigError
 from workbench.campaigns.reproduce.common import (
     INCONCLUSIVE,
     Verdict,
@@ -26,8 +28,6 @@ from workbench.campaigns.reproduce.common import (
     preflight,
     progress,
 )
-from workbench.config import modes
-from workbench.config.errors import ConfigError
 
 KEY = "europmpi17"
 TITLE = "What fault-tolerant DL needs from MPI (EuroMPI'17)"

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workbench.config.entry import OneLineParser, answer, positive_int
-from workbench.config.errors import WorkbenchError
+from workbench.base.entry import OneLineParser, answer, positive_int
+from workbench.base.errors import WorkbenchError
 
 __all__ = ["FailureFreeRefused", "keys", "measure", "module_of"]
 NAME = "failure_free"

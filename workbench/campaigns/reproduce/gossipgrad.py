@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from workbench.base import modes
 from workbench.campaigns.reproduce.common import (
     RUN_KEYS,
     Verdict,
@@ -20,7 +21,6 @@ from workbench.campaigns.reproduce.common import (
     progress,
     run_extras,
 )
-from workbench.config import modes
 
 KEY = "gossipgrad"
 TITLE = "GossipGraD: O(1) gossip SGD vs allreduce"

@@ -85,7 +85,7 @@ def campaign(scale: str = "small", out: str | Path = "runs/reproduce/jpdc24", mo
 def _alterations(where: Path, settings: dict[str, Any], seed: int, platform: str,
                  world: int) -> tuple[str, list[dict[str, Any]]]:
     """Train one model on ``platform``, resume its checkpoint unaltered and altered: (checkpoint, rows)."""
-    from workbench.config.errors import WorkbenchError
+    from workbench.base.errors import WorkbenchError
     from workbench.faults.hdf5 import alter_checkpoint, float_datasets
 
     common = {"world_size": world, "parallelism": platform, "model": settings["model"],

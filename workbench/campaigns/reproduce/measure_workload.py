@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
+from workbench.base.entry import OneLineParser, answer
 from workbench.campaigns.reproduce import registry
 from workbench.campaigns.reproduce.acceptance import WorkloadRefused, measure
-from workbench.config.entry import OneLineParser, answer
 
 
 def main(argv: list[str] | None = None) -> int:

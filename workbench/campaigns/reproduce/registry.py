@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from workbench.base.errors import WorkbenchError
 from workbench.campaigns.reproduce.acceptance import CEILING_GAP  # a comparison is made this far below the ceiling
 from workbench.campaigns.reproduce.stats import mean_interval
-from workbench.config.errors import WorkbenchError
 from workbench.config.files import DuplicateKeyError, load_yaml
 
 REGISTRY_FILE = Path(__file__).resolve().with_name("registry.yaml")

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.base.entry import OneLineParser, answer
+from workbench.base.errors import WorkbenchError
 from workbench.campaigns.reproduce import history
 from workbench.campaigns.reproduce.common import (
     FAILS,
@@ -28,8 +30,6 @@ from workbench.campaigns.reproduce.common import (
     Verdict,
 )
 from workbench.campaigns.reproduce.registry import AT_CEILING, CEILING_GAP
-from workbench.config.entry import OneLineParser, answer
-from workbench.config.errors import WorkbenchError
 
 # key -> notebook, in the order of the report
 NOTEBOOKS = {

@@ -15,8 +15,8 @@ import importlib
 import sys
 from typing import Any
 
-from workbench.config.entry import OneLineParser, answer
-from workbench.config.errors import WorkbenchError
+from workbench.base.entry import OneLineParser, answer
+from workbench.base.errors import WorkbenchError
 
 
 class StudyRefused(WorkbenchError):

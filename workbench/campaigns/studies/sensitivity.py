@@ -19,11 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from workbench.base import checkpoint as ckpt
 from workbench.config.run import RunConfig
 from workbench.faults.bitflip import apply_masks, bit_field
 from workbench.faults.outcomes import OUTCOMES, classify_values, wilson
 from workbench.rank.optim import make_optimizer
-from workbench.results import checkpoint as ckpt
 from workbench.workloads.apoptosis.rule import resize_to
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model

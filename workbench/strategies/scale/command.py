@@ -110,7 +110,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
 def _crossover(args: argparse.Namespace, costs: Any, other_costs: Any, options: dict[str, Any]) -> int:
     """``--crossover OTHER``: the world size (or a rank's MTBF) where the two strategies' effective training times
     cross, by bisection on the closed form; the costs given on the command line apply to both."""
-    from workbench.config.errors import ConfigError
+    from workbench.base.errors import ConfigError
     from workbench.strategies.scale.predict import crossover
 
     if options.get("job_mtbf_hours") is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 FORMS = ("constant", "log", "linear", "bytes")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"

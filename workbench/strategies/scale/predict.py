@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.strategies.scale.closed_form import closed_form, holds
 from workbench.strategies.scale.costs import Costs
 from workbench.strategies.scale.profiles import Profile, profile

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 
 class Redo(enum.Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.strategies.scale.costs import Costs
 from workbench.strategies.scale.intervals import RULES, optimum
 from workbench.strategies.scale.profiles import Profile, World

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 from workbench.workloads.apoptosis.surgery import (
     Pair,
     apply_plan,

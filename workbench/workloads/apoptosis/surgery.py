@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config.errors import ConfigError
+from workbench.base.errors import ConfigError
 
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)  # a producer's batch norm: its entries go with the unit
 # parameter-free modules a unit's activation may pass through between producer and consumer
