@@ -2,8 +2,8 @@
 (``conftest.py``) and of ``benchmarks/soak.py``.
 
 A process belongs to the project when its command line is one of: a rank (``workbench.rank``: ``python -m
-workbench.rank`` and a rank forked by a template, whose title says so), a rank template (``workbench.supervisor.template``),
-a peer's rank (``workbench.strategies.peers``), torchft's ``torchft_lighthouse``, torchrun's agent
+workbench.rank``, a rank forked by a template, whose title says so, and a peer's rank, ``workbench.rank.peers``), a rank
+template (``workbench.supervisor.template``), torchft's ``torchft_lighthouse``, torchrun's agent
 (``torch.distributed.run``
 or ``torchrun`` with ``workbench`` in its arguments), the CLI (``python -m workbench ...``, the ``workbench``
 script, ``workbench.launch.sweeps.point`` workers), papermill, a Jupyter kernel (``ipykernel_launcher``), a JupyterLab
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 TAG_VAR = "WORKBENCH_LEAK_TAG"
 _PROC = Path("/proc")
-_SUBSTRINGS = ("workbench.rank", "workbench.supervisor.template", "workbench.strategies.peers", "workbench.launch.sweeps.point",
+_SUBSTRINGS = ("workbench.rank", "workbench.supervisor.template", "workbench.launch.sweeps.point",
                "torchft_lighthouse", "ipykernel_launcher", "mlflow.server")
 _SCRIPTS = {"workbench", "papermill", "jupyter-lab", "torchrun", "mlflow"}
 _MODULES = {"workbench", "papermill", "jupyterlab"}
@@ -145,8 +145,8 @@ def descendants(pid: int, procs: list[Proc]) -> set[int]:
 
 
 def own_idle_template(procs: list[Proc]) -> Proc | None:
-    """This process's own rank template, when it is idle: a ``workbench.supervisor.template`` process whose parent is this
-    process and which has no children (the first started, should there be several: one is all a process keeps)."""
+    """This process's own rank template, when it is idle: a ``workbench.supervisor.template`` process whose parent is
+    this process and which has no children (the first started, should there be several: one is all a process keeps)."""
     parents = {p.ppid for p in procs}
     idle = [p for p in procs
             if p.ppid == os.getpid() and "workbench.supervisor.template" in p.args and p.pid not in parents]

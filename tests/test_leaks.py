@@ -78,7 +78,8 @@ def test_only_this_processs_idle_template_is_exempt():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert leaks.new_processes(before, tag) == []  # ours, idle: the next run reuses it
-        second = subprocess.Popen([sys.executable, "-c", script, "workbench.supervisor.template"])  # a second one is not
+        # a second one is not
+        second = subprocess.Popen([sys.executable, "-c", script, "workbench.supervisor.template"])
         try:
             deadline = time.monotonic() + 10
             while [p.pid for p in leaks.new_processes(before, tag)] != [second.pid]:

@@ -228,7 +228,7 @@ def test_a_service_of_the_run_goes_with_its_killed_supervisor(tmp_path):
         from workbench.supervisor.launcher import Launcher
         launcher = Launcher("fresh", "workbench.rank", None, {}, None, 10.0)
         proc = launcher.launch([sys.executable, "-c", "import time; time.sleep(120)",
-                               "workbench.strategies.peers-service"], "service.log", what="a service")
+                               "workbench.rank.peers-service"], "service.log", what="a service")
         print(proc.pid, flush=True)
         time.sleep(120)
     """))

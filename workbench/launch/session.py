@@ -49,7 +49,8 @@ class Run:
         self._listeners: list[Listener] = [on_event] if on_event else []
         self._failed: list[Listener] = []  # listeners that raised: said once each (_dispatch)
         self._supervisor = Supervisor(config, self.out, on_event=self._dispatch)
-        # in a sweep point (workbench.launch.sweeps.requeue): the earlier attempt's record, where the job stops on notice
+        # in a sweep point (workbench.launch.sweeps.requeue): the earlier attempt's record, where the job stops
+        # on notice
         self._point, self._earlier = point, point.earlier() if point is not None and config.resume else None
         self._supervisor.keep_stopped = point.keep if point is not None else None
         self._noticed = False

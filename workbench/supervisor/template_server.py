@@ -1,5 +1,5 @@
-"""The rank template's own process (``python -m workbench.supervisor.template [--listen-fd N]``): it imports torch and the
-rank code once, then forks ranks for its owner, over its stdin and stdout, and — given a listening Unix socket N (a
+"""The rank template's own process (``python -m workbench.supervisor.template [--listen-fd N]``): it imports torch and
+the rank code once, then forks ranks for its owner, over its stdin and stdout, and — given a listening Unix socket N (a
 sweep worker's shared template, :func:`workbench.supervisor.template.share`) — for every process of the same user that
 connects to that socket. Protocol, guarantees and the owner's side: :mod:`workbench.supervisor.template`.
 

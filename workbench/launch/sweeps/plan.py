@@ -211,9 +211,10 @@ def prepare(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[Any]]
 
 def point_task(directory: Path, notebook: Path, declared: Mapping[str, Any], point: dict[str, Any],
                kernel_name: str | None, timeout: float | None) -> dict[str, Any]:
-    """What a worker (:mod:`workbench.launch.sweeps.point`) is sent to run one point: its id, directory, notebook and
-    parameters, with ``out`` and ``point`` (:data:`~workbench.launch.sweeps.requeue.POINT_PARAMETER`: the point's directory,
-    which the notebook hands to its runs, ``workbench.run(..., point=point)``) when the notebook declares them."""
+    """What a worker (:mod:`workbench.launch.sweeps.point`) is sent to run one point: its id, directory, notebook
+    and parameters, with ``out`` and ``point`` (:data:`~workbench.launch.sweeps.requeue.POINT_PARAMETER`: the point's
+    directory, which the notebook hands to its runs, ``workbench.run(..., point=point)``) when the notebook declares
+    them."""
     pid = point_id(point)
     given = {"out": str(directory / pid), POINT_PARAMETER: str((directory / pid).resolve())}
     params = {**point, **{name: value for name, value in given.items() if name in declared}}

@@ -1,7 +1,8 @@
 """A sweep worker: executes sweep points with papermill, one after another, in this process.
 
-Started by :func:`workbench.launch.sweeps.run.sweep` as ``python -m workbench.launch.sweeps.point --events FD --parent PID``, one
-worker per job slot, with one shared rank template (:func:`workbench.supervisor.template.share`) for its whole life.
+Started by :func:`workbench.launch.sweeps.run.sweep` as ``python -m workbench.launch.sweeps.point --events FD
+--parent PID``, one worker per job slot, with one shared rank template (:func:`workbench.supervisor.template.share`)
+for its whole life.
 Stdin: one JSON line per point; FD: JSON line events (``start``, ``cell``, ``progress``, ``done``); per point, in
 its directory: ``point.json``, the executed notebook and ``point.log``. After each point everything the kernel left
 is killed; on SIGTERM the worker kills its whole tree and exits, the point staying ``running``. Details:

@@ -217,7 +217,8 @@ def report(directory: str | os.PathLike, *more: str | os.PathLike, out: str | os
             parts.append(f'<div class="figure"><h3>{html.escape(title)}</h3>{div}</div>')
             k += 1
         if not found:
-            parts.append("<p>No figure fits this sweep's columns (see <code>workbench.launch.sweeps.report</code>).</p>")
+            parts.append("<p>No figure fits this sweep's columns "
+                         "(see <code>workbench.launch.sweeps.report</code>).</p>")
         parts.append(f'<h3>Points</h3><div style="overflow-x: auto">'
                      f'{_table(frame, parameters, out.resolve().parent)}</div>')
         sections.append("\n".join(parts))

@@ -49,8 +49,8 @@ def sweep_slurm(notebook: str | os.PathLike, parameters: Mapping[str, Iterable[A
                 progress: bool | None = None, kernel_name: str | None = None,
                 timeout: float | None = None) -> pd.DataFrame:
     """Run the incomplete points of the grid as a Slurm job array and wait for it (see the module docstring);
-    return the table (:func:`~workbench.launch.sweeps.run.load_sweep`). ``sbatch``: options for every task (each item may
-    hold several, split as a shell would: ``"--partition=cpu --time=10"``); ``jobs``: at most this many tasks at
+    return the table (:func:`~workbench.launch.sweeps.run.load_sweep`). ``sbatch``: options for every task (each item
+    may hold several, split as a shell would: ``"--partition=cpu --time=10"``); ``jobs``: at most this many tasks at
     once (``%jobs``). The frame's ``attrs``: ``executed``, ``completed``, ``failed``, ``skipped`` (ids, as for a
     local sweep), ``job`` (the array's id, None when nothing was submitted) and ``report`` (its path or None)."""
     absent = slurm.missing_clients()
