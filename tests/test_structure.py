@@ -94,23 +94,23 @@ def test_a_package_init_is_no_edge_from_its_own_modules(tmp_path):
     assert check.find_cycles(root) == []
 
 
-@pytest.mark.parametrize("room, first", [("launch/session.py", "launch.session"), ("sweeps/run.py", "sweeps"),
-                                         ("supervisor/core.py", "supervisor"), ("launch/lab.py", "launch.lab"),
+@pytest.mark.parametrize("room, first", [("launch/session.py", "launch"), ("launch/sweeps/run.py", "launch"),
+                                         ("supervisor/core.py", "supervisor"), ("launch/lab.py", "launch"),
                                          ("campaigns/studies/campaign.py", "campaigns"),
                                          ("campaigns/reproduce/ccgrid22.py", "campaigns")])
-@pytest.mark.parametrize("rank_module", ["rank/main.py", "strategies/peers/torchft_rank.py"])
+@pytest.mark.parametrize("rank_module", ["rank/main.py", "rank/peers/torchft_rank.py"])
 def test_rank_code_may_not_reach_the_parent_side(tmp_path, capsys, room, first, rank_module):
     forbidden = "pkg." + room[:-3].replace("/", ".")
     files = {rank_module: "import pkg.helper\n", "helper.py": f"import {forbidden}\n", room: "x = 1\n",
-             "rank/__init__.py": "", "strategies/peers/common.py": f"import {forbidden}\n"}
-    for path in [room, rank_module, "strategies/peers/common.py"]:
+             "rank/__init__.py": "", "strategies/peers/__init__.py": f"import {forbidden}\n"}
+    for path in [room, rank_module, "strategies/peers/__init__.py"]:
         for folder in [*Path(path).parents][:-1]:
             files.setdefault(f"{folder}/__init__.py", "")
     root = package(tmp_path, files)
     source = "pkg." + rank_module[:-3].replace("/", ".")
     first = "pkg." + first  # the nearest forbidden module on the way: a forbidden package's __init__ runs first
     problems = check.forbidden_edges(root)
-    assert len(problems) == 1, problems  # peers.common reaches it too, but is not rank code
+    assert len(problems) == 1, problems  # strategies.peers reaches it too, but is not rank code
     assert problems[0].startswith(f"{source} reaches {first} (code that runs in a rank process may not)")
     assert problems[0].endswith(f": {source} -> pkg.helper -> {first}")
     assert check.main([str(root)]) == 1
@@ -340,7 +340,7 @@ def test_an_import_that_points_up_a_floor_fails_unless_named(tmp_path):
 
 
 def test_a_planted_upward_import_in_the_real_package_fails_the_layers(tmp_path):
-    """A copy of ``workbench`` whose floor (config/errors.py) imports the supervisor: refused, named; the copy as
+    """A copy of ``workbench`` whose floor (base/errors.py) imports the supervisor: refused, named; the copy as
     it is passes."""
     import shutil
 
@@ -348,11 +348,11 @@ def test_a_planted_upward_import_in_the_real_package_fails_the_layers(tmp_path):
     shutil.copytree(ROOT / "workbench", copy, ignore=shutil.ignore_patterns("__pycache__"))
     rules = (check.LAYERS, check.BACK_EDGES, check.TWO_WAY_PACKAGES)
     assert check.layered(copy, *rules) == []
-    errors = copy / "config" / "errors.py"
+    errors = copy / "base" / "errors.py"
     errors.write_text(errors.read_text() + "\n\ndef _late():\n    from workbench.supervisor import core\n")
     assert check.layered(copy, *rules) == [
-        "config.errors (floor) imports supervisor.core (supervisor): an import that points up a floor (move the "
-        "code, or name the back edge with its reason)", "packages config and supervisor import each other (outside "
+        "base.errors (floor) imports supervisor.core (supervisor): an import that points up a floor (move the "
+        "code, or name the back edge with its reason)", "packages base and supervisor import each other (outside "
         "the back edges)"]
 
 

@@ -17,6 +17,7 @@ from workbench.base.errors import ProtocolError
 HEARTBEAT_PERIOD = 0.25
 CONTROL_KEY = "workbench/control"  # store key holding the control server's HOST:PORT (for ranks that join)
 RANK, SUPERVISOR, OWNER, TEMPLATE_PROCESS = "rank", "supervisor", "owner", "template"
+Message = dict[str, Any]  # a decoded message: its JSON object's fields
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ one by missing heartbeats (then SIGKILLed); a supervisor error still ends in a r
 from __future__ import annotations
 
 import queue
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class Supervisor:
         self.scale: resize_rule.Scale | None = None  # resize_rule linear: the resizes so far (every generation says)
         self.control: ControlServer | None = None
         self.launcher: Launcher | None = None
-        self.agent: Any = None  # torchrun's agent
+        self.agent: subprocess.Popen | None = None  # torchrun's agent, mpirun
         self.lighthouse_address: str | None = None
         self._outcome: tuple[str, str] | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None

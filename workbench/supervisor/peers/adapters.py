@@ -5,13 +5,17 @@ own messages become our figures (:mod:`.supervision` holds the pieces). Looked u
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
-from typing import Any
 
+from workbench.base.protocol import Message
+from workbench.config.run import RunConfig
 from workbench.strategies import PeerRuntime, Strategy
+from workbench.supervisor.launcher import Launcher
 from workbench.supervisor.peers import supervision as sv
+from workbench.supervisor.recorder import Recorder
 
-Handler = Callable[[Any, int, "int | None", dict[str, Any]], None]
+Handler = Callable[[Recorder, int, "int | None", Message], None]
 
 
 class PeerAdapter:
@@ -30,17 +34,18 @@ class PeerAdapter:
         """Its own launcher starts the ranks; they join slots of ours."""
         return self.runtime.agent
 
-    def start_service(self, launcher: Any, host: str, heartbeat_timeout: float) -> str | None:
+    def start_service(self, launcher: Launcher, host: str, heartbeat_timeout: float) -> str | None:
         """Start what runs beside the ranks (torchft's lighthouse); its address."""
         return None
 
-    def start_agent(self, launcher: Any, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
+    def start_agent(self, launcher: Launcher, config: RunConfig, store_address: str, planned: int,
+                    recorder: Recorder) -> subprocess.Popen | None:
         return None
 
-    def slot_joined(self, recorder: Any) -> None:
+    def slot_joined(self, recorder: Recorder) -> None:
         """A worker started by the agent said hello."""
 
-    def step(self, recorder: Any, spawn_id: int, label: int | None, reporter: bool, m: dict[str, Any]) -> None:
+    def step(self, recorder: Recorder, spawn_id: int, label: int | None, reporter: bool, m: Message) -> None:
         """A worker committed a step."""
 
     def agent_ended(self, code: int, started: bool, log_hint: Callable[[str], str]) -> tuple[str, str]:
@@ -55,18 +60,19 @@ class Torchft(PeerAdapter):
         "discarded": lambda recorder, spawn_id, label, m: sv.torchft_discarded(recorder, label, m),
     }
 
-    def start_service(self, launcher: Any, host: str, heartbeat_timeout: float) -> str | None:
+    def start_service(self, launcher: Launcher, host: str, heartbeat_timeout: float) -> str | None:
         return sv.start_lighthouse(launcher, host, heartbeat_timeout)
 
-    def step(self, recorder: Any, spawn_id: int, label: int | None, reporter: bool, m: dict[str, Any]) -> None:
+    def step(self, recorder: Recorder, spawn_id: int, label: int | None, reporter: bool, m: Message) -> None:
         sv.torchft_step(recorder, spawn_id, label, reporter, m)
 
 
 class Torchrun(PeerAdapter):
-    def start_agent(self, launcher: Any, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
+    def start_agent(self, launcher: Launcher, config: RunConfig, store_address: str, planned: int,
+                    recorder: Recorder) -> subprocess.Popen | None:
         return sv.start_torchrun(launcher, config, store_address, planned, recorder)
 
-    def slot_joined(self, recorder: Any) -> None:
+    def slot_joined(self, recorder: Recorder) -> None:
         sv.torchrun_restarted(recorder)  # a restarted worker: the agent has seen the failure
 
     def agent_ended(self, code: int, started: bool, log_hint: Callable[[str], str]) -> tuple[str, str]:
@@ -76,10 +82,11 @@ class Torchrun(PeerAdapter):
 class Ulfm(PeerAdapter):
     handlers = {"ulfm": lambda recorder, spawn_id, label, m: sv.ulfm_message(recorder, label, m)}
 
-    def start_agent(self, launcher: Any, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
+    def start_agent(self, launcher: Launcher, config: RunConfig, store_address: str, planned: int,
+                    recorder: Recorder) -> subprocess.Popen | None:
         return sv.start_mpirun(launcher, config, store_address, recorder)
 
-    def step(self, recorder: Any, spawn_id: int, label: int | None, reporter: bool, m: dict[str, Any]) -> None:
+    def step(self, recorder: Recorder, spawn_id: int, label: int | None, reporter: bool, m: Message) -> None:
         recorder.peer_step(m)  # every survivor's steps: what was committed before the shrink, what is redone after
 
     def agent_ended(self, code: int, started: bool, log_hint: Callable[[str], str]) -> tuple[str, str]:

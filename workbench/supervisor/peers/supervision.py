@@ -9,14 +9,19 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from workbench.base.errors import RunStartError
+from workbench.base.protocol import Message
+from workbench.config.run import RunConfig
 from workbench.strategies import mpirun_path
+from workbench.supervisor.launcher import Launcher
+from workbench.supervisor.recorder import Recorder
 
 
 def free_port(host: str) -> int:
@@ -25,7 +30,7 @@ def free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
-def start_lighthouse(launcher: Any, host: str, heartbeat_timeout: float) -> str:
+def start_lighthouse(launcher: Launcher, host: str, heartbeat_timeout: float) -> str:
     """Start torchft's lighthouse on ``host``; returns its address once it listens (bounded: 10 s)."""
     binary = Path(sys.executable).with_name("torchft_lighthouse")
     if not binary.is_file():
@@ -46,7 +51,8 @@ def start_lighthouse(launcher: Any, host: str, heartbeat_timeout: float) -> str:
             time.sleep(0.02)
 
 
-def start_torchrun(launcher: Any, config: Any, store_address: str, planned: int, recorder: Any) -> Any:
+def start_torchrun(launcher: Launcher, config: RunConfig, store_address: str, planned: int,
+                   recorder: Recorder) -> subprocess.Popen:
     """torchrun's elastic agent for the whole world; its workers join our slots through the store by ``$RANK``."""
     host, world = config.bind, config.world_size
     restarts = planned + 3  # every planned kill/hang and random failure, plus 3 for restarts failing on their own
@@ -60,7 +66,8 @@ def start_torchrun(launcher: Any, config: Any, store_address: str, planned: int,
         "torchrun.log", what="the torchrun agent", env={"LOGLEVEL": "WARNING"})
 
 
-def start_mpirun(launcher: Any, config: Any, store_address: str, recorder: Any) -> Any:
+def start_mpirun(launcher: Launcher, config: RunConfig, store_address: str,
+                 recorder: Recorder) -> subprocess.Popen:
     """Open MPI's mpirun for the whole world; its processes join our slots through the store by MPI rank."""
     world = config.world_size
     argv, env = mpirun_command(world, ft=os.environ.get("WORKBENCH_ULFM_FT", "1") != "0")
@@ -88,7 +95,7 @@ def mpirun_command(world_size: int, ft: bool = True) -> tuple[list[str], dict[st
     return argv, {"OMPI_MCA_mpi_ft_verbose": "0", "PRTE_MCA_prte_silence_shared_fs": "1"}
 
 
-def torchrun_ended(code: int, started: bool, log_hint: Any) -> tuple[str, str]:
+def torchrun_ended(code: int, started: bool, log_hint: Callable[[str], str]) -> tuple[str, str]:
     """The outcome when torchrun's agent exits before every member finished."""
     if not started:
         return "failed", f"the torchrun agent exited during start-up with code {code}" + log_hint("torchrun.log")
@@ -96,13 +103,13 @@ def torchrun_ended(code: int, started: bool, log_hint: Any) -> tuple[str, str]:
                       "--max-restarts allows")
 
 
-def mpirun_ended(code: int, started: bool, log_hint: Any) -> tuple[str, str]:
+def mpirun_ended(code: int, started: bool, log_hint: Callable[[str], str]) -> tuple[str, str]:
     """The outcome when mpirun exits before every surviving member finished."""
     when = "during start-up" if not started else "before every surviving rank finished"
     return "failed", f"mpirun exited {when} (code {code})" + log_hint("mpirun.log")
 
 
-def ulfm_message(recorder: Any, label: int | None, m: dict[str, Any]) -> None:
+def ulfm_message(recorder: Recorder, label: int | None, m: Message) -> None:
     """What the ULFM survivors report: a failed MPI call (detection), the shrunk communicator (settled)."""
     if m["event"] == "failure":
         recorder.event("ulfm_error", m["step"], f"MPI call failed at step {m['step']}: {m['error']}", rank=label,
@@ -119,7 +126,7 @@ def ulfm_message(recorder: Any, label: int | None, m: dict[str, Any]) -> None:
         recorder.peer_mark("settle", m["t"])
 
 
-def torchft_step(recorder: Any, spawn_id: int, label: int | None, reporter: bool, m: dict[str, Any]) -> None:
+def torchft_step(recorder: Recorder, spawn_id: int, label: int | None, reporter: bool, m: Message) -> None:
     """A torchft replica committed a step: resume, regrow and samples-lost figures (module docstring)."""
     for failure in recorder.failures:
         if failure.resume_time is None and failure.peer_seen and m["t"] >= failure.detect_time:
@@ -133,7 +140,7 @@ def torchft_step(recorder: Any, spawn_id: int, label: int | None, reporter: bool
             failure.samples_lost += failure.lost_share
 
 
-def torchft_quorum(recorder: Any, spawn_id: int, label: int | None, m: dict[str, Any]) -> None:
+def torchft_quorum(recorder: Recorder, spawn_id: int, label: int | None, m: Message) -> None:
     """A survivor's first new quorum after the fault: torchft has seen it."""
     recorder.event("quorum", m["step"], f"torchft quorum {m['quorum_id']}: {m['participants']} replicas", rank=label,
                    quorum_id=m["quorum_id"], participants=m["participants"])
@@ -142,7 +149,7 @@ def torchft_quorum(recorder: Any, spawn_id: int, label: int | None, m: dict[str,
             failure.detect_time, failure.peer_seen = m["t"], True
 
 
-def torchft_discarded(recorder: Any, label: int | None, m: dict[str, Any]) -> None:
+def torchft_discarded(recorder: Recorder, label: int | None, m: Message) -> None:
     recorder.event("discarded", m["step"], "torchft did not commit the step" + (f": {m['error']}" if m.get(
         "error") else ""), rank=label, error=m.get("error") or None)
     for failure in recorder.failures:
@@ -151,7 +158,7 @@ def torchft_discarded(recorder: Any, label: int | None, m: dict[str, Any]) -> No
             failure.steps_redone = len(failure.discarded)
 
 
-def torchrun_restarted(recorder: Any) -> None:
+def torchrun_restarted(recorder: Recorder) -> None:
     """A restarted torchrun worker said hello: the agent has seen the failure and acted on it."""
     for failure in recorder.failures:
         if not failure.peer_seen:
