@@ -1,7 +1,7 @@
-"""The doors into a run and the start of its rank processes: the second step of the flow, after ``config``.
+"""The doors into a run: the Python session (:mod:`.session`: ``workbench.run``, ``workbench.start``), the command
+line (:mod:`.cli`, :mod:`.cli_files`), the Lab panel (:mod:`.lab`, :mod:`.live_ranks`), a Slurm allocation read as
+hosts (:mod:`.slurm_allocation`), and :mod:`.sweeps` (a notebook at every point of a grid, and its report).
 
-The doors: the Python session (:mod:`.session`: ``workbench.run``, ``workbench.start``), the command line
-(:mod:`.cli`) and the Lab panel (:mod:`.lab`). The start: the machine and its devices, the output folder, the
-rank template and its fork server, the rank processes, and :mod:`.cluster` (hosts files, Slurm) for ranks beyond
-one machine. The ``supervisor`` then watches the ranks. Importing this package imports none of its modules.
+The top floor below the campaigns: the doors prepare a ``config``, start the ``supervisor``, which forks the ranks
+from its rank template, and read the ``results``. Importing this package imports none of its modules.
 """

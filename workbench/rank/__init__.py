@@ -1,3 +1,3 @@
-"""Code that runs inside a rank process, and :mod:`.protocol`, the messages between the ranks and the supervisor
-(it lives here: rank code may not import the supervisor). Nothing here imports the supervisor, the Lab panel or
-plots."""
+"""Code that runs inside a rank process, ours (:mod:`.main`) and the peers' (:mod:`.peers`). The messages between
+the ranks and the supervisor are :mod:`workbench.base.protocol`. Nothing here imports the supervisor, the doors
+(session, Lab panel, sweeps) or plots."""

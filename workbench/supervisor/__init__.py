@@ -1,10 +1,10 @@
 """Parent side of a run, as rooms with one role each:
 
 * :mod:`.membership` — who is in the run and what each strategy decides when that changes (pure state machine);
-* :mod:`.launcher` — every process the run owns; :mod:`.control` — the control channel; :mod:`.faultplan` —
-  planned faults; :mod:`.watchdog` — a rank that commits no step; :mod:`.stragglers` — a rank slower than others;
-* :mod:`.recorder` — metrics, events, failure figures, and the :class:`~workbench.results.run_result.RunResult`;
-* :mod:`.events` — every run event kind, declared once with its fields (the recorder checks each event);
-* :mod:`.core` — :class:`~.core.Supervisor`, which wires them on a run's monitor thread; :mod:`.boundary` its step
-  boundary under way. Imports nothing: a module that needs one room loads that room.
+* :mod:`.launcher` — every process the run owns, ranks forked from the rank template (:mod:`.template`,
+  :mod:`.template_server`); :mod:`.control` — the control channel; :mod:`.faultplan` — planned faults;
+  :mod:`.watchdog` — a rank that commits no step; :mod:`.stragglers` — a rank slower than others;
+* :mod:`.recorder` — metrics, events, failures, the ``RunResult``; :mod:`.peers` — the peers' services and messages;
+* :mod:`.core` — :class:`~.core.Supervisor`, wiring them on a run's monitor thread; :mod:`.boundary` its step boundary
+  under way. Imports nothing: a module that needs one room loads that room.
 """

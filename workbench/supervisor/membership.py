@@ -1,14 +1,13 @@
 """Membership: who is in the run, and what each recovery strategy does when that changes — a pure state machine,
 no sockets, no processes, no clocks.
 
-Events in: ``start()``, ``ready(id)``, ``died(id, cause)``, ``checkpoint(path)``, ``stop()``. Decisions out, in
-the order they are carried out: :class:`Start`, :class:`Retire`, :class:`Restart` (carried out by ``restart()``,
-after the retired ranks' last reports), :class:`Lost`, :class:`Generation`, :class:`Note`, :class:`End`.
-Processes have spawn ids; ranks have stable labels, which a replacement inherits. A
-process that dies before it is a member is started anew, at most ``max_starts`` times in a row per label. A death
-is met with the :class:`~workbench.strategies.Reaction` of the strategy that recovers it; at a step boundary
-(a resize, a preemption: ``at_boundary``) nothing is lost or redone (docs/internals.md, docs/permanent-faults.md).
-"""
+Events in: ``start()``, ``ready(id)``, ``died(id, cause)``, ``checkpoint(path)``, ``stop()``. Decisions out, in the
+order they are carried out: :class:`Start`, :class:`Retire`, :class:`Restart` (carried out by ``restart()``, after the
+retired ranks' last reports), :class:`Lost`, :class:`Generation`, :class:`Note`, :class:`End`. Processes have spawn
+ids; ranks have stable labels, which a replacement inherits. A process that dies before it is a member is started anew,
+at most ``max_starts`` times in a row per label. A death is met with the :class:`~workbench.strategies.Reaction` of the
+strategy that recovers it; at a step boundary (a resize, a preemption: ``at_boundary``) nothing is lost or redone
+(docs/internals.md, docs/permanent-faults.md)."""
 
 from __future__ import annotations
 
