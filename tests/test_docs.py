@@ -50,3 +50,19 @@ def test_site_builds_strictly(tmp_path):
         assert (site / page).is_file(), page
     # the notebooks' own runs (under notebooks/, seen through docs/notebooks) are results, not documentation
     assert not [p for p in site.rglob("*") if p.name in ("runs", ".ipynb_checkpoints")]
+
+
+MAX_PAGE_LINES = 400  # a page a reader takes in; records and derivations go to pages of their own
+
+
+def pages_over(root: Path, limit: int = MAX_PAGE_LINES) -> list[str]:
+    """Markdown pages under ``root`` longer than ``limit`` lines, each with its length."""
+    return [f"{p.relative_to(root)}: {n} lines" for p in sorted(root.rglob("*.md"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit]
+
+
+def test_every_page_under_docs_is_at_most_400_lines(tmp_path):
+    assert pages_over(ROOT / "docs") == []
+    (tmp_path / "wall.md").write_text("line\n" * (MAX_PAGE_LINES + 1))  # a plant: one line too many
+    (tmp_path / "fits.md").write_text("line\n" * MAX_PAGE_LINES)
+    assert pages_over(tmp_path) == ["wall.md: 401 lines"]
