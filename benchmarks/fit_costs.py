@@ -8,7 +8,7 @@ whose error is within 10 % of the smallest wins (a constant and bytes have one, 
 coefficients go to the smaller error). A form needs one point more than its coefficients; one point is a constant.
 Writes cost_laws.json ({strategy: {cost: law}}, what ``workbench scale --costs`` reads), cost_fits.json (every
 form, residuals, the points) and prints the markdown table of docs/scale.md. Usage:
-    python benchmarks/fit_costs.py [--costs FILE] [--out DIR] [--markdown]
+    python benchmarks/fit_costs.py [--costs FILE] [--out DIR] [--markdown] [--docs docs/scale.md]
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_costs  # noqa: E402  (the grid)
+
 RESULTS = Path(__file__).resolve().parent / "results"
+COST_STRATEGIES = tuple(bench_costs.STRATEGIES)
 COEFFICIENTS = {"constant": 1, "bytes": 1, "log": 2, "linear": 2}
 TOLERANCE = 0.10  # a simpler form wins while its leave-one-out error is within 10 % of the best
 RULE = ("each form's leave-one-out RMS error (fitted without a point, judged on it); the form with the fewest "
@@ -30,6 +34,7 @@ RULE = ("each form's leave-one-out RMS error (fitted without a point, judged on 
 STATE_BYTES = 4.0  # bytes per parameter of an fp32 parameter: the bytes form's A where nothing is moved
 # the scale model's costs (workbench.strategies.scale.Costs) from a point's measured p50s; the world's stall is
 # detection plus these, so each leaves out what another already counts. None: the strategy has no such cost.
+BEGIN, END = "<!-- cost-laws:begin (benchmarks/fit_costs.py --docs) -->", "<!-- cost-laws:end -->"
 RESTARTS = ("checkpoint_restart", "torchrun")
 LAW_COSTS = ("step_s", "detection_s", "settle_s", "join_s", "restart_s", "checkpoint_s")
 COUNT_COSTS = ("bytes_moved", "steps_redone", "samples_lost")  # fitted and shown; the scale model implies them
@@ -167,9 +172,6 @@ def fit_all(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict
 
 def missing_points(rows: list[dict[str, Any]]) -> list[str]:
     """The grid's points not in ``rows`` (bench_costs.GRID × STRATEGIES), smallest first."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_costs
-
     have = {(r["strategy"], r["model"], r["world"]) for r in rows}
     return [f"{model}@{world} {strategy}" for model, world in bench_costs.GRID for strategy in bench_costs.STRATEGIES
             if (strategy, model, world) not in have]
@@ -190,11 +192,39 @@ def markdown(fits: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def docs_block(meta: dict[str, Any], fits: dict[str, dict[str, Any]]) -> str:
+    """What docs/scale.md shows between its cost-laws markers: where the figures come from, the table, the gaps."""
+    dates = " to ".join(dict.fromkeys(d[:10] for d in meta["dates"])) or "none"
+    missing = meta["missing"]
+    by_point: dict[str, list[str]] = {}
+    for item in missing:
+        point, strategy = item.split(" ", 1)
+        by_point.setdefault(point, []).append(strategy)
+    every = len(COST_STRATEGIES)
+    gaps = (f"**Points still missing** ({len(missing)}; `python benchmarks/bench_costs.py` runs them, smallest "
+            f"first): " + "; ".join(f"{point} {'every strategy and peer' if len(names) == every else ', '.join(names)}"
+                                    for point, names in by_point.items()) + ".") if missing else \
+        "Every point of the grid is measured."
+    unavailable = ("\n\nUnavailable here: " + "; ".join(meta["unavailable"]) + ".") if meta["unavailable"] else ""
+    return (f"Measured {dates}, commits {', '.join(meta['commits'])}, on {'; '.join(meta['machines'])}; "
+            f"{meta['points']} points; fitted on each point's p50, {meta['clock']}.\n\n"
+            f"{markdown(fits)}\n\n{gaps}{unavailable}")
+
+
+def update_docs(page: Path, block: str) -> None:
+    """Replace the text between ``page``'s cost-laws markers with ``block``."""
+    text = page.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    page.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--costs", default=str(RESULTS / "costs.jsonl"), help="the campaign's JSON lines")
     parser.add_argument("--out", default=str(RESULTS), help="where cost_laws.json and cost_fits.json go")
     parser.add_argument("--markdown", action="store_true", help="print the table of chosen laws")
+    parser.add_argument("--docs", metavar="PAGE", help="rewrite PAGE's table between its cost-laws markers")
     args = parser.parse_args(argv)
     path = Path(args.costs)
     if not path.exists():
@@ -205,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cost_laws.json").write_text(json.dumps(laws, indent=1) + "\n")
     meta = {"rule": RULE,
-            "fitted_on": "p50 per point, on the point's clock (rank-time where ranks outnumber cores)",
+            "clock": "the rank-time clock where the ranks outnumber the cores, else the wall clock",
             "points": len(rows), "commits": sorted({r["commit"] for r in rows}),
             "machines": sorted({r["machine"] for r in rows}), "dates": [min(r["date"] for r in rows),
                                                                         max(r["date"] for r in rows)] if rows else [],
@@ -213,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                             for r in load_rows_all(path) if r.get("unavailable")],
             "missing": missing_points(rows)}
     (out / "cost_fits.json").write_text(json.dumps({"meta": meta, "fits": fits}, indent=1) + "\n")
+    if args.docs:
+        update_docs(Path(args.docs), docs_block(meta, fits))
     print(markdown(fits) if args.markdown else json.dumps(meta))
     return 0
 

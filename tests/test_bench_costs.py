@@ -98,3 +98,12 @@ def test_the_plan_skips_points_already_measured(tmp_path, capsys):
     assert bench_costs.main(["--models", "1M", "--worlds", "2", "--plan", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "1 of 9 points already in" in err and "1M@2 shrink" not in err and "1M@2 rollback" in err
+
+
+def test_the_docs_table_is_the_fit_of_the_results():
+    fitted = json.loads((ROOT / "benchmarks" / "results" / "cost_fits.json").read_text())
+    page = (ROOT / "docs" / "scale.md").read_text()
+    assert fit_costs.docs_block(fitted["meta"], fitted["fits"]) in page, (
+        "docs/scale.md's measured costs are stale: run python benchmarks/fit_costs.py --docs docs/scale.md")
+    laws = load_costs(ROOT / "benchmarks" / "results" / "cost_laws.json")
+    assert set(laws) == set(fitted["fits"])
