@@ -52,6 +52,8 @@ GRID = [("1M", 2), ("1M", 4), ("1M", 8), ("19M", 2), ("19M", 4), ("1M", 16), ("1
 TIMES = ("detection_s", "settle_s", "join_s", "resume_s", "regrow_s")  # per failure, on both clocks
 COUNTS = ("bytes_moved", "steps_redone", "samples_lost")  # per failure
 STEP_GUESS_S = {"1M": 0.013, "19M": 0.15, "100M": 0.8}  # one step at world 2 on this machine, for the estimate
+TORCHFT_SPACING = 4  # torchft's kills this many times further apart (a kill before the heal never fires)
+EXTRA_RUNS = 4  # runs beyond the plan, for kills that never fired
 START_GUESS_S = 4.0  # a run's start-up and teardown, for the estimate
 
 
@@ -89,7 +91,7 @@ def estimate_s(model: str, world: int, strategy: str, failures: int, cores: int)
     """A rough wall time of one point, for the campaign's estimate (the step guess scaled by ranks per core)."""
     runs, kills = runs_needed(strategy, world, failures)
     gap = bench_recovery.MODELS[MODELS[model]]["steps_between"]
-    steps = gap * (kills + 1) + gap // 2
+    steps = gap * (kills + 1) * (TORCHFT_SPACING if strategy == "torchft" else 1)
     step = STEP_GUESS_S[model] * max(1.0, world / cores)
     recovery = 3.0 if strategy in ("checkpoint_restart", "torchrun", "torchft") else 0.5
     return runs * (START_GUESS_S + 0.3 * world + steps * step + kills * recovery)
@@ -111,15 +113,17 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def done_points(path: Path) -> set[tuple[str, str, int]]:
-    """The (strategy, model, world) points already in ``path``."""
+def done_points(path: Path, failures: int) -> set[tuple[str, str, int]]:
+    """The (strategy, model, world) points already in ``path`` with ``failures`` failures (or unavailable): a
+    point short of them is measured again, and its new line supersedes the old."""
     if not path.exists():
         return set()
     points = set()
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            points.add((row["strategy"], row["model"], row["world"]))
+            if row.get("unavailable") or row.get("n_failures", failures) >= failures:
+                points.add((row["strategy"], row["model"], row["world"]))
     return points
 
 
@@ -155,6 +159,10 @@ def measure_point(model: str, world: int, strategy: str, failures: int, cores: i
         return {**row, "n_failures": 0, "unavailable": str(exc)}
     planned, per_run = runs_needed(strategy, world, failures)
     base, gap = bench_recovery.base_config(MODELS[model], world, per_run)
+    if strategy == "torchft":  # its replica group heals in seconds while the others train: kills spaced wider
+        gap *= TORCHFT_SPACING
+        base["steps"] = gap * (per_run + 1) + gap // 2
+        base["eval_interval"] = base["steps"]
     seen: list[dict] = []
     stalls: list[float] = []
     steps: dict[str, list[float]] = {"wall": [], "rank": []}
@@ -162,7 +170,7 @@ def measure_point(model: str, world: int, strategy: str, failures: int, cores: i
     loads: list[float] = []
     started = time.time()
     runs = 0
-    while len(seen) < failures and runs < planned + 2:  # a kill that never fired is made up by another run
+    while len(seen) < failures and runs < planned + EXTRA_RUNS:  # a kill that never fired is made up by another run
         result = bench_recovery.run_with_kills(base, gap, extra, per_run)
         runs += 1
         loads.append(os.getloadavg()[0])
@@ -184,7 +192,8 @@ def measure_point(model: str, world: int, strategy: str, failures: int, cores: i
     step = percentiles(steps[clock]) if steps[clock] else percentiles(steps["wall"])
     wall_step = percentiles(steps["wall"])
     costs["step_s"] = {**step, "clock": clock, "wall_p50": wall_step["p50"], "wall_p99": wall_step["p99"]}
-    return {**row, "n_failures": len(seen), "runs": runs, "kills_per_run": per_run, "steps_per_run": base["steps"],
+    return {**row, "n_failures": len(seen), "runs": runs, "kills_per_run": per_run, "kills_planned": runs * per_run,
+            "steps_per_run": base["steps"],
             "steps_between_kills": gap, "outcomes": outcomes, "costs": costs,
             "load_1min": round(max(loads), 2), "load_1min_runs": [round(v, 2) for v in loads],
             "bench_wall_s": round(time.time() - started, 1),
@@ -232,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cores = usable_cores()
     out = Path(args.out)
-    done = done_points(out)
+    done = done_points(out, args.failures)
     left = [p for p in points if (p[2], p[0], p[1]) not in done]
     total = sum(estimate_s(model, world, strategy, args.failures, cores) for model, world, strategy in left)
     print(f"bench_costs: {len(points) - len(left)} of {len(points)} points already in {out}; {len(left)} to run, "

@@ -138,8 +138,10 @@ def law_text(form: str, a: float, b: float) -> str:
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
-    return [row for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if row.get("n_failures") and "costs" in row]
+    """The measured points of ``path``; a point measured again is its last line."""
+    rows = {(r["strategy"], r["model"], r["world"]): r for r in load_rows_all(path) if r.get("n_failures") and
+            "costs" in r}
+    return list(rows.values())
 
 
 def fit_all(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:

@@ -94,10 +94,14 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, said, capsys):
 
 def test_the_plan_skips_points_already_measured(tmp_path, capsys):
     out = tmp_path / "costs.jsonl"
-    out.write_text(json.dumps({"strategy": "shrink", "model": "1M", "world": 2}) + "\n")
+    lines = [{"strategy": "shrink", "model": "1M", "world": 2, "n_failures": 10},
+             {"strategy": "torchft", "model": "1M", "world": 2, "n_failures": 9},  # short: measured again
+             {"strategy": "ulfm", "model": "1M", "world": 2, "n_failures": 0, "unavailable": "no mpi4py"}]
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert bench_costs.main(["--models", "1M", "--worlds", "2", "--plan", "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "1 of 9 points already in" in err and "1M@2 shrink" not in err and "1M@2 rollback" in err
+    assert "2 of 9 points already in" in err and "1M@2 torchft" in err and "1M@2 rollback" in err
+    assert "1M@2 shrink" not in err and "1M@2 ulfm" not in err
 
 
 def test_the_docs_table_is_the_fit_of_the_results():
