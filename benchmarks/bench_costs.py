@@ -189,9 +189,10 @@ def measure_point(model: str, world: int, strategy: str, failures: int, cores: i
     for name in COUNTS:
         costs[name] = {**percentiles([f.get(name, 0) for f in seen]), "clock": "count"}
     costs["checkpoint_stall_s"] = {**percentiles(stalls), "clock": "wall"}  # the loop's own wait, not shared
-    step = percentiles(steps[clock]) if steps[clock] else percentiles(steps["wall"])
+    step_clock = clock if steps[clock] else "wall"  # a run that stamps no rank-time step: its wall steps
     wall_step = percentiles(steps["wall"])
-    costs["step_s"] = {**step, "clock": clock, "wall_p50": wall_step["p50"], "wall_p99": wall_step["p99"]}
+    costs["step_s"] = {**percentiles(steps[step_clock]), "clock": step_clock, "wall_p50": wall_step["p50"],
+                       "wall_p99": wall_step["p99"]}
     return {**row, "n_failures": len(seen), "runs": runs, "kills_per_run": per_run, "kills_planned": runs * per_run,
             "steps_per_run": base["steps"],
             "steps_between_kills": gap, "outcomes": outcomes, "costs": costs,
