@@ -54,7 +54,8 @@ COUNTS = ("bytes_moved", "steps_redone", "samples_lost")  # per failure
 STEP_GUESS_S = {"1M": 0.013, "19M": 0.15, "100M": 0.8}  # one step at world 2 on this machine, for the estimate
 TORCHFT_SPACING = 4  # torchft's kills this many times further apart (a kill before the heal never fires)
 EXTRA_RUNS = 4  # runs beyond the plan, for kills that never fired
-START_GUESS_S = 4.0  # a run's start-up and teardown, for the estimate
+START_GUESS_S = {"ulfm": 9.0, "torchft": 5.0, "torchrun": 5.0}  # a run's start-up and teardown (else 0.5 s)
+RECOVERY_GUESS_S = {"torchrun": 6.0, "torchft": 2.5, "reinit": 1.5, "checkpoint_restart": 0.4}  # else 0.3 s
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -88,13 +89,14 @@ def runs_needed(strategy: str, world: int, failures: int) -> tuple[int, int]:
 
 
 def estimate_s(model: str, world: int, strategy: str, failures: int, cores: int) -> float:
-    """A rough wall time of one point, for the campaign's estimate (the step guess scaled by ranks per core)."""
+    """A rough wall time of one point, for the campaign's estimate (the step guess scaled by ranks per core; the
+    start-up and recovery guesses from the first points measured on this machine, unloaded)."""
     runs, kills = runs_needed(strategy, world, failures)
     gap = bench_recovery.MODELS[MODELS[model]]["steps_between"]
     steps = gap * (kills + 1) * (TORCHFT_SPACING if strategy == "torchft" else 1)
     step = STEP_GUESS_S[model] * max(1.0, world / cores)
-    recovery = 3.0 if strategy in ("checkpoint_restart", "torchrun", "torchft") else 0.5
-    return runs * (START_GUESS_S + 0.3 * world + steps * step + kills * recovery)
+    start = START_GUESS_S.get(strategy, 0.5) + 0.1 * world
+    return runs * (start + steps * step + kills * RECOVERY_GUESS_S.get(strategy, 0.3))
 
 
 def machine() -> str:
