@@ -111,3 +111,16 @@ def test_the_docs_table_is_the_fit_of_the_results():
         "docs/scale.md's measured costs are stale: run python benchmarks/fit_costs.py --docs docs/scale.md")
     laws = load_costs(ROOT / "benchmarks" / "results" / "cost_laws.json")
     assert set(laws) == set(fitted["fits"])
+
+
+def test_a_tiny_point_end_to_end_gives_a_line_the_fit_reads(tmp_path):
+    out = tmp_path / "costs.jsonl"
+    assert bench_costs.main(["--models", "1M", "--worlds", "2", "--only", "regrow", "--failures", "1",
+                             "--out", str(out)]) == 0
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["strategy"] == "regrow" and row["world"] == 2 and row["params"] == 993_930 and row["n_failures"] >= 1
+    assert row["costs"]["join_s"]["p50"] > 0 and row["costs"]["bytes_moved"]["p50"] > 0
+    assert {"p50", "p99", "clock"} <= set(row["costs"]["step_s"]) and row["clock"] in ("wall", "rank")
+    assert row["load_1min"] >= 0 and row["commit"] and row["machine"] and row["date"]
+    assert fit_costs.main(["--costs", str(out), "--out", str(tmp_path)]) == 0
+    assert load_costs(tmp_path / "cost_laws.json")["regrow"].join_s.form == "constant"
