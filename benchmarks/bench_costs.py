@@ -187,7 +187,8 @@ def measure_point(model: str, world: int, strategy: str, failures: int, cores: i
         wall = percentiles([f.get(name) for f in seen])
         rank = percentiles([f.get(f"rank_{name}") for f in seen])
         primary = rank if clock == "rank" else wall
-        costs[name] = {**primary, "clock": clock, "wall_p50": wall["p50"], "wall_p99": wall["p99"]}
+        costs[name] = {**primary, "clock": clock, "wall_p50": wall["p50"], "wall_p99": wall["p99"],
+                       "rank_p50": rank["p50"], "rank_p99": rank["p99"]}
     for name in COUNTS:
         costs[name] = {**percentiles([f.get(name, 0) for f in seen]), "clock": "count"}
     costs["checkpoint_stall_s"] = {**percentiles(stalls), "clock": "wall"}  # the loop's own wait, not shared
