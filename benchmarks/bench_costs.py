@@ -111,7 +111,8 @@ def commit() -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "workbench", "benchmarks")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "workbench", "benchmarks",
+                ":(exclude)benchmarks/results")  # the code measuring, not the figures it appends to
     return head + ("+dirty" if dirty else "")
 
 
