@@ -208,7 +208,8 @@ def docs_block(meta: dict[str, Any], fits: dict[str, dict[str, Any]]) -> str:
                                     for point, names in by_point.items()) + ".") if missing else \
         "Every point of the grid is measured."
     unavailable = ("\n\nUnavailable here: " + "; ".join(meta["unavailable"]) + ".") if meta["unavailable"] else ""
-    return (f"Measured {dates}, commits {', '.join(meta['commits'])}, on {'; '.join(meta['machines'])}; "
+    commits = ", ".join(dict.fromkeys(c.split("+")[0] for c in meta["commits"]))  # each line keeps its +dirty
+    return (f"Measured {dates}, commits {commits}, on {'; '.join(meta['machines'])}; "
             f"{meta['points']} points; fitted on each point's p50, {meta['clock']}.\n\n"
             f"{markdown(fits)}\n\n{gaps}{unavailable}")
 
