@@ -26,7 +26,7 @@ wait of an update for the background copy; the run's events give it to 0.1 ms), 
 write run beside it) and the HDF5 write time; one JSON line {"benchmark": "checkpoint_stall", "rows": [...]}.
 
 Prints one JSON line: {"benchmark": "recovery", "rows": [...]} with one row per (model, world, strategy).
-Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,large,huge] [--kills 5] [--quick]
+Usage: python benchmarks/bench_recovery.py [--worlds 2,4,8] [--models small,million,large,huge] [--kills 5] [--quick]
        [--peers] [--spawns template,fresh] [--strategies shrink,reinit,...]
        python benchmarks/bench_recovery.py --stall [--models small,large] [--worlds 2] [--saves 10]
 """
@@ -45,6 +45,7 @@ from workbench.faults import events as ev
 
 MODELS = {
     "small": {"hidden": [128, 64], "steps_between": 150, "bucket_cap_mb": 1.0, "params_m": 0.02},
+    "million": {"hidden": [1024, 896], "steps_between": 40, "bucket_cap_mb": 4.0, "params_m": 0.99},
     "large": {"hidden": [4096, 4608], "steps_between": 8, "bucket_cap_mb": 25.0, "params_m": 19.2},
     "huge": {"hidden": [8192, 12288], "steps_between": 4, "bucket_cap_mb": 100.0, "params_m": 101.3},
 }
@@ -72,13 +73,48 @@ def step_ms(result: workbench.RunResult) -> float | None:
     return median([row["step_time"] * 1e3 for row in result.metrics])
 
 
-def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str = "template",
-            only: list[str] | None = None) -> list[dict]:
+def base_config(model: str, world: int, kills: int, spawn: str = "template") -> tuple[dict, int]:
+    """The run settings every strategy of ``model`` at ``world`` shares, and the steps between two kills."""
     spec = MODELS[model]
     gap = spec["steps_between"]
     steps = gap * (kills + 1) + gap // 2
     base = {"world_size": world, "steps": steps, "hidden": spec["hidden"], "eval_interval": steps,
             "bucket_cap_mb": spec["bucket_cap_mb"], "checkpoint_every": max(gap // 2, 2), "spawn": spawn}
+    return base, gap
+
+
+def shrinks(extra: dict) -> bool:
+    """Whether the strategy of ``extra`` (a STRATEGIES or PEERS entry) ends smaller after a kill."""
+    return extra["strategy"] in ("shrink", "rollback", "forward", "ulfm") and not extra.get("regrow")
+
+
+def kill_config(base: dict, gap: int, extra: dict, kills: int) -> dict:
+    """One strategy's run with ``kills`` kills spaced ``gap`` steps apart (fewer where the world would empty)."""
+    world = base["world_size"]
+    shrinking = shrinks(extra)
+    n = 0 if extra.get("ft") is False else min(kills, world - 1) if shrinking else kills
+    # plain shrink loses the highest ranks one by one; the others lose rank 1 again and again (its
+    # replacement, once it has joined: a kill planned before that never fires, and the row says so)
+    labels = [world - 1 - k for k in range(n)] if shrinking else [1] * n
+    faults = [f"kill:rank={label},step={gap * (k + 1) + gap // 4}" for k, label in enumerate(labels)]
+    config = {**base, **{k: v for k, v in extra.items() if k != "ft"}, "faults": faults}
+    if extra.get("regrow") and "warm_spares" not in extra:
+        config["warm_spares"] = n  # a ready spare for every kill: the pool refills more slowly than we kill
+    if extra["strategy"] not in ("checkpoint_restart", "reinit", "torchrun"):
+        config["checkpoint_every"] = None
+    return config
+
+
+def run_with_kills(base: dict, gap: int, extra: dict, kills: int) -> workbench.RunResult:
+    """Run :func:`kill_config`'s run (a peer's ``ft: False`` runs mpirun without fault tolerance)."""
+    os.environ["WORKBENCH_ULFM_FT"] = "0" if extra.get("ft") is False else "1"  # mpirun without --with-ft
+    return workbench.run(kill_config(base, gap, extra, kills))
+
+
+def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str = "template",
+            only: list[str] | None = None) -> list[dict]:
+    spec = MODELS[model]
+    base, gap = base_config(model, world, kills, spawn)
     baseline = workbench.run({**base, "checkpoint_every": None})
     rows = []
     ours_ms = step_ms(baseline)
@@ -86,20 +122,8 @@ def measure(model: str, world: int, kills: int, peers: bool = False, spawn: str 
     for name, extra in chosen.items():
         if only and not any(name.startswith(o) for o in only):
             continue
-        shrinking = extra["strategy"] in ("shrink", "rollback", "forward", "ulfm") and not extra.get("regrow")
-        n = 0 if extra.get("ft") is False else min(kills, world - 1) if shrinking else kills
-        # plain shrink loses the highest ranks one by one; the others lose rank 1 again and again (its
-        # replacement, once it has joined: a kill planned before that never fires, and the row says so)
-        labels = [world - 1 - k for k in range(n)] if shrinking else [1] * n
-        faults = [f"kill:rank={label},step={gap * (k + 1) + gap // 4}" for k, label in enumerate(labels)]
-        config = {**base, **{k: v for k, v in extra.items() if k != "ft"}, "faults": faults}
-        if extra.get("regrow") and "warm_spares" not in extra:
-            config["warm_spares"] = n  # a ready spare for every kill: the pool refills more slowly than we kill
-        if extra["strategy"] not in ("checkpoint_restart", "reinit", "torchrun"):
-            config["checkpoint_every"] = None
         started = time.time()
-        os.environ["WORKBENCH_ULFM_FT"] = "0" if extra.get("ft") is False else "1"  # mpirun without --with-ft
-        result = workbench.run(config)
+        result = run_with_kills(base, gap, extra, kills)
         result.set_baseline(baseline)
         failures = result.failures
         rows.append({
