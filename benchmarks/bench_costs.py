@@ -149,7 +149,7 @@ def steady_steps(result: Any, key: str) -> list[float]:
 
 def measure_point(model: str, world: int, strategy: str, failures: int, cores: int) -> dict[str, Any]:
     """Run ``strategy`` on ``model`` at ``world`` until ``failures`` failures are seen: the point's JSON row."""
-    from workbench.config.errors import ConfigError
+    from workbench.base.errors import ConfigError
     from workbench.strategies.peers import require_peer
 
     extra = STRATEGIES[strategy]
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         parser.error("no point of the grid is chosen: the grid is " +
                      ", ".join(f"{model}@{world}" for model, world in GRID))
-    from workbench.launch.machine import usable_cores
+    from workbench.base.machine import usable_cores
 
     cores = usable_cores()
     out = Path(args.out)
