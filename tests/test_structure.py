@@ -306,7 +306,7 @@ def test_a_name_compared_outside_its_room_fails(tmp_path, capsys):
 
 def test_a_parallel_mode_compared_by_name_in_a_copy_of_the_package_fails(tmp_path):
     """A copy of ``workbench`` passes the modes' rule; planted ``config.parallelism == "pipeline"`` in rank/base.py
-    fails it, named, while the same line in the modes' room (config/modes.py) does not."""
+    fails it, named, while the same line in the modes' room (base/modes.py) does not."""
     import shutil
 
     copy = tmp_path / "workbench"
@@ -314,7 +314,7 @@ def test_a_parallel_mode_compared_by_name_in_a_copy_of_the_package_fails(tmp_pat
     rooms = [room for room in check.registered_rooms(copy) if room.what == "a parallel mode"]
     assert len(rooms) == 1 and check.compared_names(copy, rooms) == []
     planted = '\n\ndef planted(config):\n    return config.parallelism == "pipeline"\n'
-    for where in ("config/modes.py", "rank/base.py"):
+    for where in ("base/modes.py", "rank/base.py"):
         (copy / where).write_text((copy / where).read_text() + planted)
     (problem,) = check.compared_names(copy, rooms)
     assert problem.startswith("workbench/rank/base.py:")
