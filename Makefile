@@ -79,6 +79,7 @@ REPRODUCE_NOTEBOOKS = ccgrid22:ccgrid22_resilience jpdc24:jpdc24_soft_errors eur
 # the papers' second studies (registry.yaml, <paper>_study2), each run by its paper's campaign without a notebook
 REPRODUCE_STUDIES = ccgrid22_study2
 reproduce: setup
+	$(PY) -m pip install -q -e '.[studies]' $(TORCH)
 	@for pair in $(REPRODUCE_NOTEBOOKS); do key=$${pair%%:*}; nb=$${pair#*:}; \
 		$(VENV)/bin/workbench sweep notebooks/reproduce/$$nb.ipynb --out $(REPRO)/$$key -p scale paper || true; \
 	done

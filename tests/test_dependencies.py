@@ -16,6 +16,7 @@ except ImportError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = {"mlflow": "tracking", "torchft": "peers", "mpi4py": "mpi",  # imported only when asked for
+            "scipy": "studies",  # the reproductions and the Bayes ceilings: workbench.base.extras.need
             "mnist1d": "dev"}  # regenerating data/mnist1d.npz (workbench.workloads.mnist1d_file)
 
 
@@ -28,6 +29,9 @@ def _imported() -> dict[str, Path]:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "need" and node.args
+                  and isinstance(node.args[0], ast.Constant)):  # an extra's module: workbench.base.extras.need
+                names = [node.args[0].value]
             else:
                 continue
             for top in (name.split(".")[0] for name in names):
@@ -70,6 +74,7 @@ def test_the_demo_installs_the_runtime_and_the_tests_add_the_dev_extras():
             *runtime, "-m pip install -e '.[dev]' torch==2.13.0"], target
     for target in ("lab", "reproduce"):
         assert not any("[dev]" in line for line in plan(target)), target
+    assert "-m pip install -q -e '.[studies]' torch==2.13.0" in plan("reproduce")[-1]  # scipy: the studies extra
 
 
 def test_a_run_loads_neither_the_campaigns_nor_scipy():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workbench.base.extras import need
 from workbench.workloads.registry import SPLIT_SEED  # synthetic(size) draws its centres from it + size
 
 DRAW_SEED = 20261128  # the fresh draws a ceiling is scored on: not the training or test split of any size
@@ -56,7 +57,8 @@ def log_likelihoods(x: np.ndarray, patterns: np.ndarray, gain: tuple[float, floa
     pattern at a uniform random cyclic shift and a uniform gain in ``gain``, plus a per-channel cast and Gaussian
     noise of sd ``noise``: the cast is orthogonal to every pattern (zero mean per channel), so it cancels; the gain
     is integrated in closed form, the shifts summed."""
-    from scipy.special import log_ndtr, logsumexp
+    special = need("scipy.special", "studies", "the Bayes ceilings")
+    log_ndtr, logsumexp = special.log_ndtr, special.logsumexp
 
     energy = float((patterns[0].astype(np.float64) ** 2).sum())  # the same for every class and shift
     r = correlations(x, patterns) / energy  # the gain that fits best at each shift

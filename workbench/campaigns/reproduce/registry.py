@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.base.errors import WorkbenchError
+from workbench.base.extras import need
 from workbench.campaigns.reproduce.acceptance import CEILING_GAP  # a comparison is made this far below the ceiling
 from workbench.campaigns.reproduce.stats import mean_interval
 from workbench.config.files import DuplicateKeyError, load_yaml
@@ -579,7 +580,7 @@ def share_decision(finding: Finding, successes: int, trials: int, sign: int = 1)
     """:func:`decide` on a share, ``successes`` of ``trials``, and its Wilson interval (two-sided, 1 - 2 alpha):
     for trials pooled where a t interval over seeds would collapse (a share near 0 in every seed). ``sign=-1``
     decides on minus the share, for a claim that the share is small."""
-    from scipy.stats import norm
+    norm = need("scipy.stats", "studies", "the reproductions' statistics").norm
 
     from workbench.campaigns.reproduce.stats import wilson
 
@@ -596,7 +597,7 @@ def redecide(finding: Finding, decision: dict[str, Any], alpha: float) -> Decisi
     """``decision`` (a :class:`Decision` as a dict) decided again at ``alpha``: from its inputs where it kept them
     (the paired values; a share's counts), else (a record of published figures) its t interval widened or narrowed
     to the new level from its mean, bounds and n, which determine it."""
-    from scipy.stats import t
+    t = need("scipy.stats", "studies", "the reproductions' statistics").t
 
     at = replace(finding, alpha=float(alpha))
     inputs = decision.get("inputs") or {}

@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from workbench.base.extras import need
+
 
 def mean_interval(values: Iterable[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Mean and its two-sided Student-t interval over ``values`` (NaNs dropped); one value: (v, v, v)."""
-    from scipy import stats
+    stats = need("scipy.stats", "studies", "the reproductions' statistics")
 
     data = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     if not data:
@@ -48,7 +50,7 @@ def t_power(n: int, sd: float, sesoi: float, margin: float, test: str, alpha: fl
     """Power of the registered paired (one-sample) t decision with ``n`` pairs of spread ``sd`` when the true mean
     effect is ``sesoi``: the chance that its two-sided 1 - 2 alpha interval lies wholly on the claim's side of the
     margin (noncentral t; equivalence: both one-sided tests, 2 p - 1, the usual TOST bound)."""
-    from scipy import stats
+    stats = need("scipy.stats", "studies", "the reproductions' statistics")
 
     if n < 2 or sd <= 0:
         return math.nan
@@ -108,7 +110,7 @@ def share_power(trials: int, share: float, margin: float, alpha: float, below: b
     """Exact binomial power of the registered Wilson decision with ``trials`` when the true share is ``share``:
     the chance that the Wilson interval (two-sided, 1 - 2 alpha) lies wholly below ``margin`` (``below``; above it
     otherwise)."""
-    from scipy import stats
+    stats = need("scipy.stats", "studies", "the reproductions' statistics")
 
     z = float(stats.norm.ppf(1 - alpha))
     hits = [x for x in range(trials + 1)
