@@ -19,7 +19,6 @@ import json
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -132,8 +131,9 @@ def done_points(path: Path, failures: int) -> set[tuple[str, str, int]]:
 
 def stalls_s(result: Any) -> list[float]:
     """Each checkpoint's stall on the training loop, seconds (from the run's checkpoint events)."""
-    found = [re.search(r"stall ([\d.]+) ms", e["detail"]) for e in result.events if e["kind"] == "checkpoint"]
-    return [float(m.group(1)) / 1e3 for m in found if m]
+    from workbench.faults import events as ev
+
+    return [float(e["stall_s"]) for e in ev.of(result.events, ev.CHECKPOINT)]
 
 
 def steady_steps(result: Any, key: str) -> list[float]:
