@@ -58,3 +58,18 @@ def wilson(successes: int, trials: int, z: float = 1.96) -> tuple[float, float, 
     centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
     return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
+def outcome_shares(frame: Any, z: float = 1.96) -> Any:
+    """Share of each outcome per bit of bit-sensitivity trials (:func:`workbench.campaigns.studies.sensitivity.
+    bit_sensitivity`) with Wilson score intervals (columns share, low, high)."""
+    import pandas as pd
+
+    rows = []
+    for bit, group in frame.groupby("bit"):
+        n = len(group)
+        for outcome in OUTCOMES:
+            share, low, high = wilson(int((group.outcome == outcome).sum()), n, z)
+            rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": share,
+                         "low": low, "high": high})
+    return pd.DataFrame(rows)

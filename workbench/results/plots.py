@@ -103,8 +103,8 @@ def failure_comparison(baseline: RunResult, faulty: RunResult, title: str | None
 def bit_sensitivity(frame: Any) -> go.Figure:
     """Share of each outcome per bit (heatmap; Wilson 95 % interval in the hover), fields of the format marked.
     Takes the trials of :func:`workbench.campaigns.studies.sensitivity.bit_sensitivity` or their
-    :func:`~workbench.campaigns.studies.sensitivity.outcome_shares`."""
-    from workbench.campaigns.studies.sensitivity import outcome_shares
+    :func:`~workbench.faults.outcomes.outcome_shares`."""
+    from workbench.faults.outcomes import outcome_shares
 
     shares = frame if "share" in frame.columns else outcome_shares(frame)
     outcomes = [o for o in OUTCOMES if o in set(shares.outcome)]

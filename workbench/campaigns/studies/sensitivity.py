@@ -22,13 +22,12 @@ import torch.nn.functional as F
 from workbench.base import checkpoint as ckpt
 from workbench.config.run import RunConfig
 from workbench.faults.bitflip import apply_masks, bit_field
-from workbench.faults.outcomes import OUTCOMES, classify_values, wilson
+from workbench.faults.outcomes import classify_values, outcome_shares  # noqa: F401 - the study's figures
 from workbench.rank.optim import make_optimizer
+from workbench.results.trials import SENSITIVITY_FILE, load_trials, save_trials  # noqa: F401 - its files
 from workbench.workloads.apoptosis.rule import resize_to
 from workbench.workloads.data import BatchSequence, load_dataset
 from workbench.workloads.models import build_model
-
-SENSITIVITY_FILE = "sensitivity.h5"
 
 
 class LocalResume:
@@ -100,35 +99,4 @@ def bit_sensitivity(path: str | os.PathLike, bits: Iterable[int] = range(32), tr
                          "outcome": classify_values(accuracy, golden_accuracy, losses, True, tolerance)})
     frame = pd.DataFrame(rows)
     frame.attrs["golden_accuracy"] = golden_accuracy
-    return frame
-
-
-def outcome_shares(frame: Any, z: float = 1.96) -> Any:
-    """Share of each outcome per bit with Wilson score intervals (columns share, low, high)."""
-    import pandas as pd
-
-    rows = []
-    for bit, group in frame.groupby("bit"):
-        n = len(group)
-        for outcome in OUTCOMES:
-            share, low, high = wilson(int((group.outcome == outcome).sum()), n, z)
-            rows.append({"bit": bit, "field": group.field.iloc[0], "outcome": outcome, "n": n, "share": share,
-                         "low": low, "high": high})
-    return pd.DataFrame(rows)
-
-
-def save_trials(frame: Any, path: str | os.PathLike) -> Any:
-    """Write the trials of :func:`bit_sensitivity` to HDF5 (atomically; ``golden_accuracy`` kept), e.g. as
-    ``out/sensitivity.h5`` of a sweep point, where ``workbench report`` finds them."""
-    from workbench.results.run_result import save_table
-
-    return save_table(frame, path, golden_accuracy=frame.attrs.get("golden_accuracy"))
-
-
-def load_trials(path: str | os.PathLike) -> Any:
-    """The trials saved by :func:`save_trials`, as a DataFrame."""
-    from workbench.results.run_result import load_table
-
-    frame, attrs = load_table(path)
-    frame.attrs["golden_accuracy"] = attrs.get("golden_accuracy")
     return frame

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.base import modes
 from workbench.base.h5files import check_output_place, write_text
-from workbench.campaigns.studies.sensitivity import SENSITIVITY_FILE, load_trials
 from workbench.launch.sweeps.plan import read_sweep_spec
 from workbench.launch.sweeps.table import load_sweep
 from workbench.results.provenance import describe
 from workbench.results.run_result import RESULT_FILE, RunResult
+from workbench.results.trials import SENSITIVITY_FILE, load_trials
 
 if TYPE_CHECKING:
     import pandas as pd
